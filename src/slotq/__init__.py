@@ -1,0 +1,51 @@
+"""slotq: run a verification command on a shared test machine through a fair
+slot queue whose clocks time the right thing.
+
+The public API is re-exported here lazily, so that `import slotq` (and the
+CLI's start-up) pays only for what a command uses.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "Outcome": "slotq.outcome",
+    "exit_code_for": "slotq.outcome",
+    "EXIT_CODES": "slotq.outcome",
+    "RunSpec": "slotq.spec",
+    "RunResult": "slotq.client",
+    "run": "slotq.client",
+    "Clock": "slotq.clock",
+    "FakeClock": "slotq.clock",
+    "Timer": "slotq.clock",
+    "HostConfig": "slotq.config",
+    "parse_duration": "slotq.durations",
+    "SlotqError": "slotq.errors",
+    "UsageError": "slotq.errors",
+    "ConfigError": "slotq.errors",
+    "StateDirError": "slotq.errors",
+    "ProtocolError": "slotq.errors",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+if TYPE_CHECKING:
+    from .client import RunResult, run
+    from .clock import Clock, FakeClock, Timer
+    from .config import HostConfig
+    from .durations import parse_duration
+    from .errors import ConfigError, ProtocolError, SlotqError, StateDirError, UsageError
+    from .outcome import EXIT_CODES, Outcome, exit_code_for
+    from .spec import RunSpec
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'slotq' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

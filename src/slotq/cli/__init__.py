@@ -1,0 +1,51 @@
+"""The `slotq` command. One module per subcommand, each thin: parse, call
+the library, map the outcome to an exit code through one table. Modules are
+imported only for the subcommand used, to keep start-up fast."""
+
+from __future__ import annotations
+
+import sys
+
+USAGE = """\
+usage: slotq <command> [options]
+
+Run a verification command on a shared test machine through a fair slot
+queue. Waiting in line is never charged to the command's budget.
+
+commands:
+  run      run a command when a slot is free:   slotq run --budget 10m -- pytest -q
+  status   show pools, slot holders, the waiting line and recent runs
+  host     host-side commands used by transports (slotq host run ...)
+
+Run `slotq <command> --help` for its options. Exit codes: see `slotq run --help`.
+"""
+
+COMMANDS = {"run": "slotq.cli.run", "status": "slotq.cli.status", "host": "slotq.cli.host"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help", "help"):
+        sys.stdout.write(USAGE)
+        return 0 if args else 2
+    if args[0] == "--version":
+        from slotq import __version__
+
+        print(f"slotq {__version__}")
+        return 0
+    module = COMMANDS.get(args[0])
+    if module is None:
+        sys.stderr.write(f"slotq: error: unknown command {args[0]!r} (try: {', '.join(COMMANDS)})\n")
+        return 2
+    import importlib
+
+    from slotq.errors import SlotqError
+
+    try:
+        code: int = importlib.import_module(module).main(args[1:])
+        return code
+    except SlotqError as e:
+        sys.stderr.write(f"slotq {args[0]}: error: {e}\n")
+        return e.exit_code
+    except KeyboardInterrupt:
+        return 130

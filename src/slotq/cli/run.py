@@ -1,0 +1,91 @@
+"""`slotq run`: run a command on the host when a slot is free."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from slotq.cli.args import Parser, add_run_options, duration, require_command, split_command
+from slotq.errors import UsageError
+
+EPILOG = """\
+outcomes and exit codes:
+  passed          the command exited 0                       0
+  failed          the command exited non-zero                its own code (127: not found)
+  exec_timeout    ran past --budget after it started         124
+  idle_timeout    printed nothing for --idle after start     123
+  backstop        slot held, host silent past budget + 90s   122
+  unavailable     host unreachable / no resource / state     121
+  prepare_failed  the --prepare step failed                  120
+  cancelled       Ctrl-C / cancel                            130
+  caller_gone     the caller vanished (seen in host history) 129
+  bad arguments 2, bad host config 78, unusable state directory 73
+
+environment: SLOTQ_STATE_DIR (host state), SLOTQ_CONFIG (host config TOML)
+"""
+
+
+def build_parser() -> Parser:
+    import argparse
+
+    p = Parser(prog="slotq run", description="Run CMD on the test host when a slot is free. Queued "
+               "callers keep their place; the budget starts when the command starts.",
+               epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+               usage="slotq run [options] -- CMD [ARGS...]")
+    add_run_options(p)
+    p.add_argument("--idle", type=duration("--idle"), metavar="D",
+                   help="stop the command if it prints nothing for D after it started")
+    p.add_argument("--json", metavar="FILE", help="write the result as JSON to FILE (- for stdout)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no status lines on stderr")
+    p.add_argument("command", nargs="*", help=argparse.SUPPRESS)
+    return p
+
+
+def main(args: list[str]) -> int:
+    opts_args, command = split_command(args)
+    p = build_parser()
+    opts = p.parse_args(opts_args)
+    if command is None:
+        command = opts.command
+    elif opts.command:
+        raise UsageError(f"unexpected argument(s) before `--`: {' '.join(opts.command)}")
+    command = require_command(p, command)
+
+    from slotq.client import run
+    from slotq.spec import RunSpec
+    from slotq.transport import LocalTransport
+
+    transport = LocalTransport()
+    if opts.cls not in transport.config.classes:
+        known = ", ".join(sorted(transport.config.classes))
+        raise UsageError(f"unknown class {opts.cls!r} (this host knows: {known})")
+    from slotq.hostqueue import ensure_state_dir
+
+    ensure_state_dir(transport.state_dir)
+    spec = RunSpec(command, cls=opts.cls, budget=opts.budget, prepare=opts.prepare,
+                   prepare_timeout=opts.prepare_timeout, label=opts.label,
+                   report_every=opts.report_every, kill_grace=opts.kill_grace, cwd=os.getcwd())
+    json_fd = None
+    if opts.json and opts.json != "-":
+        try:  # open first: a bad path is a usage error, not a lost result
+            json_fd = open(opts.json, "w")
+        except OSError as e:
+            raise UsageError(f"cannot write --json file {opts.json}: {e.strerror}") from None
+    say = None if opts.quiet else _stderr_line
+    result = run(spec, transport, idle=opts.idle, status=say, handle_sigint=True)
+    if opts.json:
+        text = result.to_json() + "\n"
+        if json_fd is not None:
+            json_fd.write(text)
+            json_fd.close()
+        else:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+    return result.exit_code
+
+
+def _stderr_line(line: str) -> None:
+    try:
+        os.write(2, (line + "\n").encode())
+    except OSError:
+        pass

@@ -1,0 +1,30 @@
+"""`slotq status`: pools, slot holders, the waiting line, load, recent runs."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from slotq.cli.args import Parser
+
+
+def main(args: list[str]) -> int:
+    p = Parser(prog="slotq status", description="Show the host's queue: pools, slots and who holds "
+               "them (phase, age, budget), waiting tickets in order with their wait so far, "
+               "machine load and recent runs.")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--history", type=int, default=10, metavar="N", help="recent runs to show (default 10)")
+    opts = p.parse_args(args)
+    from slotq.config import HostConfig, state_dir_from_env
+    from slotq.status import format_snapshot, snapshot
+
+    state_dir = state_dir_from_env()
+    config = HostConfig.load(state_dir=state_dir)
+    snap = snapshot(state_dir, config, time.time(), opts.history)
+    if opts.json:
+        json.dump(snap, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(format_snapshot(snap))
+    return 0

@@ -1,0 +1,317 @@
+"""The client: launches a host runner through a transport, relays its output,
+keeps the client-side clocks, and turns the stream into a `RunResult`.
+
+Client clocks, each started at the moment it should be:
+- the backstop (budget + 90 s) is created when the `slot` event arrives, and
+  moved later by the time a prepare step took;
+- the no-output watchdog (`idle`) is armed when `started` arrives and reset
+  by every output frame. Quiet time before the command starts never counts.
+The queue itself has no limit here: waiting is not executing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+from collections.abc import Callable
+
+from . import protocol
+from .clock import INF, Clock, Timer
+from .durations import format_duration
+from .errors import ProtocolError, UsageError
+from .outcome import Outcome, exit_code_for
+from .spec import RunSpec
+
+BACKSTOP_MARGIN = 90.0
+PHASES = ("submitted", "slot", "prepared", "started", "ended")
+
+
+class Watchdogs:
+    """The client's timers, as pure logic over a clock."""
+
+    def __init__(self, clock: Clock, idle: float | None) -> None:
+        self.clock = clock
+        self.idle = idle
+        self.backstop: Timer | None = None
+        self.idle_timer: Timer | None = None
+
+    def on_slot(self, budget: float) -> None:
+        self.backstop = self.clock.timer("backstop", budget + BACKSTOP_MARGIN)
+
+    def on_prepared(self, took: float) -> None:
+        if self.backstop is not None:
+            self.backstop.extend(took)  # the prepare step has its own limit
+
+    def on_started(self) -> None:
+        if self.idle is not None:
+            self.idle_timer = self.clock.timer("idle", self.idle)
+
+    def on_output(self) -> None:
+        t = self.idle_timer
+        if t is not None and self.idle is not None:
+            t.extend(self.clock.monotonic() + self.idle - t.deadline)
+
+    def next_deadline(self) -> float:
+        return min((t.deadline for t in (self.backstop, self.idle_timer) if t is not None), default=INF)
+
+    def expired(self) -> Outcome | None:
+        """The outcome whose clock ran out, if any. The idle watchdog fires
+        once (the runner is then asked to stop the command)."""
+        now = self.clock.monotonic()
+        if self.backstop is not None and self.backstop.remaining(now) <= 0:
+            return Outcome.BACKSTOP
+        if self.idle_timer is not None and self.idle_timer.remaining(now) <= 0:
+            self.idle_timer = None
+            return Outcome.IDLE_TIMEOUT
+        return None
+
+
+class RunResult:
+    """How one run ended. `phases` holds wall-clock epoch seconds (host
+    clock, `submitted` from the client), None when never reached."""
+
+    def __init__(self, spec: RunSpec, host: str) -> None:
+        self.outcome = Outcome.UNAVAILABLE
+        self.command_code: int | None = None
+        self.run_id = spec.run_id
+        self.label = spec.label
+        self.cls = spec.cls
+        self.host = host
+        self.message = ""
+        self.phases: dict[str, float | None] = dict.fromkeys(PHASES)
+        self.slot: str | None = None
+        self.budget = spec.budget
+
+    @property
+    def exit_code(self) -> int:
+        return exit_code_for(self.outcome, self.command_code)
+
+    @property
+    def blame(self) -> str:
+        return self.outcome.blame
+
+    @property
+    def waited_s(self) -> float | None:
+        sub, slot = self.phases["submitted"], self.phases["slot"]
+        if sub is None:
+            return None
+        end = slot if slot is not None else self.phases["ended"]
+        return round(max(0.0, end - sub), 3) if end is not None else None
+
+    @property
+    def ran_s(self) -> float | None:
+        start, end = self.phases["started"], self.phases["ended"]
+        return round(max(0.0, end - start), 3) if start is not None and end is not None else None
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "outcome": self.outcome.value, "blame": self.blame, "exit_code": self.exit_code,
+            "command_exit_code": self.command_code, "run_id": self.run_id, "label": self.label,
+            "class": self.cls, "host": self.host, "slot": self.slot, "budget": self.budget,
+            "message": self.message, "phases": dict(self.phases),
+            "waited_s": self.waited_s, "ran_s": self.ran_s,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+def format_queued(ev: dict[str, object]) -> str:
+    """One status line for a `queued` event."""
+    parts = [f"waiting {format_duration(_num(ev.get('waited_s')))}",
+             f"position {ev.get('position')} in pool {ev.get('pool')} ({ev.get('ahead')} ahead)"]
+    held = [h for h in ev.get("holders") or [] if isinstance(h, dict) and h.get("held")]  # type: ignore[attr-defined]
+    if held:
+        desc = ", ".join(f"{h.get('label') or '?'} for {format_duration(_num(h.get('held_s')))}"
+                         for h in held)
+        parts.append(f"slot held by {desc}")
+    parts.append(f"load {ev.get('load1')}/{ev.get('cores')} cores")
+    return "slotq: " + "; ".join(parts)
+
+
+def _num(value: object) -> float:
+    return float(value) if isinstance(value, (int, float)) else 0.0
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.write(fd, view)
+        except BlockingIOError:
+            select.select([], [fd], [])
+            continue
+        view = view[n:]
+
+
+class Transport:
+    """How a client reaches a host runner. `start` returns (to_runner,
+    from_runner) descriptors; closing to_runner tells the runner the caller
+    is gone; `kill` ends the connection for good."""
+
+    host = "localhost"
+
+    def start(self, spec: RunSpec) -> tuple[int, int]:
+        raise NotImplementedError
+
+    def kill(self) -> None:
+        raise NotImplementedError
+
+    def wait(self) -> str:
+        """Reap the transport; returns diagnostics (e.g. ssh's stderr)."""
+        raise NotImplementedError
+
+
+def run(
+    spec: RunSpec,
+    transport: Transport | None = None,
+    *,
+    idle: float | None = None,
+    clock: Clock | None = None,
+    stdout_fd: int = 1,
+    stderr_fd: int = 2,
+    status: Callable[[str], None] | None = None,
+    handle_sigint: bool = False,
+) -> RunResult:
+    """Run `spec` and return its result. Output goes to `stdout_fd` /
+    `stderr_fd` byte-exact; status lines to `status` (None: silent).
+
+    Raises UsageError when the host rejects the request as malformed (an
+    unknown class); every other ending is a `RunResult`.
+    """
+    clock = clock or Clock()
+    if transport is None:
+        from .transport import LocalTransport
+
+        transport = LocalTransport()
+    say = status or (lambda line: None)
+    result = RunResult(spec, transport.host)
+    result.phases["submitted"] = clock.wall()
+    dogs = Watchdogs(clock, idle)
+    to_fd, from_fd = transport.start(spec)
+    decoder = protocol.Decoder()
+    exited = False
+    old_handler = None
+
+    def cancel(outcome: Outcome) -> None:
+        try:
+            os.write(to_fd, f"cancel {outcome.value}\n".encode())
+        except OSError:
+            pass
+
+    if handle_sigint:
+        old_handler = signal.signal(signal.SIGINT, lambda s, f: cancel(Outcome.CANCELLED))
+    try:
+        while True:
+            deadline = dogs.next_deadline()
+            timeout = None if deadline == INF else max(0.0, deadline - clock.monotonic())
+            ready, _, _ = select.select([from_fd], [], [], timeout)
+            fired = dogs.expired()
+            if fired is Outcome.BACKSTOP:
+                result.outcome = Outcome.BACKSTOP
+                slot_at = result.phases["slot"]
+                result.message = (f"no result from host {transport.host} within budget + "
+                                  f"{BACKSTOP_MARGIN:.0f}s after the slot was acquired"
+                                  + (f" (slot at {slot_at:.0f})" if slot_at else ""))
+                transport.kill()
+                break
+            if fired is Outcome.IDLE_TIMEOUT:
+                say(f"slotq: no output for {format_duration(idle or 0)}: stopping the command")
+                cancel(Outcome.IDLE_TIMEOUT)
+            if not ready:
+                continue
+            data = os.read(from_fd, 65536)
+            if not data:
+                break
+            try:
+                frames = decoder.feed(data)
+            except ProtocolError as e:
+                result.message = f"host {transport.host}: {e}"
+                transport.kill()
+                break
+            for kind, payload in frames:
+                if kind == protocol.STDOUT:
+                    _write_all(stdout_fd, payload)  # type: ignore[arg-type]
+                    dogs.on_output()
+                elif kind == protocol.STDERR:
+                    _write_all(stderr_fd, payload)  # type: ignore[arg-type]
+                    dogs.on_output()
+                else:
+                    exited = _on_event(payload, result, dogs, say, spec) or exited  # type: ignore[arg-type]
+    finally:
+        if handle_sigint:
+            signal.signal(signal.SIGINT, old_handler)
+        try:
+            os.close(to_fd)
+        except OSError:
+            pass
+        os.close(from_fd)
+    diagnostics = transport.wait()
+    if not exited and result.outcome is Outcome.UNAVAILABLE and not result.message:
+        result.message = f"host runner on {transport.host} ended without a result"
+        if diagnostics:
+            result.message += f": {diagnostics.strip().splitlines()[-1]}"
+    if result.phases["ended"] is None:
+        result.phases["ended"] = clock.wall()
+    say(summary_line(result))
+    return result
+
+
+def _on_event(ev: dict[str, object], result: RunResult, dogs: Watchdogs,
+              say: Callable[[str], None], spec: RunSpec) -> bool:
+    """Apply one event; True when it is the final `exited`."""
+    name = ev.get("event")
+    at = ev.get("at")
+    at = float(at) if isinstance(at, (int, float)) else None
+    if name == protocol.QUEUED:
+        say(format_queued(ev))
+    elif name == protocol.SLOT:
+        result.phases["slot"] = at
+        result.slot = str(ev.get("slot"))
+        budget = _num(ev.get("budget"))
+        result.budget = budget
+        dogs.on_slot(budget)
+        waited = result.waited_s or 0.0
+        say(f"slotq: slot {result.slot} acquired after {format_duration(waited)}"
+            + (f" (budget {format_duration(budget)} starts with the command)" if budget else ""))
+    elif name == protocol.PREPARED:
+        result.phases["prepared"] = at
+        if at is not None and result.phases["slot"] is not None:
+            dogs.on_prepared(at - result.phases["slot"])
+    elif name == protocol.STARTED:
+        result.phases["started"] = at
+        dogs.on_started()
+    elif name == protocol.EXITED:
+        result.outcome = Outcome(str(ev.get("outcome")))
+        code = ev.get("exit_code")
+        result.command_code = code if isinstance(code, int) else None
+        result.message = str(ev.get("message") or "")
+        phases = ev.get("phases")
+        if isinstance(phases, dict):
+            for k in ("slot", "prepared", "started", "ended"):
+                if isinstance(phases.get(k), (int, float)):
+                    result.phases[k] = float(phases[k])
+        return True
+    elif name == protocol.ERROR:
+        message = str(ev.get("message") or "error")
+        if ev.get("kind") == "usage":
+            raise UsageError(message)
+        result.outcome = Outcome.UNAVAILABLE
+        result.message = f"host {result.host}: {message}"
+    return False
+
+
+def summary_line(result: RunResult) -> str:
+    waited = result.waited_s
+    ran = result.ran_s
+    bits = [f"slotq: {result.outcome.value}"]
+    if result.outcome in (Outcome.PASSED, Outcome.FAILED) and result.command_code is not None:
+        bits[0] += f" (exit {result.command_code})"
+    bits.append(f"waited {format_duration(waited) if waited is not None else '-'}")
+    bits.append(f"ran {format_duration(ran) if ran is not None else '-'}")
+    line = ", ".join(bits)
+    if result.outcome not in (Outcome.PASSED,) and result.message:
+        line += f" — {result.message}"
+    return line

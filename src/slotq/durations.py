@@ -1,0 +1,68 @@
+"""Durations as people type them: `45`, `45s`, `1.5s`, `15m`, `1h30m`, `250ms`."""
+
+from __future__ import annotations
+
+_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+
+
+def parse_duration(text: str, *, what: str = "", allow_zero: bool = False) -> float:
+    """Return `text` as seconds.
+
+    A bare number is seconds. Units h, m, s, ms may be combined in that order
+    of size (`1h30m`, `2m30s`). Raises ValueError with a message naming
+    `what` and the text for anything else, and for negative values (and zero
+    unless `allow_zero`).
+    """
+    prefix = f"{what}: " if what else ""
+    s = text.strip().lower()
+    if not s:
+        raise ValueError(f"{prefix}empty duration")
+    if s.startswith("-"):
+        raise ValueError(f"{prefix}negative duration {text!r}")
+    total = 0.0
+    i, n = 0, len(s)
+    last_scale = float("inf")
+    while i < n:
+        j = i
+        while j < n and (s[j].isdigit() or s[j] == "."):
+            j += 1
+        if j == i:
+            raise ValueError(f"{prefix}cannot read {text!r} as a duration (try 45s, 15m, 1h30m)")
+        try:
+            value = float(s[i:j])
+        except ValueError:
+            raise ValueError(f"{prefix}cannot read {text!r} as a duration (try 45s, 15m, 1h30m)") from None
+        k = j
+        while k < n and s[k].isalpha():
+            k += 1
+        unit = s[j:k]
+        if unit == "":
+            if k != n or i != 0:
+                raise ValueError(f"{prefix}a number without a unit must stand alone in {text!r}")
+            unit = "s"
+        if unit not in _UNITS:
+            raise ValueError(f"{prefix}unknown unit {unit!r} in {text!r} (use h, m, s or ms)")
+        scale = _UNITS[unit]
+        if scale >= last_scale:
+            raise ValueError(f"{prefix}units out of order in {text!r} (write 1h30m, not 30m1h)")
+        last_scale = scale
+        total += value * scale
+        i = k
+    if total == 0 and not allow_zero:
+        raise ValueError(f"{prefix}must be more than zero, got {text!r}")
+    return total
+
+
+def format_duration(seconds: float) -> str:
+    """A short human form: `850ms`, `12.3s`, `4m05s`, `1h02m`."""
+    if seconds != seconds or seconds == float("inf"):
+        return "∞"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    if seconds < 3600:
+        m, s = divmod(int(seconds), 60)
+        return f"{m}m{s:02d}s"
+    h, rest = divmod(int(seconds), 3600)
+    return f"{h}h{rest // 60:02d}m"

@@ -1,0 +1,45 @@
+"""Exceptions: for misuse and failures only. Expected endings are `Outcome`s.
+
+Every exception slotq raises derives from `SlotqError` and carries the facts
+(path, host, run id) as attributes, plus the exit code the CLI uses for it.
+"""
+
+from __future__ import annotations
+
+
+class SlotqError(Exception):
+    """Base class. `exit_code` is what the CLI exits with when this escapes."""
+
+    exit_code = 1
+
+
+class UsageError(SlotqError):
+    """A bad argument: unknown class, garbled duration, no command."""
+
+    exit_code = 2
+
+
+class ConfigError(SlotqError):
+    """The host config file cannot be read or makes no sense."""
+
+    exit_code = 78  # EX_CONFIG
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class StateDirError(SlotqError):
+    """The host's state directory cannot be created or written."""
+
+    exit_code = 73  # EX_CANTCREAT
+
+    def __init__(self, message: str, path: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class ProtocolError(SlotqError):
+    """The runner's stream is not what this version of slotq speaks."""
+
+    exit_code = 121  # reported as `unavailable`

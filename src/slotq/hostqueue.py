@@ -1,0 +1,147 @@
+"""The host queue: tickets in line, slots to lease, and the wait between.
+
+Daemonless and crash-safe; see ticket.py and slot.py for the two kinds of
+lock file. A `Waiter` is one caller's wait, driven by its owner's loop:
+
+    waiter = Waiter(state_dir, config, pool, info)
+    while (lease := waiter.attempt()) is None:
+        select([waiter, other fds...], timeout=waiter.poll_interval)
+    ...
+
+Order: within a pool only the head of the line -- the earliest live ticket
+-- tries the slots; later tickets never overtake earlier live ones. No
+thundering herd: each waiter watches only the ticket just ahead of it; the
+head watches the pool's slot files. When the head wins a slot and withdraws
+its ticket, its successor's watch fires and it becomes the head. A dead
+waiter's ticket is unlocked by the kernel; the watch on it fires too, and its
+successor removes it and moves up.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+
+from . import inotify
+from .config import HostConfig
+from .errors import StateDirError
+from .slot import SlotLease, SlotProbe
+from .ticket import Ticket, list_tickets, pool_dir, probe, take_ticket
+
+# With inotify the poll is only a safety net; without it, it is the wake-up.
+POLL_WITH_INOTIFY = 5.0
+POLL_WITHOUT_INOTIFY = 0.5
+
+
+def ensure_state_dir(state_dir: str) -> None:
+    """Create the state directory tree, or raise StateDirError naming it."""
+    try:
+        os.makedirs(os.path.join(state_dir, "slots"), exist_ok=True)
+        os.makedirs(os.path.join(state_dir, "tickets"), exist_ok=True)
+    except OSError as e:
+        raise StateDirError(f"cannot create state directory {state_dir}: {e.strerror}", state_dir) from None
+    if not os.access(state_dir, os.W_OK | os.X_OK):
+        raise StateDirError(f"state directory {state_dir} is not writable", state_dir)
+
+
+class Waiter:
+    """One caller's place in a pool's line, until it leases a slot."""
+
+    def __init__(self, state_dir: str, config: HostConfig, pool: str, info: dict[str, object]) -> None:
+        self.state_dir = state_dir
+        self.pool = pool
+        self.slot_count = config.pools[pool]
+        self._watcher = inotify.Watcher() if inotify.available() else None
+        self.poll_interval = POLL_WITH_INOTIFY if self._watcher else POLL_WITHOUT_INOTIFY
+        self._probe: SlotProbe | None = None
+        self._watching: str | None = None  # path of the ticket ahead, or "slots"
+        try:
+            self.ticket: Ticket = take_ticket(state_dir, pool, info)
+        except StateDirError:
+            self.close()
+            raise
+
+    def fileno(self) -> int:
+        """Readable when something we watch changed; -1 without inotify."""
+        return self._watcher.fileno() if self._watcher else -1
+
+    def attempt(self) -> SlotLease | None:
+        """Look once: lease a slot if we are the head and one is free.
+
+        Sets the watches that will wake us when we should look again. On
+        success the ticket is withdrawn (waking our successor).
+        """
+        if self._watcher:
+            self._watcher.drain()
+        ahead = self._nearest_live_ahead()
+        if ahead is not None:
+            self._drop_probe()
+            return None
+        if self._probe is None:
+            self._probe = SlotProbe(self.state_dir, self.pool, self.slot_count)
+        if self._watcher and self._watching != "slots":
+            self._watcher.unwatch_all()
+            for p in self._probe.paths:
+                self._watcher.watch(p)
+            self._watching = "slots"
+        lease = self._probe.try_lease()
+        if lease is None:
+            return None
+        self._probe = None
+        self.close()
+        self.ticket.withdraw()
+        return lease
+
+    def _nearest_live_ahead(self) -> str | None:
+        """Path of the closest live ticket ahead of ours (now watched), or
+        None if we are the head. Dead tickets met on the way are removed."""
+        mine = self.ticket.seq
+        earlier = [path for seq, path in list_tickets(pool_dir(self.state_dir, self.pool)) if seq < mine]
+        for path in reversed(earlier):
+            if self._watcher and self._watching != path:
+                # Watch before probing: a release between the two is not lost.
+                self._watcher.unwatch_all()
+                self._watching = None
+                if not self._watcher.watch(path):
+                    continue  # gone already
+                self._watching = path
+            if probe(path):
+                return path
+        return None
+
+    def wait(self, timeout: float) -> None:
+        """Block until a watch fires or `timeout` (capped at the poll interval)."""
+        timeout = max(0.0, min(timeout, self.poll_interval))
+        if self._watcher:
+            select.select([self._watcher.fileno()], [], [], timeout)
+        elif timeout > 0:
+            select.select([], [], [], timeout)
+
+    def position(self) -> tuple[int, int]:
+        """(live tickets ahead of ours, total live tickets in the pool)."""
+        ahead = total = 0
+        for seq, path in list_tickets(pool_dir(self.state_dir, self.pool)):
+            if seq == self.ticket.seq:
+                total += 1
+                continue
+            if probe(path):
+                total += 1
+                if seq < self.ticket.seq:
+                    ahead += 1
+        return ahead, total
+
+    def _drop_probe(self) -> None:
+        if self._probe is not None:
+            self._probe.close()
+            self._probe = None
+
+    def close(self) -> None:
+        self._drop_probe()
+        if self._watcher:
+            self._watcher.close()
+            self._watcher = None
+
+    def withdraw(self) -> None:
+        """Leave the line without a slot (caller gone, cancelled)."""
+        self.close()
+        self.ticket.withdraw()

@@ -1,0 +1,343 @@
+"""Running one command so that nothing of it outlives its run.
+
+    runner ──fork──► keeper ──fork──► command (own session = own process group)
+
+The keeper is a forked copy of the runner (no new interpreter). It exists so
+that the command's whole process group is taken down whatever happens to the
+runner:
+
+- the runner asks it to stop the command with SIGTERM;
+- if the runner dies (even by SIGKILL) the kernel sends the keeper SIGTERM
+  (PR_SET_PDEATHSIG), and it does the same;
+- it is a child subreaper, so descendants that leave the group (setsid,
+  double fork) are re-parented to it and can be found and ended too;
+- after the command's leader exits, leftovers of the group are ended, because
+  they would otherwise keep the inherited slot lock -- and the slot -- busy.
+
+Stopping is one policy, `terminate_group`: TERM to the group, `grace`
+seconds, then KILL. The keeper reports how the leader ended through a pipe
+whose end-of-file also tells the runner that everything is gone.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import time
+from typing import Any
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+
+_prctl: Any = None
+
+
+def _set_prctl(option: int, value: int) -> bool:
+    global _prctl
+    if _prctl is None:
+        try:
+            import ctypes
+
+            _prctl = ctypes.CDLL(None, use_errno=True).prctl
+        except (OSError, AttributeError):
+            _prctl = False
+    if not _prctl:
+        return False
+    return bool(_prctl(option, value, 0, 0, 0) == 0)
+
+
+class _Stop(Exception):
+    pass
+
+
+def _raise_stop(signum: int, frame: object) -> None:
+    raise _Stop()
+
+
+class ChildEnd:
+    """How a command ended: `status` is its raw wait status, or `exec_errno`
+    is set when it could not be started at all."""
+
+    __slots__ = ("status", "exec_errno", "stopped")
+
+    def __init__(self, status: int | None, exec_errno: int | None, stopped: bool) -> None:
+        self.status = status
+        self.exec_errno = exec_errno
+        self.stopped = stopped  # ended by terminate_group on request
+
+    @property
+    def exit_code(self) -> int:
+        """Shell convention: the exit code, or 128 + signal number."""
+        if self.exec_errno is not None:
+            return 127 if self.exec_errno == errno.ENOENT else 126
+        assert self.status is not None
+        if os.WIFSIGNALED(self.status):
+            return 128 + os.WTERMSIG(self.status)
+        return os.waitstatus_to_exitcode(self.status)
+
+    @property
+    def signal(self) -> int | None:
+        if self.status is not None and os.WIFSIGNALED(self.status):
+            return os.WTERMSIG(self.status)
+        return None
+
+
+class Child:
+    """A running command, seen from the runner."""
+
+    def __init__(self, keeper_pid: int, done_fd: int) -> None:
+        self.keeper_pid = keeper_pid
+        self.done_fd = done_fd  # readable (EOF) when the keeper has finished
+        self._report = b""
+        self.end: ChildEnd | None = None
+
+    def stop(self) -> None:
+        """Ask the keeper to end the command's group (TERM, grace, KILL)."""
+        if self.end is None:
+            try:
+                os.kill(self.keeper_pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    def on_readable(self) -> bool:
+        """Read the keeper's report; True once the keeper is done."""
+        chunk = os.read(self.done_fd, 256)
+        if chunk:
+            self._report += chunk
+            return False
+        os.close(self.done_fd)
+        os.waitpid(self.keeper_pid, 0)
+        self.end = _parse_report(self._report)
+        return True
+
+
+def _parse_report(raw: bytes) -> ChildEnd:
+    fields = dict(part.split(b"=", 1) for part in raw.split() if b"=" in part)
+    stopped = fields.get(b"stopped") == b"1"
+    if b"execfail" in fields:
+        return ChildEnd(None, int(fields[b"execfail"]), stopped)
+    if b"status" in fields:
+        return ChildEnd(int(fields[b"status"]), None, stopped)
+    # The keeper died without a word (killed): treat as killed.
+    return ChildEnd(signal.SIGKILL, None, stopped)
+
+
+def spawn(
+    argv: list[str],
+    *,
+    cwd: str | None,
+    env: dict[str, str] | None,
+    stdout_fd: int,
+    stderr_fd: int,
+    inherit_fds: tuple[int, ...] = (),
+    grace: float = 10.0,
+    close_in_keeper: tuple[int, ...] = (),
+) -> Child:
+    """Start `argv` in its own session under a keeper process.
+
+    `stdout_fd`/`stderr_fd` become the command's fd 1 and 2 (stdin is
+    /dev/null). `inherit_fds` stay open in the command (the slot lock).
+    `close_in_keeper` are the runner's own channel descriptors, which the
+    keeper must not hold open. Raises OSError if the keeper cannot fork.
+    """
+    done_r, done_w = os.pipe()
+    runner_pid = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # keeper
+        code = 1
+        try:
+            os.close(done_r)
+            code = _keeper(argv, cwd, env, stdout_fd, stderr_fd, inherit_fds, grace,
+                           close_in_keeper, done_w, runner_pid)
+        except BaseException:
+            pass
+        finally:
+            os._exit(code)
+    os.close(done_w)
+    return Child(pid, done_r)
+
+
+def _keeper(
+    argv: list[str],
+    cwd: str | None,
+    env: dict[str, str] | None,
+    stdout_fd: int,
+    stderr_fd: int,
+    inherit_fds: tuple[int, ...],
+    grace: float,
+    close_fds: tuple[int, ...],
+    done_w: int,
+    runner_pid: int,
+) -> int:
+    stopped = False
+    # A stop request that arrives before we wait for the command stays
+    # pending until the `try` below, where it is handled.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP})
+    signal.signal(signal.SIGTERM, _raise_stop)
+    signal.signal(signal.SIGHUP, _raise_stop)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        signal.set_wakeup_fd(-1)  # the runner's wake-up pipe is not ours
+    except ValueError:
+        pass
+    _set_prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    _set_prctl(PR_SET_CHILD_SUBREAPER, 1)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in close_fds:
+        # The runner's channel: hold it and the caller would not see EOF
+        # when the runner dies.
+        try:
+            os.dup2(devnull, fd) if fd in (0, 1) else os.close(fd)
+        except OSError:
+            pass
+    if os.getppid() != runner_pid:
+        return 1  # the runner died before PDEATHSIG was armed
+
+    err_r, err_w = os.pipe()  # CLOEXEC: EOF tells us exec happened
+    leader = os.fork()
+    if leader == 0:  # the command
+        try:
+            os.close(err_r)
+            os.setsid()
+            _set_prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            for sig in (signal.SIGPIPE, signal.SIGINT, signal.SIGTERM, signal.SIGHUP,
+                        signal.SIGXFSZ, signal.SIGQUIT):
+                signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, set())
+            os.dup2(devnull, 0)
+            os.dup2(stdout_fd, 1)
+            os.dup2(stderr_fd, 2)
+            for fd in inherit_fds:
+                os.set_inheritable(fd, True)
+            if cwd:
+                os.chdir(cwd)
+            if env is None:
+                os.execvp(argv[0], argv)
+            else:
+                os.execvpe(argv[0], argv, env)
+        except OSError as e:
+            try:
+                os.write(err_w, str(e.errno or errno.ENOENT).encode())
+            finally:
+                os._exit(127)
+        except BaseException:
+            os._exit(127)
+    os.close(err_w)
+    os.close(stdout_fd)
+    os.close(stderr_fd)
+    for fd in inherit_fds:
+        os.close(fd)  # only the command keeps the slot lock beyond us
+
+    report = b""
+    status: int | None = None
+    try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGHUP})
+        failed = _read_all(err_r)
+        if failed:
+            report = b"execfail=" + failed
+            os.waitpid(leader, 0)
+        else:
+            _, status = os.waitpid(leader, 0)
+            report = b"status=%d" % status
+    except _Stop:
+        stopped = True
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        status = terminate_group(leader, grace, leader_is_child=True)
+        report = b"status=%d" % status
+    else:
+        # The leader ended; end what it left behind, quietly.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        terminate_group(leader, grace, leader_is_child=False)
+    os.write(done_w, report + (b" stopped=1" if stopped else b""))
+    return 0
+
+
+def _read_all(fd: int) -> bytes:
+    out = b""
+    while True:
+        chunk = os.read(fd, 64)
+        if not chunk:
+            os.close(fd)
+            return out
+        out += chunk
+
+
+def _children() -> list[int]:
+    """Our direct children (re-parented orphans included, as subreaper)."""
+    pid = os.getpid()
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", "rb") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def _signal_all(pgid: int, sig: int) -> bool:
+    """Signal the group and every child of ours; True if anything was there."""
+    found = False
+    try:
+        os.killpg(pgid, sig)
+        found = True
+    except (ProcessLookupError, PermissionError):
+        pass
+    for child in _children():
+        try:
+            os.kill(child, sig)
+            found = True
+        except ProcessLookupError:
+            pass
+    return found
+
+
+def _reap() -> dict[int, int]:
+    reaped: dict[int, int] = {}
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return reaped
+        if pid == 0:
+            return reaped
+        reaped[pid] = status
+
+
+def terminate_group(leader: int, grace: float, *, leader_is_child: bool) -> int:
+    """End the command's group and our other descendants: TERM (+CONT, so a
+    stopped process can act on it), up to `grace` seconds, then KILL.
+
+    Returns the leader's wait status when it is still our child to reap
+    (SIGKILL's status if it vanished unseen), else 0.
+    """
+    status: int | None = None
+    if _signal_all(leader, signal.SIGTERM):
+        _signal_all(leader, signal.SIGCONT)
+    end = time.monotonic() + grace
+    delay = 0.002
+    while True:
+        reaped = _reap()
+        if leader_is_child and leader in reaped:
+            status = reaped[leader]
+        if not _alive(leader):
+            break
+        if time.monotonic() >= end:
+            _signal_all(leader, signal.SIGKILL)
+            end = float("inf")
+        time.sleep(delay)  # product code: bounded back-off while processes exit
+        delay = min(delay * 2, 0.05)
+    if status is None and leader_is_child:
+        status = signal.SIGKILL  # raw status of a SIGKILLed process
+    return status or 0
+
+
+def _alive(pgid: int) -> bool:
+    """Anything left of the group, or any unreaped child of ours?"""
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        return True
+    return bool(_children())

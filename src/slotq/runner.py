@@ -1,0 +1,308 @@
+"""The host runner: one run's life on the host, from ticket to exit.
+
+    ticket ─► queue (status events) ─► slot ─► prepare ─► started ─► exited
+
+It speaks the framed stream of protocol.py on `out_fd` and listens on
+`in_fd`, the caller's channel: a `cancel <reason>` line, or end-of-file /
+a read error, which means the caller is gone. A queued ticket is then
+withdrawn at once; a running command's process group is ended (TERM, grace,
+KILL) and the slot released. Clocks: the queue has no time limit; the
+budget starts when the command starts.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import time
+
+from . import __version__, history, protocol
+from .clock import Clock
+from .config import HostConfig
+from .durations import format_duration
+from .errors import StateDirError
+from .hostqueue import Waiter, ensure_state_dir
+from .outcome import Outcome
+from .process import ChildEnd, spawn
+from .slot import SlotLease
+from .spec import RunSpec
+from .status import holders, load
+
+_CANCEL_REASONS = {"cancelled": Outcome.CANCELLED, "idle_timeout": Outcome.IDLE_TIMEOUT}
+
+
+class _Ended(Exception):
+    """The caller went away or asked to stop; carries the outcome."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        self.outcome = outcome
+
+
+class HostRunner:
+    def __init__(
+        self,
+        spec: RunSpec,
+        *,
+        state_dir: str,
+        config: HostConfig,
+        in_fd: int = 0,
+        out_fd: int = 1,
+        clock: Clock | None = None,
+    ) -> None:
+        self.spec = spec
+        self.state_dir = state_dir
+        self.config = config
+        self.in_fd = in_fd
+        self.out_fd = out_fd
+        self.clock = clock or Clock()
+        self.host = os.uname().nodename
+        self.caller_gone = False
+        self._in_open = True
+        self._ctl_buf = b""
+        self.phases: dict[str, float | None] = dict.fromkeys(
+            ("queued", "slot", "prepared", "started", "ended"))
+        self.budget = spec.budget if spec.budget is not None else config.budget
+        self.grace = spec.kill_grace if spec.kill_grace is not None else config.kill_grace
+        self._sig_r, self._sig_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._signalled = False
+
+    # ------------------------------------------------------------ stream
+    def _send(self, data: bytes) -> None:
+        if self.caller_gone:
+            return
+        view = memoryview(data)
+        try:
+            while view:
+                n = os.write(self.out_fd, view)
+                view = view[n:]
+        except OSError:  # EPIPE, EBADF, EIO: nobody is listening any more
+            self.caller_gone = True
+
+    def _event(self, name: str, **fields: object) -> None:
+        self._send(protocol.event_frame(name, self.clock.wall(), **fields))
+
+    def _read_ctl(self) -> Outcome | None:
+        """Read the caller's channel; an outcome if the run must end."""
+        try:
+            chunk = os.read(self.in_fd, 4096)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._in_open = False
+            return Outcome.CALLER_GONE
+        self._ctl_buf += chunk
+        while b"\n" in self._ctl_buf:
+            line, self._ctl_buf = self._ctl_buf.split(b"\n", 1)
+            words = line.decode(errors="replace").split()
+            if len(words) == 2 and words[0] == "cancel":
+                return _CANCEL_REASONS.get(words[1], Outcome.CANCELLED)
+        return None
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self._signalled = True
+
+    def _listen_fds(self) -> list[int]:
+        fds = [self._sig_r]
+        if self._in_open:
+            fds.append(self.in_fd)
+        return fds
+
+    def _check_listen(self, ready: list[int]) -> Outcome | None:
+        if self._sig_r in ready:
+            try:
+                os.read(self._sig_r, 64)
+            except BlockingIOError:
+                pass
+        if self._signalled:
+            return Outcome.CANCELLED
+        if self.in_fd in ready and self._in_open:
+            return self._read_ctl()
+        return None
+
+    # ------------------------------------------------------------ the run
+    def run(self) -> Outcome:
+        """Carry the run through; returns its outcome (also sent as `exited`)."""
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the client relays Ctrl-C as `cancel`
+        try:
+            signal.set_wakeup_fd(self._sig_w)
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGHUP, self._on_signal)
+        except ValueError:
+            pass  # not the main thread: no signal handling, the channel still works
+        self._send(protocol.MAGIC)
+        self._event(protocol.HELLO, protocol=protocol.PROTOCOL_VERSION, version=__version__,
+                    host=self.host, pid=os.getpid(), run_id=self.spec.run_id)
+        try:
+            pool = self.config.pool_for(self.spec.cls)
+        except KeyError:
+            known = ", ".join(sorted(self.config.classes))
+            return self._error("usage", f"unknown class {self.spec.cls!r} on host {self.host} (known: {known})")
+        try:
+            ensure_state_dir(self.state_dir)
+            lease = self._queue(pool)
+        except StateDirError as e:
+            return self._error("state", str(e))
+        except _Ended as e:
+            return self._finish(e.outcome, None, None, "left the queue before getting a slot")
+        return self._hold(lease)
+
+    def _error(self, kind: str, message: str) -> Outcome:
+        self._event(protocol.ERROR, kind=kind, message=message)
+        return Outcome.UNAVAILABLE
+
+    def _queue(self, pool: str) -> SlotLease:
+        spec = self.spec
+        now_wall = self.clock.wall()
+        self.phases["queued"] = now_wall
+        info = {"run_id": spec.run_id, "label": spec.label, "pid": os.getpid(), "cls": spec.cls,
+                "since": now_wall, "budget": self.budget, "host": self.host}
+        waiter = Waiter(self.state_dir, self.config, pool, info)
+        start = self.clock.monotonic()
+        next_report = start
+        try:
+            lease = waiter.attempt()
+            while lease is None:
+                now = self.clock.monotonic()
+                if now >= next_report:
+                    self._report(waiter, pool, now - start)
+                    next_report = now + spec.report_every
+                fds = self._listen_fds()
+                if waiter.fileno() >= 0:
+                    fds.append(waiter.fileno())
+                timeout = max(0.0, min(next_report - now, waiter.poll_interval))
+                ready, _, _ = select.select(fds, [], [], timeout)
+                ended = self._check_listen(ready)
+                if ended is not None:
+                    raise _Ended(ended)
+                lease = waiter.attempt()
+        except BaseException:
+            waiter.withdraw()
+            raise
+        return lease
+
+    def _report(self, waiter: Waiter, pool: str, waited: float) -> None:
+        ahead, total = waiter.position()
+        wall = self.clock.wall()
+        self._event(protocol.QUEUED, waited_s=round(waited, 3), ahead=ahead, position=ahead + 1,
+                    waiting=total, pool=pool, holders=holders(self.state_dir, pool, waiter.slot_count, wall),
+                    **load())
+
+    def _hold(self, lease: SlotLease) -> Outcome:
+        spec = self.spec
+        wall = self.clock.wall()
+        self.phases["slot"] = wall
+        waited = wall - (self.phases["queued"] or wall)
+        lease.record(run_id=spec.run_id, label=spec.label, pid=os.getpid(), phase="slot", since=wall,
+                     budget=self.budget, cls=spec.cls, host=self.host)
+        self._event(protocol.SLOT, slot=lease.name, waited_s=round(waited, 3), budget=self.budget)
+        try:
+            if spec.prepare:
+                lease.record(phase="prepare")
+                limit = spec.prepare_timeout if spec.prepare_timeout is not None else self.config.prepare_timeout
+                end, reason = self._execute(["/bin/sh", "-c", spec.prepare], limit, lease)
+                self.phases["prepared"] = self.clock.wall()
+                ok = reason is None and end.exec_errno is None and end.exit_code == 0
+                self._event(protocol.PREPARED, ok=ok, exit_code=end.exit_code)
+                if reason is not None and reason is not Outcome.EXEC_TIMEOUT and end.stopped:
+                    return self._finish(reason, end, lease, "stopped during the prepare step")
+                if not ok:
+                    why = (f"prepare step ran past its limit of {format_duration(limit)}"
+                           if reason is Outcome.EXEC_TIMEOUT else f"prepare step exited {end.exit_code}")
+                    return self._finish(Outcome.PREPARE_FAILED, end, lease, why)
+            lease.record(phase="running")
+            self.phases["started"] = self.clock.wall()
+            self._event(protocol.STARTED, budget=self.budget)
+            end, reason = self._execute(spec.argv, self.budget, lease)
+        except OSError as e:
+            return self._finish(Outcome.UNAVAILABLE, None, lease, f"cannot start the command: {e.strerror}")
+        outcome, message = self._judge(end, reason)
+        return self._finish(outcome, end, lease, message)
+
+    def _judge(self, end: ChildEnd, reason: Outcome | None) -> tuple[Outcome, str]:
+        slot_at = time.strftime("%H:%M:%S", time.localtime(self.phases["slot"] or 0))
+        if end.exec_errno is not None:
+            what = "command not found" if end.exit_code == 127 else "cannot execute"
+            return Outcome.FAILED, f"{what}: {self.spec.argv[0]!r} ({os.strerror(end.exec_errno)})"
+        # A limit is reported only if it really ended the command (anyio's
+        # rule): a command that exited on its own just then keeps its code.
+        if reason is not None and end.stopped:
+            if reason is Outcome.EXEC_TIMEOUT:
+                return reason, (f"command ran past its budget of {format_duration(self.budget)} "
+                                f"(slot acquired at {slot_at}, waited "
+                                f"{format_duration(self._waited())} before that; the budget counted "
+                                f"from the command's start)")
+            return reason, f"stopped: {reason.value}"
+        code = end.exit_code
+        if code == 0:
+            return Outcome.PASSED, "command exited 0"
+        sig = end.signal
+        return Outcome.FAILED, (f"command killed by signal {sig}" if sig else f"command exited {code}")
+
+    def _waited(self) -> float:
+        return (self.phases["slot"] or 0) - (self.phases["queued"] or 0)
+
+    def _execute(self, argv: list[str], limit: float, lease: SlotLease) -> tuple[ChildEnd, Outcome | None]:
+        """Run argv to its end, streaming its output; the limit starts now."""
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            child = spawn(argv, cwd=self.spec.cwd, env=self.spec.env, stdout_fd=out_w, stderr_fd=err_w,
+                          inherit_fds=(lease.fd,), grace=self.grace,
+                          close_in_keeper=(self.in_fd, self.out_fd, out_r, err_r, self._sig_r, self._sig_w))
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        timer = self.clock.timer("budget", limit)
+        streams = {out_r: protocol.STDOUT, err_r: protocol.STDERR}
+        reason: Outcome | None = None
+        done = False
+        while not done or streams:
+            fds = list(streams)
+            if not done:
+                fds.append(child.done_fd)
+            fds += self._listen_fds()
+            timeout = None if reason is not None else max(0.0, timer.remaining(self.clock.monotonic()))
+            ready, _, _ = select.select(fds, [], [], timeout)
+            if reason is None and timer.remaining(self.clock.monotonic()) <= 0:
+                reason = Outcome.EXEC_TIMEOUT
+                child.stop()
+            for fd in ready:
+                if fd in streams:
+                    chunk = os.read(fd, 65536)
+                    if chunk:
+                        self._send(protocol.frame(streams[fd], chunk))
+                    else:
+                        os.close(fd)
+                        del streams[fd]
+                elif fd == child.done_fd:
+                    done = child.on_readable()
+            ended = self._check_listen(ready)
+            if ended is not None and reason is None:
+                reason = ended
+                child.stop()
+        assert child.end is not None
+        return child.end, reason
+
+    def _finish(self, outcome: Outcome, end: ChildEnd | None, lease: SlotLease | None,
+                message: str) -> Outcome:
+        spec = self.spec
+        self.phases["ended"] = self.clock.wall()
+        if lease is not None:
+            lease.release()  # the group is gone: the slot is free before we say so
+        if self.caller_gone and outcome not in (Outcome.CALLER_GONE,):
+            # Nobody heard the result; the history says what happened.
+            message = f"{message} (caller gone before the result)"
+        p = self.phases
+        started, ended = p["started"], p["ended"]
+        exit_code = end.exit_code if end is not None else None
+        record: dict[str, object] = {
+            "run_id": spec.run_id, "label": spec.label, "cls": spec.cls, "host": self.host,
+            "outcome": outcome.value, "exit_code": exit_code, "message": message,
+            "phases": dict(p), "waited_s": round(self._waited(), 3) if p["slot"] else None,
+            "ran_s": round(ended - started, 3) if started and ended else None,
+        }
+        history.append(self.state_dir, record)
+        self._event(protocol.EXITED, outcome=outcome.value, exit_code=exit_code,
+                    signal=end.signal if end is not None else None, message=message, phases=dict(p))
+        return outcome

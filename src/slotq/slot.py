@@ -1,0 +1,140 @@
+"""Slots: one lock file per slot, `slots/<pool>.<index>`.
+
+The holder writes who it is into the file after winning the lock. Rules, each
+preventing a real failure:
+
+- Lock files are never deleted: deleting one splits waiters across two inodes
+  and two callers would both "hold" the slot.
+- Never truncate before winning the lock: the loser would erase the holder's
+  record.
+- Every descriptor on a slot file is opened read-write, so its last close
+  raises IN_CLOSE_WRITE: a release -- or a transient look by `slotq status` --
+  always wakes the head of the line, and no wake-up is lost.
+- The command inherits the lock descriptor: the kernel releases the slot only
+  when the last process holding it exits, so a slot is never handed on while
+  an orphaned command of a dead holder still runs.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+
+from .errors import StateDirError
+
+
+def slot_path(state_dir: str, pool: str, index: int) -> str:
+    return os.path.join(state_dir, "slots", f"{pool}.{index}")
+
+
+def slot_name(pool: str, index: int) -> str:
+    return f"{pool}#{index}"
+
+
+class SlotLease:
+    """A held slot. `fd` is the lock; closing it (in every process that
+    inherited it) releases the slot."""
+
+    __slots__ = ("path", "fd", "pool", "index", "info")
+
+    def __init__(self, path: str, fd: int, pool: str, index: int) -> None:
+        self.path = path
+        self.fd = fd
+        self.pool = pool
+        self.index = index
+        self.info: dict[str, object] = {}
+
+    @property
+    def name(self) -> str:
+        return slot_name(self.pool, self.index)
+
+    def record(self, **info: object) -> None:
+        """Update the holder record (phase, pid, ...) that `status` shows."""
+        self.info.update(info)
+        data = json.dumps(self.info).encode()
+        try:
+            os.ftruncate(self.fd, 0)  # we hold the lock: safe to truncate
+            os.pwrite(self.fd, data, 0)
+        except OSError:
+            pass  # the record is for display; the lock is what counts
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class SlotProbe:
+    """The head of a line's open descriptors on its pool's slot files.
+
+    They stay open while the head waits: a failed `flock` attempt closes
+    nothing, so trying again raises no inotify event of our own (which would
+    wake us in a loop).
+    """
+
+    def __init__(self, state_dir: str, pool: str, count: int) -> None:
+        self.state_dir = state_dir
+        self.pool = pool
+        self.paths = [slot_path(state_dir, pool, i) for i in range(count)]
+        self._fds: list[int] = []
+        try:
+            os.makedirs(os.path.join(state_dir, "slots"), exist_ok=True)
+            for p in self.paths:
+                self._fds.append(os.open(p, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666))
+        except OSError as e:
+            self.close()
+            raise StateDirError(f"state directory {state_dir} is not usable: {e.strerror}", state_dir) from None
+
+    def try_lease(self) -> SlotLease | None:
+        """Take the first free slot, or None if all are held."""
+        for i, fd in enumerate(self._fds):
+            if fd < 0:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            self._fds[i] = -1  # handed over to the lease
+            lease = SlotLease(self.paths[i], fd, self.pool, i)
+            self.close()
+            return lease
+        return None
+
+    def close(self) -> None:
+        for fd in self._fds:
+            if fd >= 0:
+                os.close(fd)
+        self._fds = [-1] * len(self._fds)
+
+
+def read_slot(state_dir: str, pool: str, index: int) -> tuple[bool, dict[str, object] | None]:
+    """(held, holder record) for one slot, as `status` sees it.
+
+    Opens read-write (see the module doc): if our brief lock makes the head
+    of the line miss the slot, our close wakes it again.
+    """
+    path = slot_path(state_dir, pool, index)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False, None
+    except PermissionError:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            held = False
+        except BlockingIOError:
+            held = True
+        raw = os.pread(fd, 65536, 0)
+    finally:
+        os.close(fd)
+    info = None
+    if held:
+        try:
+            parsed = json.loads(raw or b"null")
+            info = parsed if isinstance(parsed, dict) else None
+        except ValueError:
+            info = None
+    return held, info

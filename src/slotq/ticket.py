@@ -1,0 +1,165 @@
+"""Tickets: a caller's place in a pool's line.
+
+A ticket is a file `tickets/<pool>/<seq>.t` that its waiter holds open and
+`flock`ed for its whole life. It is live exactly while that lock is held: a
+waiter that dies, even by SIGKILL, loses the lock in the kernel, and whoever
+next looks finds it unlocked and removes it. No pid checks, so no pid-reuse
+bugs.
+
+Sequence numbers come from one counter per host, taken under a lock that is
+held until the ticket is visible under its final name, so tickets appear in
+sequence order and a later caller can never be listed ahead of an earlier one.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+
+from .errors import StateDirError
+
+TICKET_SUFFIX = ".t"
+
+
+def pool_dir(state_dir: str, pool: str) -> str:
+    return os.path.join(state_dir, "tickets", pool)
+
+
+class Ticket:
+    """A live ticket, held by this process. `withdraw()` ends it."""
+
+    __slots__ = ("path", "fd", "seq", "pool", "info")
+
+    def __init__(self, path: str, fd: int, seq: int, pool: str, info: dict[str, object]) -> None:
+        self.path = path
+        self.fd = fd
+        self.seq = seq
+        self.pool = pool
+        self.info = info
+
+    def withdraw(self) -> None:
+        """Leave the line. Unlink first, then close: the successor's watch
+        fires (IN_ATTRIB, then IN_CLOSE_WRITE) and it finds the name gone."""
+        if self.fd < 0:
+            return
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        os.close(self.fd)
+        self.fd = -1
+
+    @property
+    def live(self) -> bool:
+        return self.fd >= 0
+
+
+def take_ticket(state_dir: str, pool: str, info: dict[str, object]) -> Ticket:
+    """Join the end of `pool`'s line. Raises StateDirError if the state
+    directory cannot be written."""
+    pdir = pool_dir(state_dir, pool)
+    seq_path = os.path.join(state_dir, "seq")
+    try:
+        os.makedirs(pdir, exist_ok=True)
+        seq_fd = os.open(seq_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    except OSError as e:
+        raise StateDirError(
+            f"state directory {state_dir} is not usable: {e.strerror} ({e.filename or state_dir})", state_dir
+        ) from None
+    try:
+        fcntl.flock(seq_fd, fcntl.LOCK_EX)
+        raw = os.pread(seq_fd, 32, 0).strip()
+        seq = (int(raw) if raw.isdigit() else _highest_seq(state_dir)) + 1
+        # Fixed width, written in place: never a truncated, empty counter.
+        os.pwrite(seq_fd, b"%020d\n" % seq, 0)
+        final = os.path.join(pdir, f"{seq:016d}{TICKET_SUFFIX}")
+        tmp = os.path.join(pdir, f".{seq:016d}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        # Locked before it gets its visible name, so nobody can see an
+        # unlocked live ticket and remove it.
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        full = dict(info, seq=seq, pool=pool)
+        os.write(fd, json.dumps(full).encode())
+        os.rename(tmp, final)
+    except OSError as e:
+        raise StateDirError(f"state directory {state_dir} is not usable: {e.strerror}", state_dir) from None
+    finally:
+        os.close(seq_fd)
+    return Ticket(final, fd, seq, pool, full)
+
+
+def _highest_seq(state_dir: str) -> int:
+    """Recover the counter from the tickets present if the seq file was lost."""
+    best = 0
+    root = os.path.join(state_dir, "tickets")
+    try:
+        pools = os.listdir(root)
+    except FileNotFoundError:
+        return 0
+    for p in pools:
+        for seq, _ in list_tickets(os.path.join(root, p)):
+            best = max(best, seq)
+    return best
+
+
+def list_tickets(pdir: str) -> list[tuple[int, str]]:
+    """(seq, path) of every ticket file in a pool dir, earliest first,
+    live or not."""
+    try:
+        names = os.listdir(pdir)
+    except FileNotFoundError:
+        return []
+    out = []
+    for name in names:
+        if name.endswith(TICKET_SUFFIX) and not name.startswith("."):
+            stem = name[: -len(TICKET_SUFFIX)]
+            if stem.isdigit():
+                out.append((int(stem), os.path.join(pdir, name)))
+    out.sort()
+    return out
+
+
+def probe(path: str) -> bool | None:
+    """Is the ticket at `path` live? True: yes. False: it was dead and has
+    now been removed. None: it is already gone.
+
+    Opens read-only, so closing our descriptor does not raise IN_CLOSE_WRITE
+    and wake the ticket's watcher for nothing.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    else:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        return False
+    finally:
+        os.close(fd)
+
+
+def read_info(path: str) -> dict[str, object] | None:
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read() or b"null")
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def remove_stale_temps(pdir: str) -> None:
+    """Remove `.tmp` tickets whose creator died before naming them."""
+    try:
+        names = os.listdir(pdir)
+    except FileNotFoundError:
+        return
+    for name in names:
+        if name.startswith(".") and name.endswith(".tmp"):
+            probe(os.path.join(pdir, name))
