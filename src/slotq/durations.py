@@ -17,6 +17,8 @@ def parse_duration(text: str, *, what: str = "", allow_zero: bool = False) -> fl
     s = text.strip().lower()
     if not s:
         raise ValueError(f"{prefix}empty duration")
+    if any(c.isspace() for c in s):
+        raise ValueError(f"{prefix}cannot read {text!r} as a duration (no spaces: 45s, 15m, 1h30m)")
     if s.startswith("-"):
         raise ValueError(f"{prefix}negative duration {text!r}")
     total = 0.0

@@ -1,0 +1,5 @@
+import sys
+
+from slotq.cli import main
+
+sys.exit(main())

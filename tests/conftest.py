@@ -1,0 +1,104 @@
+"""Shared helpers: a private state dir per test, the installed CLI, and
+bounded wait-for-condition polling (never fixed sleeps)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BIN = Path(sys.executable).parent
+
+
+def slotq_cmd() -> list[str]:
+    exe = BIN / "slotq"
+    if exe.exists():
+        return [str(exe)]
+    found = shutil.which("slotq")
+    assert found, "slotq is not installed (pip install -e '.[test]')"
+    return [found]
+
+
+def wait_for(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condition",
+             interval: float = 0.005) -> Any:
+    """Poll `cond` until it returns something truthy; fail after `timeout`."""
+    end = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)  # sleep-ok: bounded polling step of wait_for
+
+
+def group_alive(pgid: int) -> bool:
+    """Does any live (non-zombie) process of the group remain?"""
+    from pgroup import members
+
+    return bool(members(pgid))
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    d = tmp_path / "state"
+    monkeypatch.setenv("SLOTQ_STATE_DIR", str(d))
+    monkeypatch.delenv("SLOTQ_CONFIG", raising=False)
+    return d
+
+
+class Run:
+    """A `slotq run` started in the background, output captured to files."""
+
+    def __init__(self, args: list[str], tmp: Path, name: str, env: dict[str, str] | None = None) -> None:
+        self.out_path = tmp / f"{name}.out"
+        self.err_path = tmp / f"{name}.err"
+        self.json_path = tmp / f"{name}.json"
+        self.proc = subprocess.Popen(
+            slotq_cmd() + ["run", "--json", str(self.json_path)] + args,
+            stdin=subprocess.DEVNULL, stdout=open(self.out_path, "wb"), stderr=open(self.err_path, "wb"),
+            env=env, cwd=tmp,
+        )
+
+    @property
+    def err(self) -> str:
+        return self.err_path.read_text(errors="replace")
+
+    @property
+    def out(self) -> bytes:
+        return self.out_path.read_bytes()
+
+    def wait(self, timeout: float = 30.0) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def result(self) -> dict[str, Any]:
+        import json
+
+        return dict(json.loads(self.json_path.read_text()))
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> Iterator[Callable[..., Run]]:
+    started: list[Run] = []
+
+    def start(*args: str, name: str | None = None) -> Run:
+        r = Run(list(args), tmp_path, name or f"run{len(started)}")
+        started.append(r)
+        return r
+
+    yield start
+    for r in started:
+        r.kill()

@@ -1,0 +1,161 @@
+"""Pure logic on a fake clock: durations, outcomes, watchdogs, framing, config."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from slotq import protocol
+from slotq.client import BACKSTOP_MARGIN, Watchdogs
+from slotq.clock import FakeClock
+from slotq.config import HostConfig
+from slotq.durations import format_duration, parse_duration
+from slotq.errors import ConfigError, ProtocolError
+from slotq.outcome import EXIT_CODES, Outcome, exit_code_for
+
+
+@pytest.mark.parametrize("text,seconds", [
+    ("45", 45), ("45s", 45), ("1.5s", 1.5), ("15m", 900), ("1h30m", 5400), ("2m30s", 150),
+    ("250ms", 0.25), (" 10S ", 10), ("1h", 3600),
+])
+def test_parse_duration_accepts_what_people_type(text: str, seconds: float) -> None:
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("", "empty"), ("-5", "negative"), ("-1m", "negative"), ("1x", "unknown unit"), ("abc", "cannot read"),
+    ("30m1h", "out of order"), ("0", "more than zero"), ("1.2.3s", "cannot read"), ("5 m", "cannot read"),
+])
+def test_parse_duration_rejects_garbage_with_a_clear_message(text: str, needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        parse_duration(text, what="--budget")
+
+
+def test_format_duration_is_short() -> None:
+    assert [format_duration(x) for x in (0.25, 12.34, 245, 3720)] == ["250ms", "12.3s", "4m05s", "1h02m"]
+
+
+def test_exit_codes_are_distinct_and_timeout_is_124() -> None:
+    fixed = [c for c in EXIT_CODES.values() if c is not None]
+    assert len(fixed) == len(set(fixed))
+    assert EXIT_CODES[Outcome.EXEC_TIMEOUT] == 124
+    assert 2 not in fixed and 73 not in fixed and 78 not in fixed
+    assert exit_code_for(Outcome.PASSED, 0) == 0
+    assert exit_code_for(Outcome.FAILED, 3) == 3
+    assert exit_code_for(Outcome.FAILED, None) == 1
+
+
+def test_every_outcome_names_whom_it_blames() -> None:
+    assert {o.blame for o in Outcome} <= {"work", "infrastructure", "caller", "task"}
+    assert Outcome.BACKSTOP.blame == "infrastructure" and Outcome.EXEC_TIMEOUT.blame == "work"
+
+
+def test_backstop_is_created_at_slot_and_is_budget_plus_90() -> None:
+    clock = FakeClock()
+    dogs = Watchdogs(clock, idle=None)
+    clock.advance(450)  # a long wait in line: no timer exists, nothing can fire
+    assert dogs.expired() is None and clock.timers == []
+    dogs.on_slot(budget=1.0)
+    assert [(t.name, t.length) for t in clock.timers] == [("backstop", 1.0 + BACKSTOP_MARGIN)]
+    assert clock.timers[0].created == clock.monotonic()
+    clock.advance(90.9)
+    assert dogs.expired() is None
+    clock.advance(0.2)
+    assert dogs.expired() is Outcome.BACKSTOP
+
+
+def test_prepare_time_moves_the_backstop_later() -> None:
+    clock = FakeClock()
+    dogs = Watchdogs(clock, idle=None)
+    dogs.on_slot(budget=10)
+    clock.advance(60)
+    dogs.on_prepared(took=60)
+    clock.advance(99)
+    assert dogs.expired() is None
+    clock.advance(2)
+    assert dogs.expired() is Outcome.BACKSTOP
+
+
+def test_idle_watchdog_counts_only_after_start_and_output_resets_it() -> None:
+    clock = FakeClock()
+    dogs = Watchdogs(clock, idle=5)
+    dogs.on_slot(budget=600)
+    clock.advance(30)  # quiet queue + prepare time
+    assert dogs.expired() is None
+    dogs.on_started()
+    clock.advance(4)
+    dogs.on_output()
+    clock.advance(4)
+    assert dogs.expired() is None
+    clock.advance(1.5)
+    assert dogs.expired() is Outcome.IDLE_TIMEOUT
+    assert dogs.expired() is None  # fires once
+
+
+def test_timer_never_moves_earlier() -> None:
+    t = FakeClock().timer("x", 10)
+    before = t.deadline
+    t.extend(-5)
+    assert t.deadline == before
+
+
+def _stream(*frames: bytes) -> bytes:
+    return protocol.MAGIC + b"".join(frames)
+
+
+def test_decoder_handles_any_split_and_keeps_bytes_exact() -> None:
+    blob = bytes(range(256)) * 3
+    data = b"login banner\n" + _stream(
+        protocol.frame(protocol.STDOUT, blob),
+        protocol.event_frame("slot", 1.0, slot="shared#0"),
+        protocol.frame(protocol.STDERR, b"err"),
+    )
+    for cut in (1, 2, 3, 7, 64, len(data)):
+        dec = protocol.Decoder()
+        got: list[object] = []
+        for i in range(0, len(data), cut):
+            got += dec.feed(data[i:i + cut])
+        assert got == [(b"O", blob), (b"V", {"event": "slot", "at": 1.0, "slot": "shared#0"}), (b"E", b"err")]
+        assert bytes(dec.noise) == b"login banner\n"
+
+
+def test_command_output_that_imitates_an_event_stays_output() -> None:
+    forged = protocol.MAGIC + protocol.event_frame("slot", 1.0, slot="x") + b"slot acquired\n"
+    dec = protocol.Decoder()
+    frames = dec.feed(_stream(protocol.frame(protocol.STDOUT, forged)))
+    assert frames == [(b"O", forged)]
+
+
+def test_decoder_rejects_other_protocol_versions_and_corruption() -> None:
+    with pytest.raises(ProtocolError, match="protocol 99"):
+        protocol.Decoder().feed(b"\x00SLOTQ-STREAM 99\n")
+    with pytest.raises(ProtocolError, match="corrupt"):
+        protocol.Decoder().feed(protocol.MAGIC + b"Z\x00\x00\x00\x01x")
+
+
+def test_config_defaults_and_class_mapping(tmp_path: os.PathLike[str]) -> None:
+    cfg = HostConfig.load(path=None, state_dir=str(tmp_path))
+    assert cfg.pools == {"shared": 1, "landing": 1}
+    assert cfg.pool_for("landing") == "landing"
+    path = os.path.join(tmp_path, "h.toml")
+    with open(path, "w") as f:
+        f.write('[pools]\nshared = 2\nlanding = 1\n[classes]\nmerge = "landing"\n[defaults]\nbudget = "5m"\n')
+    cfg = HostConfig.load(path=path)
+    assert cfg.pools["shared"] == 2 and cfg.pool_for("merge") == "landing" and cfg.budget == 300
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("[pools]\nshared = 0\n", "1..1024"),
+    ('[classes]\nmerge = "nowhere"\n', "unknown pool"),
+    ("[pools\n", "not valid TOML"),
+    ('[defaults]\nbudget = "-1"\n', "negative"),
+    ("[extra]\n", "unknown section"),
+])
+def test_bad_config_is_a_config_error_naming_the_file(tmp_path: os.PathLike[str], text: str, needle: str) -> None:
+    path = os.path.join(tmp_path, "bad.toml")
+    with open(path, "w") as f:
+        f.write(text)
+    with pytest.raises(ConfigError, match=needle) as e:
+        HostConfig.load(path=path)
+    assert e.value.path == path

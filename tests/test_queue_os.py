@@ -1,0 +1,217 @@
+"""Real OS behaviour in a temp dir: real flock, real inotify, real processes."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import group_alive, wait_for
+from slotq.config import HostConfig
+from slotq.hostqueue import Waiter
+from slotq.process import spawn
+from slotq.slot import SlotProbe, read_slot
+from slotq.ticket import list_tickets, pool_dir, probe
+
+CFG = HostConfig()
+
+
+def readable(w: Waiter, timeout: float = 0.0) -> bool:
+    return bool(select.select([w.fileno()], [], [], timeout)[0])
+
+
+def holder_process(state_dir: Path, what: str) -> subprocess.Popen[str]:
+    """A separate process that takes a ticket or a slot and sleeps on stdin."""
+    code = f"""
+import sys
+from slotq.config import HostConfig
+from slotq.hostqueue import Waiter
+from slotq.slot import SlotProbe
+if {what!r} == "slot":
+    lease = SlotProbe({str(state_dir)!r}, "shared", 1).try_lease()
+    assert lease is not None
+else:
+    w = Waiter({str(state_dir)!r}, HostConfig(), "shared", {{"label": "other"}})
+print("ready", flush=True)
+sys.stdin.read()
+"""
+    p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    return p
+
+
+def test_ticket_of_a_sigkilled_waiter_is_found_dead_and_removed(tmp_path: Path) -> None:
+    p = holder_process(tmp_path, "ticket")
+    [(_, path)] = list_tickets(pool_dir(str(tmp_path), "shared"))
+    assert probe(path) is True
+    p.kill()
+    p.wait()
+    assert probe(path) is False
+    assert list_tickets(pool_dir(str(tmp_path), "shared")) == []
+
+
+def test_a_release_wakes_the_head_within_milliseconds(tmp_path: Path) -> None:
+    a = Waiter(str(tmp_path), CFG, "shared", {})
+    lease = a.attempt()
+    assert lease is not None
+    b = Waiter(str(tmp_path), CFG, "shared", {})
+    assert b.attempt() is None
+    assert not readable(b)
+    t0 = time.monotonic()
+    lease.release()
+    assert readable(b, timeout=1.0)
+    assert time.monotonic() - t0 < 0.05
+    assert b.attempt() is not None
+
+
+def test_a_sigkilled_holder_wakes_the_head_within_milliseconds(tmp_path: Path) -> None:
+    p = holder_process(tmp_path, "slot")
+    b = Waiter(str(tmp_path), CFG, "shared", {})
+    assert b.attempt() is None
+    t0 = time.monotonic()
+    p.kill()
+    assert readable(b, timeout=2.0)
+    woke = time.monotonic() - t0
+    p.wait()
+    assert b.attempt() is not None
+    assert woke < 0.1, f"wake-up took {woke * 1000:.1f} ms"
+
+
+def test_a_release_wakes_only_the_head_not_the_whole_line(tmp_path: Path) -> None:
+    first = Waiter(str(tmp_path), CFG, "shared", {})
+    lease = first.attempt()
+    assert lease is not None
+    line = [Waiter(str(tmp_path), CFG, "shared", {}) for _ in range(4)]
+    for w in line:
+        assert w.attempt() is None
+    lease.release()
+    assert readable(line[0], 1.0)
+    assert [readable(w) for w in line[1:]] == [False, False, False]
+    lease = line[0].attempt()  # the head wins and withdraws its ticket
+    assert lease is not None
+    assert readable(line[1], 1.0)
+    assert [readable(w) for w in line[2:]] == [False, False]
+
+
+def test_later_tickets_never_overtake_earlier_live_ones(tmp_path: Path) -> None:
+    cfg = HostConfig(pools={"shared": 2})
+    line = [Waiter(str(tmp_path), cfg, "shared", {"n": i}) for i in range(6)]
+    order: list[int] = []
+    leases = []
+    for _ in range(3):
+        # Everybody looks, in reverse arrival order: only the head may win.
+        for i in reversed(range(len(line))):
+            if i in order:
+                continue
+            lease = line[i].attempt()
+            if lease is not None:
+                order.append(i)
+                leases.append(lease)
+        if leases:
+            leases.pop(0).release()
+    while len(order) < 6:
+        for i in reversed(range(6)):
+            if i not in order and (lease := line[i].attempt()) is not None:
+                order.append(i)
+                lease.release()
+    assert order == sorted(order) == list(range(6))
+
+
+def test_a_dead_waiter_does_not_block_the_ones_behind_it(tmp_path: Path) -> None:
+    first = Waiter(str(tmp_path), CFG, "shared", {})
+    lease = first.attempt()
+    assert lease is not None
+    dead = holder_process(tmp_path, "ticket")
+    behind = Waiter(str(tmp_path), CFG, "shared", {})
+    assert behind.attempt() is None
+    dead.kill()
+    dead.wait()
+    assert readable(behind, 1.0)  # watching the dead ticket ahead fires
+    assert behind.attempt() is None  # moved up, now watching the slot
+    lease.release()
+    assert readable(behind, 1.0)
+    assert behind.attempt() is not None
+
+
+def test_without_inotify_the_fallback_poll_still_hands_over(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLOTQ_NO_INOTIFY", "1")
+    a = Waiter(str(tmp_path), CFG, "shared", {})
+    lease = a.attempt()
+    assert lease is not None
+    b = Waiter(str(tmp_path), CFG, "shared", {})
+    assert b.fileno() == -1 and b.poll_interval <= 1.0
+    assert b.attempt() is None
+    lease.release()
+    assert b.attempt() is not None
+
+
+def test_status_probe_of_a_slot_wakes_the_head_instead_of_stealing_its_wakeup(tmp_path: Path) -> None:
+    probe_ = SlotProbe(str(tmp_path), "shared", 1)
+    lease = probe_.try_lease()
+    assert lease is not None
+    b = Waiter(str(tmp_path), CFG, "shared", {})
+    assert b.attempt() is None
+    held, _ = read_slot(str(tmp_path), "shared", 0)
+    assert held
+    lease.release()
+    assert readable(b, 1.0)
+    b.attempt()
+
+
+def _spawn(argv: list[str], grace: float = 5.0):  # type: ignore[no-untyped-def]
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    out = os.dup(devnull)
+    child = spawn(argv, cwd=None, env=None, stdout_fd=devnull, stderr_fd=out, grace=grace)
+    return child
+
+
+def _finish(child) -> None:  # type: ignore[no-untyped-def]
+    while not child.on_readable():
+        pass
+
+
+def test_stopping_a_command_ends_its_whole_group_and_escaped_descendants(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    script = f"sleep 100 & echo $! >> {pids}; setsid sleep 101 & echo $! >> {pids}; echo $$ >> {pids}; wait"
+    child = _spawn(["sh", "-c", script])
+    wait_for(lambda: pids.exists() and len(pids.read_text().split()) == 3, what="pids written")
+    procs = [int(x) for x in pids.read_text().split()]
+    child.stop()
+    _finish(child)
+    assert child.end is not None and child.end.stopped
+    for pid in procs:
+        assert not os.path.exists(f"/proc/{pid}"), f"pid {pid} survived"
+
+
+def test_leftovers_of_a_finished_command_are_ended(tmp_path: Path) -> None:
+    pidf = tmp_path / "pid"
+    child = _spawn(["sh", "-c", f"sleep 100 & echo $! > {pidf}"])
+    _finish(child)
+    assert child.end is not None and child.end.exit_code == 0 and not child.end.stopped
+    assert not os.path.exists(f"/proc/{int(pidf.read_text())}")
+
+
+def test_term_ignoring_command_is_killed_after_grace(tmp_path: Path) -> None:
+    pidf = tmp_path / "pid"
+    child = _spawn(["sh", "-c", f"trap '' TERM; echo $$ > {pidf}; while :; do sleep 0.05; done"], grace=0.3)
+    wait_for(pidf.exists, what="command started")
+    pgid = int(pidf.read_text())
+    t0 = time.monotonic()
+    child.stop()
+    _finish(child)
+    took = time.monotonic() - t0
+    assert child.end is not None and child.end.signal == signal.SIGKILL
+    assert 0.25 < took < 2.0
+    assert not group_alive(pgid)
+
+
+def test_command_that_does_not_exist_reports_exec_failure() -> None:
+    child = _spawn(["slotq-no-such-command-xyz"])
+    _finish(child)
+    assert child.end is not None and child.end.exit_code == 127 and child.end.exec_errno is not None

@@ -1,0 +1,304 @@
+"""End to end through the installed CLI and the library, real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from conftest import Run, group_alive, slotq_cmd, wait_for
+from slotq import protocol
+from slotq.client import run
+from slotq.clock import Clock, Timer
+from slotq.config import HostConfig
+from slotq.slot import read_slot
+from slotq.spec import RunSpec
+from slotq.ticket import list_tickets, pool_dir, probe
+from slotq.transport import LocalTransport
+
+Start = Callable[..., Run]
+
+
+def live_tickets(state_dir: Path, pool: str = "shared") -> list[str]:
+    return [p for _, p in list_tickets(pool_dir(str(state_dir), pool)) if probe(p)]
+
+
+def slot_holder(state_dir: Path, pool: str = "shared") -> dict[str, Any] | None:
+    held, info = read_slot(str(state_dir), pool, 0)
+    return info if held else None
+
+
+def gate_cmd(gate: Path) -> list[str]:
+    """A holder that keeps its slot until the test creates `gate`."""
+    return ["sh", "-c", f'while [ ! -e "{gate}" ]; do sleep 0.01; done']
+
+
+def start_holder(runs: Start, state_dir: Path, gate: Path, *extra: str) -> Run:
+    h = runs("--label", "placeholder", *extra, "--", *gate_cmd(gate), name="holder")
+    wait_for(lambda: (slot_holder(state_dir) or {}).get("phase") == "running", what="placeholder holds the slot")
+    return h
+
+
+class RecordingClock(Clock):
+    """The real clock, remembering every timer created and when (wall)."""
+
+    def __init__(self) -> None:
+        self.timers: list[tuple[Timer, float]] = []
+
+    def timer(self, name: str, seconds: float) -> Timer:
+        t = super().timer(name, seconds)
+        self.timers.append((t, self.wall()))
+        return t
+
+
+@pytest.mark.timeout(40)
+def test_queue_longer_than_budget_still_passes_and_backstop_starts_at_slot(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    holder = runs("--label", "placeholder", "--", "sleep", "6", name="holder")
+    wait_for(lambda: slot_holder(state_dir), what="placeholder holds the slot")
+    clock = RecordingClock()
+    out_r, out_w = os.pipe()
+    spec = RunSpec(["echo", "ran"], budget=1.0, cwd=str(tmp_path))
+    result = run(spec, LocalTransport(), clock=clock, stdout_fd=out_w)
+    os.close(out_w)
+    assert os.read(out_r, 100) == b"ran\n"
+    assert result.outcome.value == "passed", result.message
+    assert result.waited_s is not None and result.waited_s >= 4.0
+    assert [(t.name, t.length) for t, _ in clock.timers] == [("backstop", 91.0)]
+    (_, created_wall), = clock.timers
+    assert result.phases["slot"] is not None and created_wall >= result.phases["slot"]
+    assert holder.wait() == 0
+
+
+@pytest.mark.timeout(30)
+def test_waiting_is_visible_with_position_holder_and_load(state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    start_holder(runs, state_dir, gate)
+    q = runs("--report-every", "0.2", "--label", "queued", "--", "true", name="queued")
+    wait_for(lambda: q.err.count("slotq: waiting") >= 2, what="two status lines")
+    gate.touch()
+    assert q.wait() == 0
+    err = q.err
+    line = next(l for l in err.splitlines() if l.startswith("slotq: waiting"))
+    assert "position 1 in pool shared (0 ahead)" in line
+    assert "slot held by placeholder for" in line
+    assert f"/{os.cpu_count()} cores" in line and "load " in line
+    assert "slotq: slot shared#0 acquired after" in err
+
+
+@pytest.mark.timeout(40)
+def test_order_is_fifo_and_a_sigkilled_waiter_does_not_block(state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    log = tmp_path / "order"
+    start_holder(runs, state_dir, gate)
+    waiters = []
+    for i in range(5):
+        waiters.append(runs("--", "sh", "-c", f"echo {i} >> {log}", name=f"w{i}"))
+        wait_for(lambda: len(live_tickets(state_dir)) == i + 1, what=f"ticket {i} in line")
+    waiters[2].kill()
+    wait_for(lambda: len(live_tickets(state_dir)) == 4, timeout=1.0, what="killed waiter's ticket gone")
+    gate.touch()
+    for i in (0, 1, 3, 4):
+        assert waiters[i].wait() == 0
+    assert log.read_text().split() == ["0", "1", "3", "4"]
+
+
+@pytest.mark.timeout(30)
+def test_a_command_that_runs_too_long_is_exec_timeout_and_says_when_it_got_the_slot(
+        state_dir: Path, runs: Start) -> None:
+    r = runs("--budget", "1", "--kill-grace", "1", "--", "sleep", "30")
+    assert r.wait() == 124
+    res = r.result()
+    assert res["outcome"] == "exec_timeout" and res["blame"] == "work"
+    assert "slot acquired at" in res["message"] and "budget of 1.0s" in res["message"]
+    assert 0.9 <= res["ran_s"] < 5
+
+
+@pytest.mark.timeout(40)
+def test_idle_watchdog_ignores_queue_and_prepare_time(state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    runs("--", "sleep", "2", name="holder")
+    wait_for(lambda: slot_holder(state_dir), what="holder has the slot")
+    r = runs("--idle", "1", "--prepare", "sleep 1.5", "--", "sh", "-c", "echo a; sleep 0.5; echo b")
+    assert r.wait() == 0, r.err
+    res = r.result()
+    assert res["outcome"] == "passed"
+    assert res["waited_s"] >= 1.0
+    assert res["phases"]["started"] - res["phases"]["slot"] >= 1.4  # the prepare step ran, silent
+
+
+@pytest.mark.timeout(30)
+def test_a_silent_command_ends_idle_timeout(state_dir: Path, runs: Start) -> None:
+    r = runs("--idle", "1", "--kill-grace", "1", "--", "sh", "-c", "echo hi; sleep 30")
+    assert r.wait() == 123
+    res = r.result()
+    assert res["outcome"] == "idle_timeout"
+    assert res["ran_s"] < 10
+    assert r.out == b"hi\n"
+
+
+@pytest.mark.timeout(30)
+def test_landing_runs_on_its_own_slot_while_shared_is_busy(state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    holder = start_holder(runs, state_dir, gate)
+    land = runs("--class", "landing", "--", "echo", "merged")
+    assert land.wait() == 0
+    assert land.out == b"merged\n"
+    assert land.result()["slot"] == "landing#0"
+    assert holder.proc.poll() is None and slot_holder(state_dir) is not None
+    gate.touch()
+    assert holder.wait() == 0
+
+
+@pytest.mark.timeout(30)
+def test_caller_sigkilled_while_queued_loses_its_ticket_within_1s(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    start_holder(runs, state_dir, gate)
+    q = runs("--", "true", name="queued")
+    wait_for(lambda: len(live_tickets(state_dir)) == 1, what="ticket in line")
+    t0 = time.monotonic()
+    q.kill()
+    wait_for(lambda: not os.listdir(pool_dir(str(state_dir), "shared")), timeout=1.0, what="ticket file gone")
+    assert time.monotonic() - t0 < 1.0
+    gate.touch()
+
+
+@pytest.mark.timeout(30)
+def test_caller_sigkilled_while_running_leaves_no_process_and_frees_the_slot(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    pidf = tmp_path / "pgid"
+    r = runs("--kill-grace", "1", "--", "sh", "-c",
+             f"trap '' TERM; echo $$ > {pidf}; sleep 100 & sleep 100")
+    wait_for(lambda: pidf.exists() and pidf.read_text().strip(), what="command running")
+    pgid = int(pidf.read_text())
+    t0 = time.monotonic()
+    r.kill()
+    wait_for(lambda: not group_alive(pgid), timeout=1 + 1, what="command group gone")
+    wait_for(lambda: slot_holder(state_dir) is None, timeout=1, what="slot free")
+    assert time.monotonic() - t0 <= 2.0
+
+
+@pytest.mark.timeout(30)
+def test_runner_sigkilled_while_holding_takes_its_command_down_before_the_next_starts(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    pidf = tmp_path / "pgid"
+    verdict = tmp_path / "verdict"
+    runs("--kill-grace", "0.5", "--", "sh", "-c", f"trap '' TERM; echo $$ > {pidf}; sleep 100 & sleep 100",
+         name="first")
+    wait_for(lambda: pidf.exists() and pidf.read_text().strip(), what="first command running")
+    pgid = int(pidf.read_text())
+    check = Path(__file__).with_name("pgroup.py")
+    nxt = runs("--", "sh", "-c", f"{sys.executable} {check} {pgid} > {verdict}", name="next")
+    wait_for(lambda: len(live_tickets(state_dir)) == 1, what="next in line")
+    runner_pid = int((slot_holder(state_dir) or {})["pid"])
+    os.kill(runner_pid, signal.SIGKILL)
+    assert nxt.wait() == 0
+    assert verdict.read_text().strip() == "clean"
+    assert not group_alive(pgid)
+
+
+@pytest.mark.timeout(30)
+def test_forged_events_and_binary_output_pass_through_unchanged(state_dir: Path, tmp_path: Path) -> None:
+    payload = (b"slot acquired\n" + protocol.MAGIC + protocol.event_frame("slot", 1.0, slot="fake", budget=0)
+               + protocol.event_frame("exited", 1.0, outcome="passed", exit_code=0) + bytes(range(256)) * 4)
+    blob = tmp_path / "blob"
+    blob.write_bytes(payload)
+    clock = RecordingClock()
+    out_r, out_w = os.pipe()
+    result = run(RunSpec(["cat", str(blob)], budget=30, cwd=str(tmp_path)), LocalTransport(), clock=clock,
+                 stdout_fd=out_w)
+    os.close(out_w)
+    got = b""
+    while chunk := os.read(out_r, 65536):
+        got += chunk
+    assert got == payload
+    assert result.outcome.value == "passed" and result.slot == "shared#0"
+    assert [(t.name, t.length) for t, _ in clock.timers] == [("backstop", 120.0)]
+    # The same through the CLI's own stdout.
+    proc = subprocess.run(slotq_cmd() + ["run", "-q", "--", "cat", str(blob)], capture_output=True, timeout=20)
+    assert proc.returncode == 0 and proc.stdout == payload
+
+
+def _one_line_error(proc: subprocess.CompletedProcess[str], needle: str) -> None:
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert needle in lines[0]
+
+
+@pytest.mark.parametrize("args,code,needle", [
+    (["--class", "nope", "--", "true"], 2, "unknown class 'nope'"),
+    (["--budget", "soon", "--", "true"], 2, "cannot read 'soon'"),
+    (["--budget", "-5", "--", "true"], 2, "negative duration"),
+    (["--idle", "1x", "--", "true"], 2, "unknown unit"),
+    ([], 2, "no command given"),
+    (["--"], 2, "no command given"),
+])
+def test_bad_arguments_get_one_line_and_exit_2(state_dir: Path, args: list[str], code: int, needle: str) -> None:
+    proc = subprocess.run(slotq_cmd() + ["run"] + args, capture_output=True, text=True, timeout=20)
+    assert proc.returncode == code
+    _one_line_error(proc, needle)
+
+
+def test_a_command_that_does_not_exist_fails_127_with_a_clear_message(state_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    proc = subprocess.run(slotq_cmd() + ["run", "--json", str(out), "--", "no-such-cmd-xyz"],
+                          capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 127
+    res = json.loads(out.read_text())
+    assert res["outcome"] == "failed" and res["exit_code"] == 127
+    assert "command not found: 'no-such-cmd-xyz'" in res["message"]
+    assert "command not found" in proc.stderr
+
+
+def test_an_unusable_state_directory_is_one_line_and_exit_73(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("SLOTQ_STATE_DIR", str(blocker / "state"))
+    proc = subprocess.run(slotq_cmd() + ["run", "--", "true"], capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 73
+    _one_line_error(proc, str(blocker / "state"))
+
+
+def test_a_bad_host_config_is_one_line_and_exit_78(state_dir: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "host.toml"
+    cfg.write_text("[pools]\nshared = -1\n")
+    monkeypatch.setenv("SLOTQ_CONFIG", str(cfg))
+    proc = subprocess.run(slotq_cmd() + ["run", "--", "true"], capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 78
+    _one_line_error(proc, str(cfg))
+
+
+def test_status_shows_holder_and_waiting_line_as_json(state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    start_holder(runs, state_dir, gate, "--budget", "5m")
+    runs("--label", "second", "--", "true", name="second")
+    wait_for(lambda: len(live_tickets(state_dir)) == 1, what="second in line")
+    proc = subprocess.run(slotq_cmd() + ["status", "--json"], capture_output=True, text=True, timeout=20)
+    snap = json.loads(proc.stdout)
+    shared = next(p for p in snap["pools"] if p["pool"] == "shared")
+    slot = shared["slots"][0]
+    assert slot["held"] and slot["label"] == "placeholder" and slot["phase"] == "running" and slot["budget"] == 300
+    assert [w["label"] for w in shared["waiting"]] == ["second"]
+    assert snap["cores"] == os.cpu_count()
+    text = subprocess.run(slotq_cmd() + ["status"], capture_output=True, text=True, timeout=20).stdout
+    assert "placeholder" in text and "waiting 1: second" in text
+    gate.touch()
+
+
+def test_ctrl_c_cancels_the_run(state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    pidf = tmp_path / "pgid"
+    r = runs("--kill-grace", "1", "--", "sh", "-c", f"echo $$ > {pidf}; sleep 100")
+    wait_for(lambda: pidf.exists() and pidf.read_text().strip(), what="command running")
+    r.proc.send_signal(signal.SIGINT)
+    assert r.wait() == 130
+    assert r.result()["outcome"] == "cancelled"
+    assert not group_alive(int(pidf.read_text()))
