@@ -7,7 +7,7 @@ CLI's start-up) pays only for what a command uses.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+TYPE_CHECKING = False  # not `from typing import ...`: keeps start-up lean
 
 __version__ = "0.1.0"
 
@@ -33,6 +33,8 @@ _EXPORTS = {
 __all__ = ["__version__", *_EXPORTS]
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from .client import RunResult, run
     from .clock import Clock, FakeClock, Timer
     from .config import HostConfig

@@ -51,8 +51,10 @@ class Waiter:
         self.state_dir = state_dir
         self.pool = pool
         self.slot_count = config.pools[pool]
-        self._watcher = inotify.Watcher() if inotify.available() else None
-        self.poll_interval = POLL_WITH_INOTIFY if self._watcher else POLL_WITHOUT_INOTIFY
+        # Created at the first failed attempt: an uncontended run never pays
+        # for inotify (or for loading ctypes).
+        self._watcher: inotify.Watcher | None = None
+        self._may_watch = True
         self._probe: SlotProbe | None = None
         self._watching: str | None = None  # path of the ticket ahead, or "slots"
         try:
@@ -65,12 +67,25 @@ class Waiter:
         """Readable when something we watch changed; -1 without inotify."""
         return self._watcher.fileno() if self._watcher else -1
 
+    @property
+    def poll_interval(self) -> float:
+        return POLL_WITH_INOTIFY if self._watcher else POLL_WITHOUT_INOTIFY
+
     def attempt(self) -> SlotLease | None:
         """Look once: lease a slot if we are the head and one is free.
 
         Sets the watches that will wake us when we should look again. On
         success the ticket is withdrawn (waking our successor).
         """
+        lease = self._attempt()
+        if lease is None and self._watcher is None and self._may_watch:
+            self._may_watch = False
+            if inotify.available():
+                self._watcher = inotify.Watcher()
+                lease = self._attempt()  # again, now watching before looking
+        return lease
+
+    def _attempt(self) -> SlotLease | None:
         if self._watcher:
             self._watcher.drain()
         ahead = self._nearest_live_ahead()

@@ -13,7 +13,9 @@ slow poll.
 from __future__ import annotations
 
 import os
-from typing import Any
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 IN_MODIFY = 0x00000002
 IN_ATTRIB = 0x00000004
@@ -36,9 +38,10 @@ def _load() -> Any:
     if _libc is None:
         try:
             import ctypes
-            import ctypes.util
 
-            lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            # The running interpreter already links libc: dlopen(NULL) finds
+            # it without ctypes.util.find_library, which spawns ldconfig.
+            lib = ctypes.CDLL(None, use_errno=True)
             lib.inotify_init1  # noqa: B018 -- probe that the symbol exists
             _libc = lib
         except (OSError, AttributeError):

@@ -81,7 +81,9 @@ class SlotProbe:
         try:
             os.makedirs(os.path.join(state_dir, "slots"), exist_ok=True)
             for p in self.paths:
-                self._fds.append(os.open(p, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666))
+                fd = os.open(p, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+                self._fds.append(fd)
+                _share(fd)
         except OSError as e:
             self.close()
             raise StateDirError(f"state directory {state_dir} is not usable: {e.strerror}", state_dir) from None
@@ -106,6 +108,15 @@ class SlotProbe:
             if fd >= 0:
                 os.close(fd)
         self._fds = [-1] * len(self._fds)
+
+
+def _share(fd: int) -> None:
+    """Make a lock file usable by every user of a shared state directory
+    (the umask would otherwise leave it read-only for them)."""
+    try:
+        os.fchmod(fd, 0o666)
+    except OSError:
+        pass  # not ours: its owner already made it shareable
 
 
 def read_slot(state_dir: str, pool: str, index: int) -> tuple[bool, dict[str, object] | None]:
