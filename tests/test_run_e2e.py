@@ -14,7 +14,7 @@ from typing import Any, Callable
 import pytest
 
 from conftest import Run, group_alive, slotq_cmd, wait_for
-from slotq import protocol
+from slotq import history, protocol
 from slotq.client import run
 from slotq.clock import Clock, Timer
 from slotq.config import HostConfig
@@ -183,6 +183,26 @@ def test_caller_sigkilled_while_running_leaves_no_process_and_frees_the_slot(
     wait_for(lambda: not group_alive(pgid), timeout=1 + 1, what="command group gone")
     wait_for(lambda: slot_holder(state_dir) is None, timeout=1, what="slot free")
     assert time.monotonic() - t0 <= 2.0
+    last = wait_for(lambda: (history.recent(str(state_dir), 1) or [None])[0], what="history record")
+    assert last["outcome"] == "caller_gone"
+
+
+def test_caller_sigterm_cancels_and_still_reports(state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    pidf = tmp_path / "pgid"
+    r = runs("--kill-grace", "1", "--", "sh", "-c", f"echo $$ > {pidf}; sleep 100")
+    wait_for(lambda: pidf.exists() and pidf.read_text().strip(), what="command running")
+    r.proc.send_signal(signal.SIGTERM)
+    assert r.wait() == 130
+    assert r.result()["outcome"] == "cancelled"
+    assert not group_alive(int(pidf.read_text()))
+
+
+def test_a_closed_stdout_stops_the_command_like_a_pipeline(state_dir: Path, tmp_path: Path) -> None:
+    proc = subprocess.run(
+        ["sh", "-c", " ".join(slotq_cmd()) + " run -q --json r.json -- sh -c 'while :; do echo y; done' | head -1"],
+        capture_output=True, text=True, timeout=20, cwd=tmp_path)
+    assert proc.stdout == "y\n"
+    assert json.loads((tmp_path / "r.json").read_text())["outcome"] == "cancelled"
 
 
 @pytest.mark.timeout(30)
@@ -302,3 +322,28 @@ def test_ctrl_c_cancels_the_run(state_dir: Path, runs: Start, tmp_path: Path) ->
     assert r.wait() == 130
     assert r.result()["outcome"] == "cancelled"
     assert not group_alive(int(pidf.read_text()))
+
+
+STOP_MY_RUNNER = """
+import os, signal, time
+keeper = os.getppid()
+with open(f"/proc/{keeper}/stat") as f:
+    runner = int(f.read().rsplit(")", 1)[1].split()[1])
+with open("pgid", "w") as f:
+    f.write(str(os.getpgid(0)))
+os.kill(runner, signal.SIGSTOP)
+time.sleep(100)
+"""
+
+
+@pytest.mark.timeout(30)
+def test_a_silent_host_ends_in_backstop_and_the_command_is_ended(state_dir: Path, tmp_path: Path) -> None:
+    spec = RunSpec([sys.executable, "-c", STOP_MY_RUNNER], budget=1.0, kill_grace=0.5, cwd=str(tmp_path))
+    t0 = time.monotonic()
+    result = run(spec, LocalTransport(), backstop_margin=0.5)
+    assert result.outcome.value == "backstop" and result.blame == "infrastructure"
+    assert result.exit_code == 122
+    assert 1.4 <= time.monotonic() - t0 < 10
+    pgid = int((tmp_path / "pgid").read_text())
+    wait_for(lambda: not group_alive(pgid), timeout=5, what="command ended after the runner was killed")
+    wait_for(lambda: slot_holder(state_dir) is None, timeout=5, what="slot free")

@@ -31,14 +31,15 @@ PHASES = ("submitted", "slot", "prepared", "started", "ended")
 class Watchdogs:
     """The client's timers, as pure logic over a clock."""
 
-    def __init__(self, clock: Clock, idle: float | None) -> None:
+    def __init__(self, clock: Clock, idle: float | None, margin: float = BACKSTOP_MARGIN) -> None:
         self.clock = clock
         self.idle = idle
+        self.margin = margin
         self.backstop: Timer | None = None
         self.idle_timer: Timer | None = None
 
     def on_slot(self, budget: float) -> None:
-        self.backstop = self.clock.timer("backstop", budget + BACKSTOP_MARGIN)
+        self.backstop = self.clock.timer("backstop", budget + self.margin)
 
     def on_prepared(self, took: float) -> None:
         if self.backstop is not None:
@@ -174,9 +175,13 @@ def run(
     stderr_fd: int = 2,
     status: Callable[[str], None] | None = None,
     handle_sigint: bool = False,
+    backstop_margin: float = BACKSTOP_MARGIN,
 ) -> RunResult:
     """Run `spec` and return its result. Output goes to `stdout_fd` /
     `stderr_fd` byte-exact; status lines to `status` (None: silent).
+
+    `backstop_margin` is the grace past the budget before the client gives
+    up on a silent host (90 s; tests shorten it).
 
     Raises UsageError when the host rejects the request as malformed (an
     unknown class); every other ending is a `RunResult`.
@@ -189,11 +194,10 @@ def run(
     say = status or (lambda line: None)
     result = RunResult(spec, transport.host)
     result.phases["submitted"] = clock.wall()
-    dogs = Watchdogs(clock, idle)
+    dogs = Watchdogs(clock, idle, backstop_margin)
     to_fd, from_fd = transport.start(spec)
     decoder = protocol.Decoder()
     exited = False
-    old_handler = None
 
     def cancel(outcome: Outcome) -> None:
         try:
@@ -201,8 +205,13 @@ def run(
         except OSError:
             pass
 
+    old_handlers = {}
     if handle_sigint:
-        old_handler = signal.signal(signal.SIGINT, lambda s, f: cancel(Outcome.CANCELLED))
+        # Ctrl-C and a polite SIGTERM (a CI job being stopped) cancel the run
+        # and still deliver its result; the runner ends the command.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            old_handlers[sig] = signal.signal(sig, lambda s, f: cancel(Outcome.CANCELLED))
+    sinks = {protocol.STDOUT: stdout_fd, protocol.STDERR: stderr_fd}
     try:
         while True:
             deadline = dogs.next_deadline()
@@ -213,7 +222,7 @@ def run(
                 result.outcome = Outcome.BACKSTOP
                 slot_at = result.phases["slot"]
                 result.message = (f"no result from host {transport.host} within budget + "
-                                  f"{BACKSTOP_MARGIN:.0f}s after the slot was acquired"
+                                  f"{backstop_margin:g}s after the slot was acquired"
                                   + (f" (slot at {slot_at:.0f})" if slot_at else ""))
                 transport.kill()
                 break
@@ -232,17 +241,23 @@ def run(
                 transport.kill()
                 break
             for kind, payload in frames:
-                if kind == protocol.STDOUT:
-                    _write_all(stdout_fd, payload)  # type: ignore[arg-type]
+                if kind in sinks:
                     dogs.on_output()
-                elif kind == protocol.STDERR:
-                    _write_all(stderr_fd, payload)  # type: ignore[arg-type]
-                    dogs.on_output()
+                    fd = sinks[kind]
+                    if fd < 0:
+                        continue
+                    try:
+                        _write_all(fd, payload)  # type: ignore[arg-type]
+                    except OSError:
+                        # Our reader went away (`slotq run ... | head`): like a
+                        # pipeline would, stop the command; drop its output.
+                        sinks[kind] = -1
+                        cancel(Outcome.CANCELLED)
                 else:
                     exited = _on_event(payload, result, dogs, say, spec) or exited  # type: ignore[arg-type]
     finally:
-        if handle_sigint:
-            signal.signal(signal.SIGINT, old_handler)
+        for sig, handler in old_handlers.items():
+            signal.signal(sig, handler)
         try:
             os.close(to_fd)
         except OSError:

@@ -68,6 +68,10 @@ def take_ticket(state_dir: str, pool: str, info: dict[str, object]) -> Ticket:
             f"state directory {state_dir} is not usable: {e.strerror} ({e.filename or state_dir})", state_dir
         ) from None
     try:
+        os.fchmod(seq_fd, 0o666)  # shared state dirs: every user takes numbers
+    except OSError:
+        pass
+    try:
         fcntl.flock(seq_fd, fcntl.LOCK_EX)
         raw = os.pread(seq_fd, 32, 0).strip()
         seq = (int(raw) if raw.isdigit() else _highest_seq(state_dir)) + 1
