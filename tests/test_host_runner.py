@@ -1,0 +1,71 @@
+"""`slotq host run` as a transport launches it: stdin is the caller's
+channel, stdout the framed stream."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import slotq_cmd, wait_for
+from slotq import protocol
+from slotq.ticket import list_tickets, pool_dir, probe
+
+
+def decode(raw: bytes) -> list[tuple[bytes, object]]:
+    return list(protocol.Decoder().feed(raw))
+
+
+@pytest.mark.timeout(20)
+def test_host_run_speaks_the_framed_stream(state_dir: Path, tmp_path: Path) -> None:
+    # stdin stays open for the whole run: closing it would mean "caller gone".
+    proc = subprocess.Popen(slotq_cmd() + ["host", "run", "--budget", "30", "--label", "t", "--",
+                                           "sh", "-c", "printf out; printf err >&2; exit 3"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=tmp_path)
+    assert proc.stdout is not None and proc.stdin is not None
+    raw = proc.stdout.read()
+    proc.stdin.close()
+    assert proc.wait(timeout=5) == 0
+    frames = decode(raw)
+    events = [p for k, p in frames if k == protocol.EVENT]
+    names = [e["event"] for e in events]  # type: ignore[index]
+    assert names == ["hello", "slot", "started", "exited"]
+    assert events[0]["protocol"] == protocol.PROTOCOL_VERSION  # type: ignore[index]
+    exited = events[-1]
+    assert exited["outcome"] == "failed" and exited["exit_code"] == 3  # type: ignore[index]
+    assert (protocol.STDOUT, b"out") in frames and (protocol.STDERR, b"err") in frames
+
+
+@pytest.mark.timeout(20)
+def test_host_run_withdraws_its_ticket_when_stdin_closes(state_dir: Path, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    holder = subprocess.Popen(slotq_cmd() + ["host", "run", "--", "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.01; done"],
+                              stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    queued = subprocess.Popen(slotq_cmd() + ["host", "run", "--report-every", "0.1", "--", "true"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    tickets = lambda: [p for _, p in list_tickets(pool_dir(str(state_dir), "shared")) if probe(p)]  # noqa: E731
+    wait_for(lambda: len(tickets()) == 1, what="queued ticket")
+    assert queued.stdin is not None and queued.stdout is not None
+    queued.stdin.close()
+    assert queued.wait(timeout=5) == 0
+    events = [p for k, p in decode(queued.stdout.read()) if k == protocol.EVENT]
+    assert events[-1]["outcome"] == "caller_gone"  # type: ignore[index]
+    assert "queued" in [e["event"] for e in events]  # type: ignore[index]
+    assert tickets() == []
+    gate.touch()
+    assert holder.stdin is not None
+    holder.stdin.close()
+    holder.wait(timeout=5)
+
+
+def test_help_explains_commands_and_exit_codes() -> None:
+    top = subprocess.run(slotq_cmd() + ["--help"], capture_output=True, text=True, timeout=10)
+    assert top.returncode == 0 and "run" in top.stdout and "status" in top.stdout
+    run = subprocess.run(slotq_cmd() + ["run", "--help"], capture_output=True, text=True, timeout=10)
+    assert run.returncode == 0
+    for needle in ("--budget", "--idle", "exec_timeout", "124", "backstop", "SLOTQ_STATE_DIR"):
+        assert needle in run.stdout
+    bad = subprocess.run(slotq_cmd() + ["frobnicate"], capture_output=True, text=True, timeout=10)
+    assert bad.returncode == 2 and "unknown command 'frobnicate'" in bad.stderr
