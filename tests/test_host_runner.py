@@ -11,6 +11,7 @@ import pytest
 
 from conftest import slotq_cmd, wait_for
 from slotq import protocol
+from slotq.slot import read_slot
 from slotq.ticket import list_tickets, pool_dir, probe
 
 
@@ -43,6 +44,8 @@ def test_host_run_withdraws_its_ticket_when_stdin_closes(state_dir: Path, tmp_pa
     gate = tmp_path / "gate"
     holder = subprocess.Popen(slotq_cmd() + ["host", "run", "--", "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.01; done"],
                               stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    wait_for(lambda: (read_slot(str(state_dir), "shared", 0)[1] or {}).get("phase") == "running",
+             what="holder running")
     queued = subprocess.Popen(slotq_cmd() + ["host", "run", "--report-every", "0.1", "--", "true"],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     tickets = lambda: [p for _, p in list_tickets(pool_dir(str(state_dir), "shared")) if probe(p)]  # noqa: E731
