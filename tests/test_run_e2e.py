@@ -187,16 +187,6 @@ def test_caller_sigkilled_while_running_leaves_no_process_and_frees_the_slot(
     assert last["outcome"] == "caller_gone"
 
 
-def test_caller_sigterm_cancels_and_still_reports(state_dir: Path, runs: Start, tmp_path: Path) -> None:
-    pidf = tmp_path / "pgid"
-    r = runs("--kill-grace", "1", "--", "sh", "-c", f"echo $$ > {pidf}; sleep 100")
-    wait_for(lambda: pidf.exists() and pidf.read_text().strip(), what="command running")
-    r.proc.send_signal(signal.SIGTERM)
-    assert r.wait() == 130
-    assert r.result()["outcome"] == "cancelled"
-    assert not group_alive(int(pidf.read_text()))
-
-
 def test_a_closed_stdout_stops_the_command_like_a_pipeline(state_dir: Path, tmp_path: Path) -> None:
     proc = subprocess.run(
         ["sh", "-c", " ".join(slotq_cmd()) + " run -q --json r.json -- sh -c 'while :; do echo y; done' | head -1"],
@@ -314,11 +304,13 @@ def test_status_shows_holder_and_waiting_line_as_json(state_dir: Path, runs: Sta
     gate.touch()
 
 
-def test_ctrl_c_cancels_the_run(state_dir: Path, runs: Start, tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_or_sigterm_cancels_the_run_and_still_reports(
+        state_dir: Path, runs: Start, tmp_path: Path, sig: signal.Signals) -> None:
     pidf = tmp_path / "pgid"
     r = runs("--kill-grace", "1", "--", "sh", "-c", f"echo $$ > {pidf}; sleep 100")
     wait_for(lambda: pidf.exists() and pidf.read_text().strip(), what="command running")
-    r.proc.send_signal(signal.SIGINT)
+    r.proc.send_signal(sig)
     assert r.wait() == 130
     assert r.result()["outcome"] == "cancelled"
     assert not group_alive(int(pidf.read_text()))
