@@ -51,6 +51,7 @@ def group_alive(pgid: int) -> bool:
 def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     d = tmp_path / "state"
     monkeypatch.setenv("SLOTQ_STATE_DIR", str(d))
+    monkeypatch.setenv("SLOTQ_LEDGER", str(tmp_path / "ledger.sqlite"))
     monkeypatch.delenv("SLOTQ_CONFIG", raising=False)
     return d
 

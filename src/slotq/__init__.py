@@ -16,6 +16,12 @@ _EXPORTS = {
     "exit_code_for": "slotq.outcome",
     "EXIT_CODES": "slotq.outcome",
     "RunSpec": "slotq.spec",
+    "Deadline": "slotq.deadline",
+    "Extension": "slotq.deadline",
+    "Ledger": "slotq.ledger",
+    "Credit": "slotq.ledger",
+    "run_task": "slotq.task",
+    "TaskResult": "slotq.task",
     "RunResult": "slotq.client",
     "run": "slotq.client",
     "Clock": "slotq.clock",
@@ -38,6 +44,9 @@ if TYPE_CHECKING:
     from .client import RunResult, run
     from .clock import Clock, FakeClock, Timer
     from .config import HostConfig
+    from .deadline import Deadline, Extension
+    from .ledger import Credit, Ledger
+    from .task import TaskResult, run_task
     from .durations import parse_duration
     from .errors import ConfigError, ProtocolError, SlotqError, StateDirError, UsageError
     from .outcome import EXIT_CODES, Outcome, exit_code_for

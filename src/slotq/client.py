@@ -136,6 +136,13 @@ def _num(value: object) -> float:
     return float(value) if isinstance(value, (int, float)) else 0.0
 
 
+def _write_line(fd: int, line: str) -> None:
+    try:
+        os.write(fd, (line + "\n").encode())
+    except OSError:
+        pass
+
+
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -176,12 +183,18 @@ def run(
     status: Callable[[str], None] | None = None,
     handle_sigint: bool = False,
     backstop_margin: float = BACKSTOP_MARGIN,
+    credit_dir: str | None = None,
+    ledger_path: str | None = None,
 ) -> RunResult:
     """Run `spec` and return its result. Output goes to `stdout_fd` /
     `stderr_fd` byte-exact; status lines to `status` (None: silent).
 
     `backstop_margin` is the grace past the budget before the client gives
     up on a silent host (90 s; tests shorten it).
+
+    The time until the slot is recorded in the wait ledger (`ledger_path`,
+    default `$SLOTQ_LEDGER` / the user's) under `credit_dir` (default: the
+    run's work dir), for outer task runners to credit.
 
     Raises UsageError when the host rejects the request as malformed (an
     unknown class); every other ending is a `RunResult`.
@@ -195,6 +208,12 @@ def run(
     result = RunResult(spec, transport.host)
     result.phases["submitted"] = clock.wall()
     dogs = Watchdogs(clock, idle, backstop_margin)
+    from .ledger import WaitRecorder
+
+    waits = WaitRecorder(run_id=spec.run_id, workdir=credit_dir or spec.cwd or os.getcwd(),
+                         host=transport.host, path=ledger_path,
+                         warn=lambda line: _write_line(stderr_fd, line))
+    waits.open("queue", result.phases["submitted"] or clock.wall())
     to_fd, from_fd = transport.start(spec)
     decoder = protocol.Decoder()
     exited = False
@@ -254,7 +273,12 @@ def run(
                         sinks[kind] = -1
                         cancel(Outcome.CANCELLED)
                 else:
-                    exited = _on_event(payload, result, dogs, say, spec) or exited  # type: ignore[arg-type]
+                    ev: dict[str, object] = payload  # type: ignore[assignment]
+                    if ev.get("event") == protocol.QUEUED:
+                        waits.heartbeat(clock.wall())
+                    elif ev.get("event") == protocol.SLOT:
+                        waits.close(clock.wall())
+                    exited = _on_event(ev, result, dogs, say, spec) or exited
     finally:
         for sig, handler in old_handlers.items():
             signal.signal(sig, handler)
@@ -263,6 +287,7 @@ def run(
         except OSError:
             pass
         os.close(from_fd)
+    waits.finish(clock.wall())  # a run that ended without a slot: its wait ends now
     diagnostics = transport.wait()
     if not exited and result.outcome is Outcome.UNAVAILABLE and not result.message:
         result.message = f"host runner on {transport.host} ended without a result"

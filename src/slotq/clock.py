@@ -56,6 +56,10 @@ class Clock:
     def wall(self) -> float:
         return time.time()
 
+    def sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            time.sleep(min(seconds, 86400.0))
+
     def timer(self, name: str, seconds: float) -> Timer:
         """Start a named time limit of `seconds` from now (inf for none)."""
         now = self.monotonic()
@@ -79,6 +83,9 @@ class FakeClock(Clock):
 
     def wall(self) -> float:
         return self._mono + self._wall_offset
+
+    def sleep(self, seconds: float) -> None:
+        self.advance(max(0.0, seconds))
 
     def advance(self, seconds: float) -> None:
         if seconds < 0:

@@ -68,3 +68,30 @@ def format_duration(seconds: float) -> str:
         return f"{m}m{s:02d}s"
     h, rest = divmod(int(seconds), 3600)
     return f"{h}h{rest // 60:02d}m"
+
+
+def parse_when(text: str, now: float, *, what: str = "") -> float:
+    """A point in time as epoch seconds: a duration ago (`1h`, `90m`), an
+    ISO 8601 date/time (`2026-11-30T09:00`, local time unless it has an
+    offset), or epoch seconds (`1796000000`)."""
+    prefix = f"{what}: " if what else ""
+    s = text.strip()
+    try:
+        value = float(s)
+    except ValueError:
+        value = None
+    if value is not None and value >= 1e9:
+        return value
+    if value is None and ("-" in s[1:] or ":" in s):
+        from datetime import datetime
+
+        try:
+            return datetime.fromisoformat(s).timestamp()
+        except ValueError:
+            raise ValueError(f"{prefix}cannot read {text!r} as a time (try 1h, 2026-11-30T09:00 "
+                             "or epoch seconds)") from None
+    try:
+        return now - parse_duration(s, allow_zero=True)
+    except ValueError:
+        raise ValueError(f"{prefix}cannot read {text!r} as a time (try 1h, 2026-11-30T09:00 "
+                         "or epoch seconds)") from None

@@ -135,11 +135,12 @@ def spawn(
     inherit_fds: tuple[int, ...] = (),
     grace: float = 10.0,
     close_in_keeper: tuple[int, ...] = (),
+    stdin_fd: int | None = None,
 ) -> Child:
     """Start `argv` in its own session under a keeper process.
 
-    `stdout_fd`/`stderr_fd` become the command's fd 1 and 2 (stdin is
-    /dev/null). `inherit_fds` stay open in the command (the slot lock).
+    `stdout_fd`/`stderr_fd` become the command's fd 1 and 2, `stdin_fd` its
+    fd 0 (None: /dev/null); all three are closed here after the fork. `inherit_fds` stay open in the command (the slot lock).
     `close_in_keeper` are the runner's own channel descriptors, which the
     keeper must not hold open. Raises OSError if the keeper cannot fork.
     """
@@ -150,13 +151,16 @@ def spawn(
         code = 1
         try:
             os.close(done_r)
-            code = _keeper(argv, cwd, env, stdout_fd, stderr_fd, inherit_fds, grace,
+            code = _keeper(argv, cwd, env, stdout_fd, stderr_fd, stdin_fd, inherit_fds, grace,
                            close_in_keeper, done_w, runner_pid)
         except BaseException:
             pass
         finally:
             os._exit(code)
     os.close(done_w)
+    for fd in (stdout_fd, stderr_fd, stdin_fd):
+        if fd is not None:
+            os.close(fd)
     return Child(pid, done_r)
 
 
@@ -166,6 +170,7 @@ def _keeper(
     env: dict[str, str] | None,
     stdout_fd: int,
     stderr_fd: int,
+    stdin_fd: int | None,
     inherit_fds: tuple[int, ...],
     grace: float,
     close_fds: tuple[int, ...],
@@ -207,7 +212,7 @@ def _keeper(
                         signal.SIGXFSZ, signal.SIGQUIT):
                 signal.signal(sig, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_SETMASK, set())
-            os.dup2(devnull, 0)
+            os.dup2(devnull if stdin_fd is None else stdin_fd, 0)
             os.dup2(stdout_fd, 1)
             os.dup2(stderr_fd, 2)
             for fd in inherit_fds:
@@ -226,8 +231,9 @@ def _keeper(
         except BaseException:
             os._exit(127)
     os.close(err_w)
-    os.close(stdout_fd)
-    os.close(stderr_fd)
+    for passed in (stdout_fd, stderr_fd, stdin_fd):
+        if passed is not None:
+            os.close(passed)
     for fd in inherit_fds:
         os.close(fd)  # only the command keeps the slot lock beyond us
 

@@ -250,9 +250,10 @@ class HostRunner:
             child = spawn(argv, cwd=self.spec.cwd, env=self.spec.env, stdout_fd=out_w, stderr_fd=err_w,
                           inherit_fds=(lease.fd,), grace=self.grace,
                           close_in_keeper=(self.in_fd, self.out_fd, out_r, err_r, self._sig_r, self._sig_w))
-        finally:
-            os.close(out_w)
-            os.close(err_w)
+        except OSError:
+            for fd in (out_r, out_w, err_r, err_w):
+                os.close(fd)
+            raise
         timer = self.clock.timer("budget", limit)
         streams = {out_r: protocol.STDOUT, err_r: protocol.STDERR}
         reason: Outcome | None = None

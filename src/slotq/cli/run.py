@@ -21,7 +21,8 @@ outcomes and exit codes:
   caller_gone     the caller vanished (seen in host history) 129
   bad arguments 2, bad host config 78, unusable state directory 73
 
-environment: SLOTQ_STATE_DIR (host state), SLOTQ_CONFIG (host config TOML)
+environment: SLOTQ_STATE_DIR (host state), SLOTQ_CONFIG (host config TOML),
+             SLOTQ_LEDGER (the wait ledger, SQLite)
 """
 
 
@@ -36,6 +37,9 @@ def build_parser() -> Parser:
     p.add_argument("--idle", type=duration("--idle"), metavar="D",
                    help="stop the command if it prints nothing for D after it started")
     p.add_argument("--json", metavar="FILE", help="write the result as JSON to FILE (- for stdout)")
+    p.add_argument("--credit-dir", metavar="DIR",
+                   help="record the wait in the wait ledger under DIR, for `slotq task` and other outer "
+                        "runners to credit (default: the current directory)")
     p.add_argument("-q", "--quiet", action="store_true", help="no status lines on stderr")
     p.add_argument("command", nargs="*", help=argparse.SUPPRESS)
     return p
@@ -72,7 +76,8 @@ def main(args: list[str]) -> int:
         except OSError as e:
             raise UsageError(f"cannot write --json file {opts.json}: {e.strerror}") from None
     say = None if opts.quiet else _stderr_line
-    result = run(spec, transport, idle=opts.idle, status=say, handle_sigint=True)
+    result = run(spec, transport, idle=opts.idle, status=say, handle_sigint=True,
+                 credit_dir=opts.credit_dir or os.getcwd())
     if opts.json:
         text = result.to_json() + "\n"
         if json_fd is not None:

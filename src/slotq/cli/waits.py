@@ -1,0 +1,69 @@
+"""`slotq waits`: what a work dir waited for, and when (the wait ledger)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from slotq.cli.args import Parser
+from slotq.errors import UsageError
+
+
+def main(args: list[str]) -> int:
+    p = Parser(prog="slotq waits", description="Show the waits recorded for a work dir (and the "
+               "directories below it) in a time window, with two totals: sum (record by record) "
+               "and union (overlaps merged: the wall-clock time the dir was blocked). Waits still "
+               "in progress are listed apart; a dead waiter's open wait ends at its last heartbeat.")
+    p.add_argument("--dir", default=".", metavar="DIR", help="the work dir (default: the current one)")
+    p.add_argument("--since", default="24h", metavar="T",
+                   help="window start: a duration ago (1h), an ISO time or epoch seconds (default: 24h)")
+    p.add_argument("--until", default=None, metavar="T", help="window end (default: now)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    opts = p.parse_args(args)
+    from slotq.durations import format_duration, parse_when
+    from slotq.ledger import Ledger, ledger_path_from_env
+
+    now = time.time()
+    try:
+        since = parse_when(opts.since, now, what="--since")
+        until = parse_when(opts.until, now, what="--until") if opts.until else now
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if until < since:
+        raise UsageError("--until is before --since")
+    if not os.path.isdir(opts.dir):
+        raise UsageError(f"--dir {opts.dir}: no such directory")
+    path = ledger_path_from_env()
+    if not os.path.exists(path):
+        credit_dict: dict[str, object] = {"workdir": os.path.realpath(opts.dir), "since": since, "until": until,
+                                          "sum_s": 0.0, "union_s": 0.0, "waits": [], "in_progress": []}
+    else:
+        try:
+            ledger = Ledger(path)
+            credit_dict = ledger.credit(opts.dir, since, until).to_dict()
+            ledger.close()
+        except Exception as e:
+            from slotq.errors import StateDirError
+
+            raise StateDirError(f"cannot read the wait ledger {path}: {e}", path) from None
+    if opts.json:
+        json.dump(credit_dict, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+
+    def stamp(t: float) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+    print(f"waits of {credit_dict['workdir']} from {stamp(since)} to {stamp(until)}")
+    for w in credit_dict["waits"]:  # type: ignore[attr-defined]
+        print(f"  {stamp(w['start'])}  {format_duration(w['seconds']):>7}  {w['kind']:8} {w['host']:12} "
+              f"run {w['run_id']}" + ("  (waiter died; ended at its last heartbeat)"
+                                      if w["closed_by"] == "heartbeat" else ""))
+    for w in credit_dict["in_progress"]:  # type: ignore[attr-defined]
+        print(f"  {stamp(w['start'])}  {format_duration(w['seconds']):>7}  {w['kind']:8} {w['host']:12} "
+              f"run {w['run_id']}  (in progress, pid {w['pid']})")
+    print(f"total: sum {format_duration(float(credit_dict['sum_s']))}, "  # type: ignore[arg-type]
+          f"union {format_duration(float(credit_dict['union_s']))}")  # type: ignore[arg-type]
+    return 0

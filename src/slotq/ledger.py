@@ -1,0 +1,299 @@
+"""The wait ledger: every wait a caller spent before its work could run.
+
+One SQLite database (WAL: many concurrent writers, readers never block) per
+user on the caller's machine: `$SLOTQ_LEDGER`, else
+`$XDG_STATE_HOME/slotq/ledger.sqlite`. A record per wait:
+
+    id, run_id, pid, pid_start, workdir (realpath), host, kind (transfer|queue),
+    start, end (NULL while open), heartbeat       -- wall-clock epoch seconds
+
+`pid_start` identifies the process beyond its pid (boot id + start time in
+clock ticks), so a dead waiter's open record is never revived by a new
+process that happens to get the same pid: such a record ends at its last
+heartbeat.
+
+`credit(workdir, since, until)` answers an outer task runner: the waits of
+that directory (and below it) cut to the window, totalled two ways -- `sum`
+(record by record) and `union` (overlaps merged: wall-clock time the
+directory was blocked) -- with open waits of live processes listed apart.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import sqlite3
+
+KINDS = ("transfer", "queue")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS waits (
+    id        INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id    TEXT NOT NULL,
+    pid       INTEGER NOT NULL,
+    pid_start TEXT,
+    workdir   TEXT NOT NULL,
+    host      TEXT NOT NULL,
+    kind      TEXT NOT NULL CHECK (kind IN ('transfer', 'queue')),
+    start     REAL NOT NULL,
+    "end"     REAL,
+    heartbeat REAL NOT NULL,
+    CHECK ("end" IS NULL OR "end" >= start)
+);
+CREATE INDEX IF NOT EXISTS waits_by_dir ON waits (workdir, start);
+"""
+
+
+def ledger_path_from_env() -> str:
+    explicit = os.environ.get("SLOTQ_LEDGER")
+    if explicit:
+        return os.path.abspath(explicit)
+    xdg = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(xdg, "slotq", "ledger.sqlite")
+
+
+_boot_id: str | None = None
+
+
+def process_start(pid: int) -> str | None:
+    """An identity for process `pid` that a reused pid does not share:
+    boot id + start time (clock ticks since boot). None if unknown/gone."""
+    global _boot_id
+    try:
+        if _boot_id is None:
+            with open("/proc/sys/kernel/random/boot_id") as f:
+                _boot_id = f.read().strip()
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    if fields[0] == b"Z":
+        return None  # a zombie waits for nothing
+    return f"{_boot_id}:{int(fields[19])}"
+
+
+def process_alive(pid: int, pid_start: str | None) -> bool:
+    if pid_start is None:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return process_start(pid) == pid_start
+
+
+class WaitRecord:
+    __slots__ = ("id", "run_id", "pid", "pid_start", "workdir", "host", "kind", "start", "end", "heartbeat")
+
+    def __init__(self, id: int, run_id: str, pid: int, pid_start: str | None, workdir: str, host: str,
+                 kind: str, start: float, end: float | None, heartbeat: float) -> None:
+        self.id = id
+        self.run_id = run_id
+        self.pid = pid
+        self.pid_start = pid_start
+        self.workdir = workdir
+        self.host = host
+        self.kind = kind
+        self.start = start
+        self.end = end
+        self.heartbeat = heartbeat
+
+    def to_dict(self) -> dict[str, object]:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+class CreditedWait:
+    """A wait as credit sees it: cut to the window; `closed_by` says how its
+    end was known (`end`, or `heartbeat` for a dead process's open record)."""
+
+    __slots__ = ("record", "start", "end", "closed_by")
+
+    def __init__(self, record: WaitRecord, start: float, end: float, closed_by: str) -> None:
+        self.record = record
+        self.start = start
+        self.end = end
+        self.closed_by = closed_by
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+    def to_dict(self) -> dict[str, object]:
+        r = self.record
+        return {"id": r.id, "run_id": r.run_id, "kind": r.kind, "host": r.host, "workdir": r.workdir,
+                "pid": r.pid, "start": self.start, "end": self.end, "seconds": round(self.seconds, 3),
+                "closed_by": self.closed_by}
+
+
+class Credit:
+    """The answer to `credit(...)`."""
+
+    def __init__(self, workdir: str, since: float, until: float, waits: list[CreditedWait],
+                 in_progress: list[CreditedWait]) -> None:
+        self.workdir = workdir
+        self.since = since
+        self.until = until
+        self.waits = waits
+        self.in_progress = in_progress
+
+    @property
+    def sum(self) -> float:
+        return sum(w.seconds for w in self.waits)
+
+    @property
+    def union(self) -> float:
+        return union_seconds([(w.start, w.end) for w in self.waits])
+
+    def to_dict(self) -> dict[str, object]:
+        return {"workdir": self.workdir, "since": self.since, "until": self.until,
+                "sum_s": round(self.sum, 3), "union_s": round(self.union, 3),
+                "waits": [w.to_dict() for w in self.waits],
+                "in_progress": [w.to_dict() for w in self.in_progress]}
+
+
+def union_seconds(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end) intervals."""
+    total = 0.0
+    cur_start = cur_end = None
+    for start, end in sorted(intervals):
+        if cur_end is None or start > cur_end:
+            if cur_end is not None and cur_start is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = start, end
+        elif end > cur_end:
+            cur_end = end
+    if cur_end is not None and cur_start is not None:
+        total += cur_end - cur_start
+    return total
+
+
+class Ledger:
+    """The wait ledger. Every method raises `sqlite3.Error` or `OSError` on
+    failure; callers that must not fail (a run) catch them."""
+
+    def __init__(self, path: str | None = None, *, busy_timeout: float = 10.0) -> None:
+        import sqlite3
+
+        self.path = path or ledger_path_from_env()
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        # Autocommit (isolation_level=None): each statement is its own short
+        # transaction, so concurrent writers hold the write lock for
+        # microseconds; the busy timeout makes them queue instead of failing.
+        self._db: sqlite3.Connection = sqlite3.connect(self.path, timeout=busy_timeout, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def open_wait(self, *, run_id: str, workdir: str, host: str, kind: str, start: float,
+                  pid: int | None = None, pid_start: str | None = None) -> int:
+        """Start a wait record; returns its id."""
+        if kind not in KINDS:
+            raise ValueError(f"unknown wait kind {kind!r}")
+        pid = os.getpid() if pid is None else pid
+        if pid_start is None:
+            pid_start = process_start(pid)
+        cur = self._db.execute(
+            'INSERT INTO waits (run_id, pid, pid_start, workdir, host, kind, start, "end", heartbeat) '
+            "VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?)",
+            (run_id, pid, pid_start, os.path.realpath(workdir), host, kind, start, start))
+        assert cur.lastrowid is not None
+        return cur.lastrowid
+
+    def heartbeat(self, wait_id: int, at: float) -> None:
+        self._db.execute('UPDATE waits SET heartbeat = ? WHERE id = ? AND "end" IS NULL', (at, wait_id))
+
+    def close_wait(self, wait_id: int, end: float) -> None:
+        self._db.execute('UPDATE waits SET "end" = max(?, start), heartbeat = max(?, start) '
+                         'WHERE id = ? AND "end" IS NULL', (end, end, wait_id))
+
+    def records(self, workdir: str, since: float = 0.0, until: float = float("inf")) -> list[WaitRecord]:
+        """Records of `workdir` and the directories below it that may touch
+        [since, until]."""
+        root = os.path.realpath(workdir)
+        prefix = root.rstrip("/") + "/"
+        rows = self._db.execute(
+            'SELECT id, run_id, pid, pid_start, workdir, host, kind, start, "end", heartbeat FROM waits '
+            "WHERE (workdir = ? OR substr(workdir, 1, ?) = ?) AND start < ? "
+            'AND ("end" IS NULL OR "end" > ?) ORDER BY start, id',
+            (root, len(prefix), prefix, until if until != float("inf") else 1e300, since)).fetchall()
+        return [WaitRecord(*row) for row in rows]
+
+    def credit(self, workdir: str, since: float, until: float) -> Credit:
+        """The waits of `workdir` cut to [since, until]; see the module doc."""
+        waits: list[CreditedWait] = []
+        in_progress: list[CreditedWait] = []
+        for r in self.records(workdir, since, until):
+            if r.end is not None:
+                end, closed_by = r.end, "end"
+            elif process_alive(r.pid, r.pid_start):
+                s = max(r.start, since)
+                in_progress.append(CreditedWait(r, s, max(s, until), "open"))
+                continue
+            else:
+                end, closed_by = r.heartbeat, "heartbeat"  # the waiter died
+            s, e = max(r.start, since), min(end, until)
+            if e > s:
+                waits.append(CreditedWait(r, s, e, closed_by))
+        return Credit(os.path.realpath(workdir), since, until, waits, in_progress)
+
+
+class WaitRecorder:
+    """A run's use of the ledger: one open wait at a time, and never a
+    failure -- a ledger that cannot be written costs one warning, and the
+    run goes on (that wait may go uncredited)."""
+
+    def __init__(self, *, run_id: str, workdir: str, host: str, warn: Callable[[str], None],
+                 path: str | None = None) -> None:
+        self.run_id = run_id
+        self.workdir = workdir
+        self.host = host
+        self.warn = warn
+        self.path = path
+        self._ledger: Ledger | None = None
+        self._broken = False
+        self._open: int | None = None
+
+    def _do(self, what: str, action: Callable[[Ledger], object]) -> object:
+        if self._broken:
+            return None
+        try:
+            if self._ledger is None:
+                self._ledger = Ledger(self.path)
+            return action(self._ledger)
+        except Exception as e:  # sqlite3.Error, OSError, ...
+            self._broken = True
+            self.warn(f"slotq: warning: cannot {what} in the wait ledger "
+                      f"({self.path or ledger_path_from_env()}): {e}; this wait may go uncredited")
+            return None
+
+    def open(self, kind: str, start: float) -> None:
+        wid = self._do("record a wait", lambda led: led.open_wait(
+            run_id=self.run_id, workdir=self.workdir, host=self.host, kind=kind, start=start))
+        self._open = wid if isinstance(wid, int) else None
+
+    def heartbeat(self, at: float) -> None:
+        if self._open is not None:
+            wid = self._open
+            self._do("refresh a wait", lambda led: led.heartbeat(wid, at))
+
+    def close(self, end: float) -> None:
+        if self._open is not None:
+            wid, self._open = self._open, None
+            self._do("close a wait", lambda led: led.close_wait(wid, end))
+
+    def finish(self, end: float) -> None:
+        self.close(end)
+        if self._ledger is not None:
+            try:
+                self._ledger.close()
+            except Exception:
+                pass
+            self._ledger = None

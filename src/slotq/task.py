@@ -1,0 +1,120 @@
+"""`slotq task`: run a whole job under a `Deadline`.
+
+The command runs in its own session (its own process group) under a keeper
+(process.py), with the caller's stdin, stdout and stderr. When the deadline
+keeper says the job is over, the group is ended (TERM, grace, KILL).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+from collections.abc import Callable
+
+from .deadline import Deadline, Extension
+from .durations import format_duration
+from .outcome import Outcome, exit_code_for
+from .process import spawn
+
+
+class TaskResult:
+    def __init__(self, outcome: Outcome, command_code: int | None, message: str, elapsed: float,
+                 deadline: Deadline) -> None:
+        self.outcome = outcome
+        self.command_code = command_code
+        self.message = message
+        self.elapsed = elapsed
+        self.deadline = deadline
+
+    @property
+    def exit_code(self) -> int:
+        return exit_code_for(self.outcome, self.command_code)
+
+    def to_dict(self) -> dict[str, object]:
+        d: dict[str, object] = {
+            "outcome": self.outcome.value, "blame": self.outcome.blame, "exit_code": self.exit_code,
+            "command_exit_code": self.command_code, "message": self.message,
+            "elapsed_s": round(self.elapsed, 3),
+        }
+        d.update(self.deadline.to_dict())
+        d.pop("reason", None)
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+def describe_extension(ext: Extension) -> str:
+    n = len(ext.wait_ids)
+    return (f"slotq task: budget extended by {format_duration(ext.seconds)} for {n} wait{'s' * (n != 1)} "
+            f"(ids {', '.join(map(str, ext.wait_ids))}); budget now {format_duration(ext.new_budget)}")
+
+
+def run_task(argv: list[str], deadline: Deadline, *, grace: float = 10.0,
+             say: Callable[[str], None] | None = None, handle_signals: bool = True) -> TaskResult:
+    """Run argv until it ends or `deadline` says the job is over."""
+    say = say or (lambda line: None)
+    clock = deadline.clock
+    start = clock.monotonic()
+    sig_r, sig_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    cancelled = False
+    old: dict[signal.Signals, object] = {}
+    old_wakeup = -1
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal cancelled
+        cancelled = True
+
+    if handle_signals:
+        old_wakeup = signal.set_wakeup_fd(sig_w)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            old[sig] = signal.signal(sig, on_signal)
+    try:
+        child = spawn(argv, cwd=None, env=None, stdout_fd=os.dup(1), stderr_fd=os.dup(2), stdin_fd=os.dup(0),
+                      grace=grace, close_in_keeper=(sig_r, sig_w))
+        reason: Outcome | None = None
+        while child.end is None:
+            timeout = None if reason is not None else deadline.remaining()
+            ready, _, _ = select.select([child.done_fd, sig_r], [], [], timeout)
+            if sig_r in ready:
+                try:
+                    os.read(sig_r, 64)
+                except BlockingIOError:
+                    pass
+            if child.done_fd in ready and child.on_readable():
+                break
+            if reason is None and cancelled:
+                reason = Outcome.CANCELLED
+                child.stop()
+            elif reason is None and deadline.over():
+                reason = deadline.reason
+                child.stop()
+    finally:
+        if handle_signals:
+            signal.set_wakeup_fd(old_wakeup)
+            for sig, handler in old.items():
+                signal.signal(sig, handler)  # type: ignore[arg-type]
+        os.close(sig_r)
+        os.close(sig_w)
+    for err in deadline.credit_errors[:1]:
+        say(f"slotq task: warning: {err}")
+    end = child.end
+    assert end is not None
+    elapsed = clock.monotonic() - start
+    if end.exec_errno is not None:
+        return TaskResult(Outcome.FAILED, end.exit_code, f"cannot run {argv[0]!r}: {os.strerror(end.exec_errno)}",
+                          elapsed, deadline)
+    if reason is not None and end.stopped:
+        if reason is Outcome.DEADLINE:
+            msg = f"delivery deadline of {format_duration(deadline.delivery.length if deadline.delivery else 0)} reached"
+        elif reason is Outcome.BUDGET_EXHAUSTED:
+            msg = (f"budget exhausted after {format_duration(elapsed)} "
+                   f"({format_duration(deadline.credited)} of it credited for waits)")
+        else:
+            msg = "cancelled"
+        return TaskResult(reason, end.exit_code, msg, elapsed, deadline)
+    code = end.exit_code
+    outcome = Outcome.PASSED if code == 0 else Outcome.FAILED
+    return TaskResult(outcome, code, f"command exited {code}", elapsed, deadline)

@@ -1,0 +1,118 @@
+"""The wait ledger on a real SQLite file, with real processes for liveness."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slotq.ledger import Ledger, process_start, union_seconds
+
+T0 = 1_800_000_000.0
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Ledger:
+    return Ledger(str(tmp_path / "ledger.sqlite"))
+
+
+def closed(led: Ledger, workdir: Path, start: float, end: float, **kw: object) -> int:
+    wid = led.open_wait(run_id=str(kw.get("run_id", "r")), workdir=str(workdir), host="h",
+                        kind=str(kw.get("kind", "queue")), start=start)
+    led.close_wait(wid, end)
+    return wid
+
+
+def test_a_wait_straddling_the_window_is_cut_to_it(ledger: Ledger, tmp_path: Path) -> None:
+    closed(ledger, tmp_path, T0 - 50, T0 + 30)      # straddles the start
+    closed(ledger, tmp_path, T0 + 80, T0 + 200)     # straddles the end
+    closed(ledger, tmp_path, T0 - 100, T0 - 60)     # wholly before: not there
+    c = ledger.credit(str(tmp_path), since=T0, until=T0 + 100)
+    assert [(w.start - T0, w.end - T0) for w in c.waits] == [(0, 30), (80, 100)]
+    assert c.sum == pytest.approx(50) and c.union == pytest.approx(50)
+
+
+def test_an_open_record_of_a_live_process_is_in_progress_not_credited(ledger: Ledger, tmp_path: Path) -> None:
+    ledger.open_wait(run_id="live", workdir=str(tmp_path), host="h", kind="queue", start=T0)
+    c = ledger.credit(str(tmp_path), since=T0 - 10, until=T0 + 40)
+    assert c.waits == [] and c.sum == 0
+    assert [(w.record.run_id, w.seconds) for w in c.in_progress] == [("live", 40)]
+
+
+def test_overlapping_waits_sum_counts_each_union_counts_the_overlap_once(ledger: Ledger, tmp_path: Path) -> None:
+    closed(ledger, tmp_path, T0, T0 + 100)
+    closed(ledger, tmp_path, T0 + 50, T0 + 150)
+    closed(ledger, tmp_path, T0 + 300, T0 + 310, kind="transfer")
+    c = ledger.credit(str(tmp_path), since=T0, until=T0 + 1000)
+    assert c.sum == pytest.approx(210)
+    assert c.union == pytest.approx(160)
+
+
+def test_union_seconds_merges_touching_and_nested_intervals() -> None:
+    assert union_seconds([(0, 10), (10, 20), (2, 3), (30, 31)]) == 21
+    assert union_seconds([]) == 0
+
+
+def test_a_dead_process_open_record_ends_at_its_last_heartbeat(ledger: Ledger, tmp_path: Path) -> None:
+    p = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    wid = ledger.open_wait(run_id="dead", workdir=str(tmp_path), host="h", kind="queue", start=T0, pid=p.pid)
+    ledger.heartbeat(wid, T0 + 30)
+    assert len(ledger.credit(str(tmp_path), T0, T0 + 100).in_progress) == 1
+    p.kill()
+    p.wait()
+    c = ledger.credit(str(tmp_path), T0, T0 + 100)
+    assert c.in_progress == []
+    assert [(w.seconds, w.closed_by) for w in c.waits] == [(30, "heartbeat")]
+
+
+def test_a_reused_pid_does_not_revive_a_dead_record(ledger: Ledger, tmp_path: Path) -> None:
+    # Our own pid is alive, but this record belonged to an earlier process
+    # that had it: its start time differs.
+    me = process_start(os.getpid())
+    assert me is not None
+    boot, ticks = me.rsplit(":", 1)
+    wid = ledger.open_wait(run_id="old", workdir=str(tmp_path), host="h", kind="queue", start=T0,
+                           pid=os.getpid(), pid_start=f"{boot}:{int(ticks) - 1}")
+    ledger.heartbeat(wid, T0 + 12)
+    c = ledger.credit(str(tmp_path), T0, T0 + 100)
+    assert c.in_progress == [] and [w.seconds for w in c.waits] == [12]
+
+
+def test_waits_below_the_dir_count_and_siblings_do_not(ledger: Ledger, tmp_path: Path) -> None:
+    (tmp_path / "a" / "sub").mkdir(parents=True)
+    (tmp_path / "ab").mkdir()
+    closed(ledger, tmp_path / "a", T0, T0 + 1)
+    closed(ledger, tmp_path / "a" / "sub", T0, T0 + 2)
+    closed(ledger, tmp_path / "ab", T0, T0 + 4)
+    assert ledger.credit(str(tmp_path / "a"), T0, T0 + 10).sum == 3
+
+
+WRITER = """
+import sys
+from slotq.ledger import Ledger
+led = Ledger(sys.argv[1])
+for i in range(int(sys.argv[3])):
+    w = led.open_wait(run_id=f"{sys.argv[2]}-{i}", workdir=sys.argv[4], host="h", kind="queue", start=1e9 + i)
+    led.heartbeat(w, 1e9 + i + 0.5)
+    led.close_wait(w, 1e9 + i + 1)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_fifty_concurrent_writers_lose_nothing(tmp_path: Path) -> None:
+    path = str(tmp_path / "ledger.sqlite")
+    Ledger(path).close()
+    per = 10
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, path, f"w{n}", str(per), str(tmp_path)])
+             for n in range(50)]
+    assert [p.wait(timeout=100) for p in procs] == [0] * 50
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    rows = db.execute('SELECT run_id, start, "end", heartbeat FROM waits').fetchall()
+    assert len(rows) == 50 * per
+    assert len({r[0] for r in rows}) == 50 * per
+    assert all(end == start + 1 and hb == end for _, start, end, hb in rows)
