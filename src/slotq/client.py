@@ -20,12 +20,12 @@ from collections.abc import Callable
 from . import protocol
 from .clock import INF, Clock, Timer
 from .durations import format_duration
-from .errors import ProtocolError, UsageError
+from .errors import HostUnavailable, ProtocolError, UsageError
 from .outcome import Outcome, exit_code_for
 from .spec import RunSpec
 
 BACKSTOP_MARGIN = 90.0
-PHASES = ("submitted", "slot", "prepared", "started", "ended")
+PHASES = ("submitted", "transferred", "slot", "prepared", "started", "ended")
 
 
 class Watchdogs:
@@ -84,6 +84,10 @@ class RunResult:
         self.phases: dict[str, float | None] = dict.fromkeys(PHASES)
         self.slot: str | None = None
         self.budget = spec.budget
+        self.transport: dict[str, object] = {}
+        # Measured on the client's monotonic clock: host clocks may differ.
+        self.transfer_s: float | None = None
+        self.queue_s: float | None = None
 
     @property
     def exit_code(self) -> int:
@@ -95,11 +99,8 @@ class RunResult:
 
     @property
     def waited_s(self) -> float | None:
-        sub, slot = self.phases["submitted"], self.phases["slot"]
-        if sub is None:
-            return None
-        end = slot if slot is not None else self.phases["ended"]
-        return round(max(0.0, end - sub), 3) if end is not None else None
+        """Time in the host's queue, until the slot (or the end, without one)."""
+        return None if self.queue_s is None else round(self.queue_s, 3)
 
     @property
     def ran_s(self) -> float | None:
@@ -113,6 +114,8 @@ class RunResult:
             "class": self.cls, "host": self.host, "slot": self.slot, "budget": self.budget,
             "message": self.message, "phases": dict(self.phases),
             "waited_s": self.waited_s, "ran_s": self.ran_s,
+            "transfer_s": None if self.transfer_s is None else round(self.transfer_s, 3),
+            "transport": self.transport,
         }
 
     def to_json(self) -> str:
@@ -155,11 +158,21 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 class Transport:
-    """How a client reaches a host runner. `start` returns (to_runner,
+    """How a client reaches a host runner. `prepare` gets the host ready
+    (connection, handshake, work tree); `start` returns (to_runner,
     from_runner) descriptors; closing to_runner tells the runner the caller
     is gone; `kill` ends the connection for good."""
 
     host = "localhost"
+    remote = False
+
+    def prepare(self, spec: RunSpec) -> None:
+        """Connect, check the host's slotq, transfer the work tree. Raises
+        HostUnavailable. A local host needs none of it."""
+
+    def describe(self) -> dict[str, object]:
+        """Facts about the connection for the result (e.g. master reuse)."""
+        return {"kind": "local"}
 
     def start(self, spec: RunSpec) -> tuple[int, int]:
         raise NotImplementedError
@@ -213,7 +226,27 @@ def run(
     waits = WaitRecorder(run_id=spec.run_id, workdir=credit_dir or spec.cwd or os.getcwd(),
                          host=transport.host, path=ledger_path,
                          warn=lambda line: _write_line(stderr_fd, line))
-    waits.open("queue", result.phases["submitted"] or clock.wall())
+    queue_start = clock.monotonic()
+    if transport.remote:
+        # Connection, handshake and work tree transfer: a wait of its own
+        # kind, never counted as execution.
+        waits.open("transfer", result.phases["submitted"] or clock.wall())
+        try:
+            transport.prepare(spec)
+        except HostUnavailable as e:
+            result.message = str(e)
+            result.phases["ended"] = clock.wall()
+            result.transfer_s = clock.monotonic() - queue_start
+            result.transport = transport.describe()
+            waits.finish(clock.wall())
+            say(summary_line(result))
+            return result
+        result.phases["transferred"] = clock.wall()
+        result.transfer_s = clock.monotonic() - queue_start
+        result.transport = transport.describe()
+        queue_start = clock.monotonic()
+        waits.close(clock.wall())
+    waits.open("queue", clock.wall() if transport.remote else result.phases["submitted"] or clock.wall())
     to_fd, from_fd = transport.start(spec)
     decoder = protocol.Decoder()
     exited = False
@@ -278,6 +311,7 @@ def run(
                         waits.heartbeat(clock.wall())
                     elif ev.get("event") == protocol.SLOT:
                         waits.close(clock.wall())
+                        result.queue_s = clock.monotonic() - queue_start
                     exited = _on_event(ev, result, dogs, say, spec) or exited
     finally:
         for sig, handler in old_handlers.items():
@@ -288,6 +322,8 @@ def run(
             pass
         os.close(from_fd)
     waits.finish(clock.wall())  # a run that ended without a slot: its wait ends now
+    if result.queue_s is None:
+        result.queue_s = clock.monotonic() - queue_start
     diagnostics = transport.wait()
     if not exited and result.outcome is Outcome.UNAVAILABLE and not result.message:
         result.message = f"host runner on {transport.host} ended without a result"

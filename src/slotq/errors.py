@@ -43,3 +43,14 @@ class ProtocolError(SlotqError):
     """The runner's stream is not what this version of slotq speaks."""
 
     exit_code = 121  # reported as `unavailable`
+
+
+class HostUnavailable(SlotqError):
+    """A host could not be reached or used (unreachable, auth failure, no
+    slotq there, transfer failed). A run reports it as `unavailable`."""
+
+    exit_code = 121
+
+    def __init__(self, message: str, host: str) -> None:
+        super().__init__(message)
+        self.host = host

@@ -49,6 +49,7 @@ class HostRunner:
         in_fd: int = 0,
         out_fd: int = 1,
         clock: Clock | None = None,
+        ctl_buffer: bytes = b"",
     ) -> None:
         self.spec = spec
         self.state_dir = state_dir
@@ -59,7 +60,7 @@ class HostRunner:
         self.host = os.uname().nodename
         self.caller_gone = False
         self._in_open = True
-        self._ctl_buf = b""
+        self._ctl_buf = ctl_buffer  # caller-channel bytes read before we started
         self.phases: dict[str, float | None] = dict.fromkeys(
             ("queued", "slot", "prepared", "started", "ended"))
         self.budget = spec.budget if spec.budget is not None else config.budget

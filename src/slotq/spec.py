@@ -22,7 +22,11 @@ class RunSpec:
     """
 
     __slots__ = ("argv", "cls", "budget", "prepare", "prepare_timeout", "label",
-                 "report_every", "kill_grace", "cwd", "env", "run_id")
+                 "report_every", "kill_grace", "cwd", "env", "run_id", "work_id")
+
+    # What travels to a remote runner (`slotq host run --request-stdin`).
+    _REQUEST = ("argv", "cls", "budget", "prepare", "prepare_timeout", "label", "report_every",
+                "kill_grace", "run_id", "work_id", "cwd")
 
     def __init__(
         self,
@@ -38,6 +42,7 @@ class RunSpec:
         cwd: str | None = None,
         env: dict[str, str] | None = None,
         run_id: str | None = None,
+        work_id: str | None = None,
     ) -> None:
         self.argv = list(argv)
         self.cls = cls
@@ -50,6 +55,28 @@ class RunSpec:
         self.cwd = cwd
         self.env = env
         self.run_id = run_id or new_run_id()
+        self.work_id = work_id  # a synced work dir on a remote host (instead of cwd)
+
+    def to_request(self) -> bytes:
+        """One JSON line. Arguments are JSON strings: no shell sees them."""
+        import json
+
+        return json.dumps({k: getattr(self, k) for k in self._REQUEST}).encode() + b"\n"
+
+    @classmethod
+    def from_request(cls, line: bytes) -> "RunSpec":
+        """Parse `to_request`'s line; ValueError if it is not one."""
+        import json
+
+        data = json.loads(line)
+        if not isinstance(data, dict) or not isinstance(data.get("argv"), list) or not data["argv"] \
+                or not all(isinstance(a, str) for a in data["argv"]):
+            raise ValueError("a run request needs a non-empty argv of strings")
+        unknown = set(data) - set(cls._REQUEST)
+        if unknown:
+            raise ValueError(f"unknown request field(s) {sorted(unknown)}")
+        argv = data.pop("argv")
+        return cls(argv, **data)
 
 
 def _default_label(argv: list[str]) -> str:

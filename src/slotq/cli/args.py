@@ -9,6 +9,10 @@ from typing import NoReturn
 from slotq.durations import parse_duration
 from slotq.errors import UsageError
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from slotq.transport import SshTransport
+
 
 class Parser(argparse.ArgumentParser):
     """argparse, but a bad argument is one line and a UsageError (exit 2)."""
@@ -59,3 +63,25 @@ def require_command(p: argparse.ArgumentParser, command: list[str] | None) -> li
     if command[0] == "":
         raise UsageError("the command name is empty")
     return command
+
+
+def add_host_options(p: argparse.ArgumentParser) -> None:
+    import os
+
+    p.add_argument("--host", metavar="HOST[,HOST...]",
+                   help="run on HOST over ssh (an alias from your ssh config, or user@host); "
+                        "several: the one with the shortest expected wait")
+    p.add_argument("--ssh-config", default=os.environ.get("SLOTQ_SSH_CONFIG"), metavar="FILE",
+                   help="ssh config file (default: $SLOTQ_SSH_CONFIG, else ssh's own)")
+    p.add_argument("--ssh-option", action="append", default=[], metavar="OPT",
+                   help="extra ssh -o option, e.g. --ssh-option Port=2222 (repeatable)")
+    p.add_argument("--remote-slotq", default=os.environ.get("SLOTQ_REMOTE_SLOTQ", "slotq"), metavar="CMD",
+                   help="how to run slotq on the host, a shell fragment "
+                        "(default: $SLOTQ_REMOTE_SLOTQ, else slotq)")
+
+
+def ssh_transport(opts: argparse.Namespace, host: str, sync: str = "rsync") -> "SshTransport":
+    from slotq.transport import SshTransport
+
+    return SshTransport(host, config=opts.ssh_config, options=opts.ssh_option,
+                        remote_slotq=opts.remote_slotq, sync=sync)

@@ -1,36 +1,82 @@
-"""`slotq host run`: the host runner, as transports launch it.
+"""`slotq host ...`: the host side, as transports launch it.
 
-It reads the caller's channel on stdin and writes the framed stream on
-stdout; stdin closing means the caller is gone.
+  slotq host hello               one JSON line: version, protocol, state dir, work root
+  slotq host run [opts] -- CMD   the host runner; stdin is the caller's channel
+  slotq host run --request-stdin the same, the request (argv and options) read
+                                 as the first line of stdin: no shell ever sees it
 """
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 
 from slotq.cli.args import Parser, add_run_options, require_command, split_command
 from slotq.errors import UsageError
 
 
 def main(args: list[str]) -> int:
+    if args[:1] == ["hello"]:
+        return hello()
     if not args or args[0] != "run":
-        raise UsageError("usage: slotq host run [options] -- CMD [ARGS...]")
+        raise UsageError("usage: slotq host hello | slotq host run [options] -- CMD [ARGS...]")
     opts_args, command = split_command(args[1:])
     p = Parser(prog="slotq host run", description="Host side of one run: queue, slot, command, "
                "framed stream on stdout. Used by transports, not by people.")
     add_run_options(p)
     p.add_argument("--run-id", metavar="ID")
     p.add_argument("--cwd", metavar="DIR", help="work dir of the command (default: the current one)")
+    p.add_argument("--request-stdin", action="store_true",
+                   help="read the request as one JSON line from stdin (remote transports)")
     opts = p.parse_args(opts_args)
-    command = require_command(p, command)
     from slotq.config import HostConfig, state_dir_from_env
     from slotq.runner import HostRunner
     from slotq.spec import RunSpec
 
     state_dir = state_dir_from_env()
     config = HostConfig.load(state_dir=state_dir)
-    spec = RunSpec(command, cls=opts.cls, budget=opts.budget, prepare=opts.prepare,
-                   prepare_timeout=opts.prepare_timeout, label=opts.label, report_every=opts.report_every,
-                   kill_grace=opts.kill_grace, cwd=opts.cwd or os.getcwd(), run_id=opts.run_id)
-    HostRunner(spec, state_dir=state_dir, config=config, in_fd=0, out_fd=1).run()
+    leftover = b""
+    if opts.request_stdin:
+        line, leftover = _read_line(0)
+        try:
+            spec = RunSpec.from_request(line)
+        except (ValueError, TypeError) as e:
+            raise UsageError(f"bad run request on stdin: {e}") from None
+        if spec.work_id is not None:
+            if not (spec.work_id.isalnum() and 8 <= len(spec.work_id) <= 64):
+                raise UsageError(f"bad work id {spec.work_id!r}")
+            spec.cwd = os.path.join(state_dir, "work", spec.work_id)
+    else:
+        command = require_command(p, command)
+        spec = RunSpec(command, cls=opts.cls, budget=opts.budget, prepare=opts.prepare,
+                       prepare_timeout=opts.prepare_timeout, label=opts.label, report_every=opts.report_every,
+                       kill_grace=opts.kill_grace, cwd=opts.cwd or os.getcwd(), run_id=opts.run_id)
+    HostRunner(spec, state_dir=state_dir, config=config, in_fd=0, out_fd=1, ctl_buffer=leftover).run()
+    return 0
+
+
+def _read_line(fd: int) -> tuple[bytes, bytes]:
+    buf = b""
+    while b"\n" not in buf:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            raise UsageError("no run request on stdin")
+        buf += chunk
+    line, rest = buf.split(b"\n", 1)
+    return line, rest
+
+
+def hello() -> int:
+    from slotq import __version__, protocol
+    from slotq.config import state_dir_from_env
+    from slotq.hostqueue import ensure_state_dir
+
+    state_dir = state_dir_from_env()
+    ensure_state_dir(state_dir)
+    work_root = os.path.join(state_dir, "work")
+    os.makedirs(work_root, exist_ok=True)
+    sys.stdout.write(json.dumps({"slotq": __version__, "protocol": protocol.PROTOCOL_VERSION,
+                                 "host": os.uname().nodename, "state_dir": state_dir,
+                                 "work_root": work_root}) + "\n")
     return 0

@@ -5,8 +5,15 @@ from __future__ import annotations
 import os
 import sys
 
-from slotq.cli.args import Parser, add_run_options, duration, require_command, split_command
+from slotq.cli.args import (Parser, add_host_options, add_run_options, duration, require_command, split_command,
+                            ssh_transport)
 from slotq.errors import UsageError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+
+    from slotq.transport import SshTransport
 
 EPILOG = """\
 outcomes and exit codes:
@@ -41,6 +48,10 @@ def build_parser() -> Parser:
                    help="record the wait in the wait ledger under DIR, for `slotq task` and other outer "
                         "runners to credit (default: the current directory)")
     p.add_argument("-q", "--quiet", action="store_true", help="no status lines on stderr")
+    add_host_options(p)
+    p.add_argument("--sync", choices=("rsync", "none"), default="rsync",
+                   help="with --host: rsync the current directory to a work dir on the host (default; "
+                        ".gitignore respected, deletions propagate), or none (a shared filesystem)")
     p.add_argument("command", nargs="*", help=argparse.SUPPRESS)
     return p
 
@@ -55,17 +66,23 @@ def main(args: list[str]) -> int:
         raise UsageError(f"unexpected argument(s) before `--`: {' '.join(opts.command)}")
     command = require_command(p, command)
 
-    from slotq.client import run
+    from slotq.client import Transport, run
     from slotq.spec import RunSpec
-    from slotq.transport import LocalTransport
 
-    transport = LocalTransport()
-    if opts.cls not in transport.config.classes:
-        known = ", ".join(sorted(transport.config.classes))
-        raise UsageError(f"unknown class {opts.cls!r} (this host knows: {known})")
-    from slotq.hostqueue import ensure_state_dir
+    say = None if opts.quiet else _stderr_line
+    transport: Transport
+    if opts.host:
+        transport = _remote(opts)
+    else:
+        from slotq.hostqueue import ensure_state_dir
+        from slotq.transport import LocalTransport
 
-    ensure_state_dir(transport.state_dir)
+        local = LocalTransport()
+        if opts.cls not in local.config.classes:
+            known = ", ".join(sorted(local.config.classes))
+            raise UsageError(f"unknown class {opts.cls!r} (this host knows: {known})")
+        ensure_state_dir(local.state_dir)
+        transport = local
     spec = RunSpec(command, cls=opts.cls, budget=opts.budget, prepare=opts.prepare,
                    prepare_timeout=opts.prepare_timeout, label=opts.label,
                    report_every=opts.report_every, kill_grace=opts.kill_grace, cwd=os.getcwd())
@@ -75,7 +92,6 @@ def main(args: list[str]) -> int:
             json_fd = open(opts.json, "w")
         except OSError as e:
             raise UsageError(f"cannot write --json file {opts.json}: {e.strerror}") from None
-    say = None if opts.quiet else _stderr_line
     result = run(spec, transport, idle=opts.idle, status=say, handle_sigint=True,
                  credit_dir=opts.credit_dir or os.getcwd())
     if opts.json:
@@ -87,6 +103,25 @@ def main(args: list[str]) -> int:
             sys.stdout.write(text)
             sys.stdout.flush()
     return result.exit_code
+
+
+def _remote(opts: "argparse.Namespace") -> "SshTransport":
+    hosts = [h.strip() for h in opts.host.split(",") if h.strip()]
+    if not hosts:
+        raise UsageError("--host: no host named")
+    host = hosts[0]
+    if len(hosts) > 1:
+        from slotq.choose import describe_choice, rank_hosts
+        from slotq.ssh import SshHost
+
+        def fetch(h: str) -> dict[str, object]:
+            return SshHost(h, config=opts.ssh_config, options=opts.ssh_option,
+                           remote_slotq=opts.remote_slotq).status_snapshot()
+
+        ranked = rank_hosts(hosts, opts.cls, fetch)
+        host = ranked[0][1]
+        _stderr_line(describe_choice(ranked))  # the choice is always said, even with -q
+    return ssh_transport(opts, host, sync=opts.sync)
 
 
 def _stderr_line(line: str) -> None:

@@ -6,7 +6,7 @@ import json
 import sys
 import time
 
-from slotq.cli.args import Parser
+from slotq.cli.args import Parser, add_host_options
 
 
 def main(args: list[str]) -> int:
@@ -15,7 +15,17 @@ def main(args: list[str]) -> int:
                "machine load and recent runs.")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--history", type=int, default=10, metavar="N", help="recent runs to show (default 10)")
+    add_host_options(p)
     opts = p.parse_args(args)
+    if opts.host:
+        from slotq.ssh import SshHost
+
+        for host in [h for h in opts.host.split(",") if h]:
+            remote = SshHost(host, config=opts.ssh_config, options=opts.ssh_option,
+                             remote_slotq=opts.remote_slotq)
+            remote.ensure_master()
+            sys.stdout.write(remote.status(as_json=opts.json))
+        return 0
     from slotq.config import HostConfig, state_dir_from_env
     from slotq.status import format_snapshot, snapshot
 

@@ -1,0 +1,64 @@
+"""Choosing among several hosts: the expected-wait estimate as a pure function."""
+
+from __future__ import annotations
+
+import pytest
+
+from slotq.choose import describe_choice, expected_wait, rank_hosts
+
+
+def snap(slots: list[tuple[bool, float]], waiting: int = 0, runs: list[float] | None = None,
+         classes: tuple[str, ...] = ("shared",)) -> dict[str, object]:
+    return {
+        "pools": [{"pool": "shared", "classes": list(classes),
+                   "slots": [{"held": held, "held_s": held_s} for held, held_s in slots],
+                   "waiting": [{"seq": i} for i in range(waiting)]}],
+        "history": [{"ran_s": r} for r in (runs or [])],
+    }
+
+
+@pytest.mark.parametrize("slots,waiting,runs,expected", [
+    ([(False, 0)], 0, [], 0),                    # free slot, nobody waiting
+    ([(True, 10)], 0, [40], 30),                 # holder 10 s into a typical 40 s run
+    ([(True, 10)], 2, [40], 110),                # then two full runs ahead of us
+    ([(True, 50)], 0, [40], 20),                 # past typical: half a run more, never 0
+    ([(True, 10), (False, 0)], 1, [40], 30),     # the waiter takes the free slot
+    ([(True, 0)], 0, [], 60),                    # no history: 60 s assumed
+    ([(True, 5), (True, 25)], 1, [30, 30, 90], 25),
+])
+def test_expected_wait_table(slots: list[tuple[bool, float]], waiting: int, runs: list[float],
+                             expected: float) -> None:
+    wait, why = expected_wait(snap(slots, waiting, runs), "shared")
+    assert wait == pytest.approx(expected)
+    assert f"{waiting} waiting" in why
+
+
+def test_reversing_the_slot_order_gives_the_same_answer() -> None:
+    slots = [(True, 5), (False, 0), (True, 70), (True, 12)]
+    a = expected_wait(snap(slots, 3, [30, 50]), "shared")
+    b = expected_wait(snap(list(reversed(slots)), 3, [50, 30]), "shared")
+    assert a == b
+
+
+def test_a_host_without_the_class_is_never_chosen() -> None:
+    assert expected_wait(snap([(False, 0)], classes=("landing",)), "shared")[0] == float("inf")
+
+
+def test_rank_prefers_shorter_waits_then_less_crowd_then_given_order() -> None:
+    snaps = {
+        "busy": snap([(True, 1)], 0, [100]),
+        "free": snap([(False, 0)]),
+        "free-but-queued": snap([(False, 0), (True, 1)], 0),
+        "down": None,
+    }
+
+    def fetch(h: str) -> dict[str, object]:
+        s = snaps[h]
+        if s is None:
+            raise OSError("unreachable")
+        return s
+
+    ranked = rank_hosts(["down", "busy", "free-but-queued", "free"], "shared", fetch)
+    assert [h for _, h, _ in ranked] == ["free", "free-but-queued", "busy", "down"]
+    line = describe_choice(ranked)
+    assert line.startswith("slotq: chose host free: expected wait 0ms") and "down: unavailable (unreachable)" in line

@@ -1,0 +1,271 @@
+"""Remote hosts over a real OpenSSH server on 127.0.0.1 (scripts/sshd-test-server)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from conftest import Run, slotq_cmd, wait_for
+from slotq.ledger import Ledger
+
+Start = Callable[..., Run]
+ROOT = Path(__file__).resolve().parent.parent
+
+REMOTE_MEMBERS = ("python3 -c 'import os,sys\n"
+                  "n=0\n"
+                  "for d in os.listdir(\"/proc\"):\n"
+                  "    try: f=open(\"/proc/\"+d+\"/stat\",\"rb\").read().rsplit(b\")\",1)[1].split()\n"
+                  "    except Exception: continue\n"
+                  "    n+= f[0]!=b\"Z\" and int(f[2])==int(sys.argv[1])\n"
+                  "print(n)' ")
+
+
+@pytest.fixture(scope="session")
+def ssh_config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The test sshd: the one scripts/test started, else start our own."""
+    cfg = os.environ.get("SLOTQ_TEST_SSH_CONFIG")
+    if cfg and os.path.exists(cfg):
+        yield cfg
+        return
+    d = tmp_path_factory.mktemp("sshd")
+    proc = subprocess.run([str(ROOT / "scripts" / "sshd-test-server"), "start", str(d)], capture_output=True,
+                          text=True, timeout=600)
+    if proc.returncode != 0:
+        if os.environ.get("CI"):
+            pytest.fail(f"cannot start the test sshd: {proc.stderr[-2000:]}")
+        pytest.skip(f"no test sshd (needs root and Debian packages): {proc.stderr.strip()[-300:]}")
+    try:
+        yield str(d / "ssh_config")
+    finally:
+        subprocess.run([str(ROOT / "scripts" / "sshd-test-server"), "stop", str(d)], timeout=60)
+
+
+class Remote:
+    """One test's view of the remote host, with a state dir of its own."""
+
+    def __init__(self, cfg: str, host: str = "slotq-test") -> None:
+        self.cfg = cfg
+        self.host = host
+        self.tag = uuid.uuid4().hex[:10]
+        self.remote_slotq = f"SLOTQ_STATE_DIR=$HOME/st-{self.tag} slotq"
+        self.args = ["--host", host, "--ssh-config", cfg, "--remote-slotq", self.remote_slotq]
+
+    def ssh(self, command: str, timeout: float = 20) -> str:
+        proc = subprocess.run(["ssh", "-F", self.cfg, self.host, command], capture_output=True, text=True,
+                              timeout=timeout)
+        return proc.stdout
+
+    def status(self) -> dict[str, Any]:
+        proc = subprocess.run(slotq_cmd() + ["status", "--json", *self.args], capture_output=True, text=True,
+                              timeout=20)
+        assert proc.returncode == 0, proc.stderr
+        return dict(json.loads(proc.stdout))
+
+    def shared(self) -> dict[str, Any]:
+        return next(p for p in self.status()["pools"] if p["pool"] == "shared")
+
+    def holder_running(self) -> bool:
+        slot = self.shared()["slots"][0]
+        return bool(slot["held"] and slot.get("phase") == "running")
+
+    def group_members(self, pgid: int) -> int:
+        return int(self.ssh(REMOTE_MEMBERS + str(pgid)).strip() or "0")
+
+    def gate(self) -> str:
+        return f"/tmp/slotq-gate-{self.tag}"
+
+    def gate_cmd(self) -> list[str]:
+        return ["sh", "-c", f'while [ ! -e {self.gate()} ]; do sleep 0.01; done']
+
+
+@pytest.fixture
+def remote(ssh_config: str, state_dir: Path) -> Iterator[Remote]:
+    r = Remote(ssh_config)
+    yield r
+    r.ssh(f"touch {r.gate()}")
+
+
+@pytest.mark.timeout(60)
+def test_queue_longer_than_budget_passes_over_ssh(remote: Remote, runs: Start) -> None:
+    holder = runs(*remote.args, "--label", "placeholder", "--", "sleep", "6", name="holder")
+    wait_for(remote.holder_running, timeout=20, what="remote placeholder holds the slot")
+    r = runs(*remote.args, "--budget", "1", "--report-every", "1", "--", "echo", "ran")
+    assert r.wait(timeout=40) == 0, r.err
+    res = r.result()
+    assert res["outcome"] == "passed" and r.out == b"ran\n"
+    assert res["waited_s"] >= 4.0
+    assert res["host"] == "slotq-test" and res["transport"]["kind"] == "ssh"
+    assert "slot held by placeholder" in r.err
+    assert holder.wait(timeout=20) == 0
+
+
+@pytest.mark.timeout(60)
+def test_sigkill_of_the_local_run_while_queued_withdraws_the_remote_ticket(remote: Remote, runs: Start) -> None:
+    runs(*remote.args, "--", *remote.gate_cmd(), name="holder")
+    wait_for(remote.holder_running, timeout=20, what="remote holder")
+    q = runs(*remote.args, "--", "true", name="queued")
+    wait_for(lambda: len(remote.shared()["waiting"]) == 1, timeout=20, what="remote ticket")
+    t0 = time.monotonic()
+    q.kill()
+    wait_for(lambda: remote.shared()["waiting"] == [], timeout=2.0, what="remote ticket gone")
+    assert time.monotonic() - t0 <= 2.5  # 2 s, plus one status round trip to observe it
+
+
+def _remote_pgid(remote: Remote) -> int:
+    text = wait_for(lambda: remote.ssh(f"cat /tmp/slotq-pg-{remote.tag} 2>/dev/null").strip(), timeout=20,
+                    what="remote command running")
+    return int(text)
+
+
+@pytest.mark.timeout(60)
+def test_sigkill_of_the_local_run_while_running_ends_the_remote_group(remote: Remote, runs: Start) -> None:
+    r = runs(*remote.args, "--kill-grace", "1", "--", "sh", "-c",
+             f"trap '' TERM; echo $$ > /tmp/slotq-pg-{remote.tag}; sleep 100 & sleep 100")
+    pgid = _remote_pgid(remote)
+    assert remote.group_members(pgid) >= 2
+    t0 = time.monotonic()
+    r.kill()
+    wait_for(lambda: remote.group_members(pgid) == 0, timeout=1 + 2, what="remote process group gone")
+    assert time.monotonic() - t0 <= 1 + 2 + 0.5
+    wait_for(lambda: not remote.shared()["slots"][0]["held"], timeout=5, what="remote slot free")
+
+
+@pytest.mark.timeout(60)
+def test_sigkill_of_ssh_itself_is_unavailable_and_ends_the_remote_group(remote: Remote, runs: Start) -> None:
+    r = runs(*remote.args, "--kill-grace", "1", "--", "sh", "-c", f"echo $$ > /tmp/slotq-pg-{remote.tag}; sleep 100")
+    pgid = _remote_pgid(remote)
+    ssh_pids = [int(p) for p in Path(f"/proc/{r.proc.pid}/task/{r.proc.pid}/children").read_text().split()
+                if Path(f"/proc/{p}/comm").read_text().strip() == "ssh"]
+    assert len(ssh_pids) == 1
+    os.kill(ssh_pids[0], signal.SIGKILL)
+    assert r.wait(timeout=20) == 121
+    res = r.result()
+    assert res["outcome"] == "unavailable" and res["blame"] == "infrastructure"
+    assert "slotq-test" in res["message"]
+    wait_for(lambda: remote.group_members(pgid) == 0, timeout=1 + 2, what="remote process group gone")
+
+
+HOSTILE = ["a b", "'single'", '"double"', "$(echo pwned)", "`echo pwned`", "; rm -rf /tmp/nope", "a\nb\n",
+           "ünïcödé ✓ 日本", "*", "", "\\", "$HOME", "--", "-x"]
+
+
+@pytest.mark.timeout(60)
+def test_hostile_arguments_arrive_byte_exact(remote: Remote) -> None:
+    proc = subprocess.run(slotq_cmd() + ["run", "-q", *remote.args, "--", "python3", "-c",
+                                         "import sys, json; print(json.dumps(sys.argv[1:]))", *HOSTILE],
+                          capture_output=True, timeout=40)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == HOSTILE
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("host,extra,needle", [
+    ("slotq-down", [], "Connection refused"),
+    ("slotq-badkey", [], "Permission denied"),
+    ("slotq-test", ["--remote-slotq", "/opt/nowhere/slotq"], "slotq is not installed on host slotq-test"),
+])
+def test_unreachable_wrong_key_or_no_slotq_is_unavailable(ssh_config: str, state_dir: Path, tmp_path: Path,
+                                                           host: str, extra: list[str], needle: str) -> None:
+    out = tmp_path / "r.json"
+    proc = subprocess.run(slotq_cmd() + ["run", "--json", str(out), "--host", host, "--ssh-config", ssh_config,
+                                         *extra, "--", "true"], capture_output=True, text=True, timeout=40)
+    assert proc.returncode == 121
+    res = json.loads(out.read_text())
+    assert res["outcome"] == "unavailable" and needle in res["message"]
+    assert needle in proc.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.timeout(60)
+def test_a_second_run_reuses_the_master_connection(remote: Remote, tmp_path: Path) -> None:
+    subprocess.run(["ssh", "-F", remote.cfg, "-O", "exit", remote.host], capture_output=True, timeout=20)
+    from slotq.ssh import SshHost
+
+    # Close any master slotq left for this host, to measure a fresh one.
+    sh = SshHost(remote.host, config=remote.cfg)
+    subprocess.run(sh._base() + ["-O", "exit", remote.host], capture_output=True, timeout=20)
+    times = []
+    for i in range(2):
+        out = tmp_path / f"r{i}.json"
+        proc = subprocess.run(slotq_cmd() + ["run", "-q", "--json", str(out), *remote.args, "--", "true"],
+                              capture_output=True, text=True, timeout=40, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        times.append(json.loads(out.read_text())["transport"])
+    first, second = times
+    assert first["master_reused"] is False and second["master_reused"] is True
+    assert second["connect_s"] < first["connect_s"]
+    print(f"\nmaster connection: new {first['connect_s'] * 1000:.1f} ms, reused {second['connect_s'] * 1000:.1f} ms")
+
+
+@pytest.mark.timeout(60)
+def test_work_tree_transfer_respects_gitignore_and_propagates_deletes(
+        remote: Remote, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    work = tmp_path / "work"
+    (work / "sub").mkdir(parents=True)
+    (work / ".gitignore").write_text("*.log\nbuild/\n")
+    (work / "keep.txt").write_text("k")
+    (work / "sub" / "deep.txt").write_text("d")
+    (work / "noise.log").write_text("n")
+    (work / "build").mkdir()
+    (work / "build" / "out.o").write_text("o")
+
+    def remote_files() -> list[str]:
+        proc = subprocess.run(slotq_cmd() + ["run", "-q", *remote.args, "--", "find", ".", "-type", "f"],
+                              capture_output=True, text=True, timeout=40, cwd=work)
+        assert proc.returncode == 0, proc.stderr
+        return sorted(proc.stdout.split())
+
+    assert remote_files() == ["./.gitignore", "./keep.txt", "./sub/deep.txt"]
+    (work / "keep.txt").unlink()
+    assert remote_files() == ["./.gitignore", "./sub/deep.txt"]
+    kinds = {w.record.kind for w in Ledger().credit(str(work), 0, time.time()).waits}
+    assert kinds == {"transfer", "queue"}
+
+
+@pytest.mark.timeout(60)
+def test_sync_none_runs_in_the_same_path(remote: Remote, tmp_path: Path) -> None:
+    shared = Path("/tmp") / f"slotq-shared-{remote.tag}"
+    shared.mkdir(mode=0o777)
+    try:
+        proc = subprocess.run(slotq_cmd() + ["run", "-q", "--sync", "none", *remote.args, "--", "pwd"],
+                              capture_output=True, text=True, timeout=40, cwd=shared)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip() == str(shared)
+    finally:
+        shared.rmdir()
+
+
+@pytest.mark.timeout(90)
+def test_several_hosts_pick_the_shortest_expected_wait_and_say_why(ssh_config: str, state_dir: Path,
+                                                                   runs: Start) -> None:
+    a = Remote(ssh_config, "slotq-a")
+    gate = f"/tmp/slotq-gate-multi-{a.tag}"
+    common = ["--ssh-config", ssh_config]
+    runs("--host", "slotq-a", *common, "--", "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.01; done",
+         name="holder")
+    try:
+        def a_busy() -> bool:
+            proc = subprocess.run(slotq_cmd() + ["status", "--json", "--host", "slotq-a", *common],
+                                  capture_output=True, text=True, timeout=20)
+            return bool(json.loads(proc.stdout)["pools"][0]["slots"][0]["held"])
+
+        wait_for(a_busy, timeout=20, what="slotq-a busy")
+        proc = subprocess.run(slotq_cmd() + ["run", "--host", "slotq-a,slotq-b", *common, "--", "true"],
+                              capture_output=True, text=True, timeout=40)
+        assert proc.returncode == 0, proc.stderr
+        choice = next(line for line in proc.stderr.splitlines() if "chose host" in line)
+        assert "chose host slotq-b" in choice and "slotq-a: ~" in choice and "1 of 1 slot(s) busy" in choice
+    finally:
+        a.ssh(f"touch {gate}")
+
+
+def test_status_over_ssh_shows_the_remote_queue(remote: Remote) -> None:
+    proc = subprocess.run(slotq_cmd() + ["status", *remote.args], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0 and "pool shared" in proc.stdout and "/st-" in proc.stdout
