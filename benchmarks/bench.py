@@ -1,0 +1,551 @@
+#!/usr/bin/env python3
+"""slotq against the tools people use today, side by side in one run.
+
+Anchors: flock(1) (util-linux), GNU parallel's `sem`, task-spooler (`tsp`).
+Every scenario runs each tool in turn, repetition by repetition (so noise
+spreads evenly), and reports medians and ratios against flock(1).
+
+    benchmarks/run                 # installs the anchors, runs everything
+    benchmarks/run --quick         # fewer repetitions, no N=500
+
+Scenarios (see README "Benchmarks"):
+  handoff     one holder has the only slot; N waiters queued behind it; each
+              stamps its start. latency = first start - holder's end; gap =
+              median time between successive starts.
+  idle        50 waiters behind a holder for 20 s: CPU seconds they burn.
+  order       20 callers arriving 20 ms apart: start-order inversions.
+  throughput  200 trivial commands through 2 slots, all launched at once.
+  percall     one uncontended call, against `true` and a bare interpreter.
+  crash       the holder is SIGKILLed: time until the next waiter starts, and
+              whether the dead holder's command was still running then.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+VENV_BIN = REPO / ".venv" / "bin"
+SLOTQ = str(VENV_BIN / "slotq")
+PYTHON = str(VENV_BIN / "python")
+
+
+def now_ns() -> int:
+    return time.time_ns()
+
+
+def wait_until(cond, timeout: float, what: str, interval: float = 0.01):  # type: ignore[no-untyped-def]
+    end = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() > end:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def lines(path: Path) -> list[str]:
+    try:
+        return path.read_text().split("\n")[:-1]
+    except FileNotFoundError:
+        return []
+
+
+def proc_cpu(pid: int) -> float:
+    """utime + stime of one process, in seconds."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError):
+        return 0.0
+
+
+def descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            todo += [int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
+        except OSError:
+            pass
+    return out
+
+
+def parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return int(f.read().rsplit(b")", 1)[1].split()[1])
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+# ---------------------------------------------------------------- the tools
+class Tool:
+    name = "?"
+
+    def __init__(self, work: Path, slots: int = 1) -> None:
+        self.work = work
+        self.slots = slots
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.n = 0
+
+    def argv(self, shell_cmd: str) -> list[str]:
+        raise NotImplementedError
+
+    def start(self, shell_cmd: str) -> subprocess.Popen[bytes]:
+        p = subprocess.Popen(self.argv(shell_cmd), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, env=self.env(), cwd=self.work)
+        self.procs.append(p)
+        self.n += 1
+        return p
+
+    def env(self) -> dict[str, str]:
+        return dict(os.environ)
+
+    def queued(self) -> int:
+        raise NotImplementedError
+
+    def waiting_pids(self) -> list[int]:
+        """Processes whose CPU counts as 'waiting' (all but the holder's)."""
+        pids: list[int] = []
+        for p in self.procs[1:]:
+            if p.poll() is None:
+                pids += descendants(p.pid)
+        return pids
+
+    def holder_process(self, command_pid: int) -> int:
+        """The process that holds the slot for the command `command_pid`."""
+        return parent_of(command_pid)
+
+    def teardown(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+class Flock(Tool):
+    name = "flock"
+
+    def argv(self, shell_cmd: str) -> list[str]:
+        # Several slots: callers take lock files round-robin (flock has no
+        # counting semaphore; this is what people script around it).
+        lock = self.work / f"lock.{self.n % self.slots}"
+        return ["flock", str(lock), "sh", "-c", shell_cmd]
+
+    def queued(self) -> int:
+        inodes = set()
+        for i in range(self.slots):
+            try:
+                inodes.add(os.stat(self.work / f"lock.{i}").st_ino)
+            except FileNotFoundError:
+                pass
+        n = 0
+        for line in Path("/proc/locks").read_text().splitlines():
+            parts = line.split()
+            if "->" in parts and parts[-3].split(":")[-1].isdigit() and int(parts[-3].split(":")[-1]) in inodes:
+                n += 1
+        return n
+
+
+class Slotq(Tool):
+    name = "slotq"
+
+    def __init__(self, work: Path, slots: int = 1) -> None:
+        super().__init__(work, slots)
+        self.state = work / "state"
+        cfg = work / "host.toml"
+        cfg.write_text(f"[pools]\nshared = {slots}\nlanding = 1\n")
+        self.cfg = cfg
+
+    def env(self) -> dict[str, str]:
+        e = dict(os.environ)
+        e.update(SLOTQ_STATE_DIR=str(self.state), SLOTQ_CONFIG=str(self.cfg),
+                 SLOTQ_LEDGER=str(self.work / "ledger.sqlite"))
+        return e
+
+    def argv(self, shell_cmd: str) -> list[str]:
+        return [SLOTQ, "run", "-q", "--kill-grace", "1", "--", "sh", "-c", shell_cmd]
+
+    def queued(self) -> int:
+        sys.path.insert(0, str(REPO / "src"))
+        from slotq.ticket import list_tickets, pool_dir, probe
+
+        return sum(1 for _, p in list_tickets(pool_dir(str(self.state), "shared")) if probe(p))
+
+    def holder_process(self, command_pid: int) -> int:
+        return parent_of(parent_of(command_pid))  # command <- keeper <- host runner
+
+
+class Sem(Tool):
+    name = "sem"
+
+    def __init__(self, work: Path, slots: int = 1) -> None:
+        super().__init__(work, slots)
+        self.id = f"slotqbench{os.getpid()}{time.monotonic_ns()}"
+        (work / "parallel-home").mkdir(exist_ok=True)
+
+    def env(self) -> dict[str, str]:
+        e = dict(os.environ)
+        e["PARALLEL_HOME"] = str(self.work / "parallel-home")
+        return e
+
+    def argv(self, shell_cmd: str) -> list[str]:
+        # sem hands its arguments to a shell as one command line.
+        return ["sem", "--fg", "--will-cite", "--id", self.id, "-j", str(self.slots), shell_cmd]
+
+    def queued(self) -> int:
+        # sem has no queue to ask: count live sem processes beyond the holder.
+        return sum(1 for p in self.procs[1:] if p.poll() is None)
+
+
+class Tsp(Tool):
+    name = "task-spooler"
+
+    def __init__(self, work: Path, slots: int = 1) -> None:
+        super().__init__(work, slots)
+        self.socket = str(work / "tsp.socket")
+        subprocess.run(["tsp", "-S", str(slots)], env=self.env(), stdout=subprocess.DEVNULL, check=True)
+
+    def env(self) -> dict[str, str]:
+        e = dict(os.environ)
+        e.update(TS_SOCKET=self.socket, TS_MAXFINISHED="2000", TS_MAXCONN="2000", TMPDIR=str(self.work))
+        return e
+
+    def argv(self, shell_cmd: str) -> list[str]:
+        return ["tsp", "-n", "sh", "-c", shell_cmd]  # -n: no output file
+
+    def queued(self) -> int:
+        out = subprocess.run(["tsp", "-l"], env=self.env(), capture_output=True, text=True).stdout
+        return sum(1 for line in out.splitlines()[1:] if " queued " in f" {line} ")
+
+    def server_pid(self) -> int | None:
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    cmd = Path(f"/proc/{d}/cmdline").read_bytes().split(b"\0")
+                    env = Path(f"/proc/{d}/environ").read_bytes()
+                except OSError:
+                    continue
+                if cmd and cmd[0].endswith(b"tsp") and self.socket.encode() in env and parent_of(int(d)) == 1:
+                    return int(d)
+        return None
+
+    def waiting_pids(self) -> list[int]:
+        pid = self.server_pid()
+        return [pid] if pid else []
+
+    def teardown(self) -> None:
+        subprocess.run(["tsp", "-K"], env=self.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        super().teardown()
+
+
+TOOLS = {"slotq": Slotq, "flock": Flock, "sem": Sem, "task-spooler": Tsp}
+
+
+# ---------------------------------------------------------------- scenarios
+def gate_loop(gate: Path) -> str:
+    return f'while [ ! -e {gate} ]; do sleep 0.01; done'
+
+
+def hold(tool: Tool, gate: Path, extra: str = "") -> None:
+    held = tool.work / "held"
+    tool.start(f"touch {held}; {gate_loop(gate)}{extra}")
+    wait_until(held.exists, 30, f"{tool.name} holder")
+
+
+def handoff(tool: Tool, n: int) -> dict[str, float]:
+    gate, end, starts = tool.work / "gate", tool.work / "end", tool.work / "starts"
+    hold(tool, gate, f"; date +%s%N > {end}")
+    for i in range(n):
+        tool.start(f'echo "$(date +%s%N) {i}" >> {starts}')
+    wait_until(lambda: tool.queued() >= n, 300, f"{n} {tool.name} waiters queued", 0.05)
+    time.sleep(1.0)  # the holder keeps the slot about a second with everyone in line
+    gate.touch()
+    wait_until(lambda: len(lines(starts)) >= n, 600, f"{n} {tool.name} waiters started", 0.02)
+    t_end = int(end.read_text())
+    ts = sorted(int(line.split()[0]) for line in lines(starts))
+    gaps = [(b - a) / 1e6 for a, b in zip(ts, ts[1:])]
+    return {"latency_ms": (ts[0] - t_end) / 1e6, "gap_ms": statistics.median(gaps) if gaps else float("nan")}
+
+
+def idle(tool: Tool, n: int = 50, window: float = 20.0) -> dict[str, float]:
+    gate = tool.work / "gate"
+    hold(tool, gate)
+    for _ in range(n):
+        tool.start("true")
+    wait_until(lambda: tool.queued() >= n, 300, f"{n} {tool.name} waiters queued", 0.05)
+    time.sleep(1.0)  # start-up done
+    pids = tool.waiting_pids()
+    before = {p: proc_cpu(p) for p in pids}
+    time.sleep(window)
+    pids_after = set(tool.waiting_pids()) | set(pids)
+    cpu = sum(proc_cpu(p) - before.get(p, 0.0) for p in pids_after)
+    gate.touch()
+    return {"cpu_s": cpu}
+
+
+def order(tool: Tool, n: int = 20, spacing: float = 0.02) -> dict[str, float]:
+    gate, starts = tool.work / "gate", tool.work / "starts"
+    hold(tool, gate)
+    t0 = time.monotonic()
+    for i in range(n):
+        # Arrival i at t0 + i * spacing.
+        delay = t0 + i * spacing - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        tool.start(f'echo "$(date +%s%N) {i}" >> {starts}')
+    wait_until(lambda: tool.queued() >= n, 120, f"{tool.name} callers queued", 0.05)
+    time.sleep(0.5)
+    gate.touch()
+    wait_until(lambda: len(lines(starts)) >= n, 300, f"{tool.name} callers started", 0.02)
+    seq = [int(line.split()[1]) for line in sorted(lines(starts), key=lambda s: int(s.split()[0]))]
+    inversions = sum(1 for i in range(n) for j in range(i + 1, n) if seq[i] > seq[j])
+    return {"inversions": float(inversions)}
+
+
+def throughput(tool: Tool, n: int = 200) -> dict[str, float]:
+    done = tool.work / "done"
+    t0 = time.monotonic()
+    for _ in range(n):
+        tool.start(f"echo x >> {done}")
+    wait_until(lambda: len(lines(done)) >= n, 900, f"{n} {tool.name} commands", 0.02)
+    wall = time.monotonic() - t0
+    return {"wall_s": wall, "per_s": n / wall}
+
+
+def percall(tool: Tool, reps: int = 20) -> dict[str, float]:
+    def once() -> float:
+        if isinstance(tool, Tsp):
+            argv = ["tsp", "-n", "-f", "true"]  # -f: wait for the job
+        else:
+            argv = tool.argv("true")
+            if isinstance(tool, Slotq):
+                argv = [SLOTQ, "run", "-q", "--", "true"]
+        t = time.perf_counter()
+        subprocess.run(argv, env=tool.env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, cwd=tool.work)
+        return time.perf_counter() - t
+
+    once()  # warm: caches, server start
+    return {"ms": statistics.median(once() for _ in range(reps)) * 1000}
+
+
+def crash(tool: Tool, orphan_s: float = 5.0) -> dict[str, float]:
+    hpid, wstart, verdict = tool.work / "hpid", tool.work / "wstart", tool.work / "verdict"
+    tool.start(f"echo $$ > {hpid}; sleep {orphan_s}")
+    pid = int(wait_until(lambda: hpid.exists() and hpid.read_text().strip(), 30, "holder command"))
+    # Still running = exists and is not a zombie (an orphan's zombie may wait
+    # for init to reap it; it runs nothing and holds nothing).
+    tool.start(f"date +%s%N > {wstart}; s=$(cut -d' ' -f3 /proc/{pid}/stat 2>/dev/null); "
+               f'if [ -n "$s" ] && [ "$s" != Z ]; then echo overlap; else echo clean; fi > {verdict}')
+    wait_until(lambda: tool.queued() >= 1, 60, f"{tool.name} waiter queued", 0.02)
+    time.sleep(0.5)
+    victim = tool.holder_process(pid)
+    t_kill = now_ns()
+    os.kill(victim, signal.SIGKILL)
+    wait_until(lambda: verdict.exists() and verdict.read_text().strip(), 60, f"{tool.name} next waiter", 0.005)
+    return {"handoff_ms": (int(wstart.read_text()) - t_kill) / 1e6,
+            "overlap": 1.0 if verdict.read_text().strip() == "overlap" else 0.0}
+
+
+def bare_times(reps: int = 20) -> dict[str, float]:
+    def med(argv: list[str]) -> float:
+        subprocess.run(argv)
+        xs = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            subprocess.run(argv)
+            xs.append(time.perf_counter() - t)
+        return statistics.median(xs) * 1000
+
+    return {"true_ms": med(["true"]), "python_ms": med([PYTHON, "-c", "pass"])}
+
+
+# ---------------------------------------------------------------- driver
+def measure(tool_names: list[str], scenario: str, fn, reps: int, slots: int = 1,  # type: ignore[no-untyped-def]
+            skip: dict[str, str] | None = None) -> dict[str, dict[str, object]]:
+    samples: dict[str, list[dict[str, float]]] = {t: [] for t in tool_names}
+    notes: dict[str, str] = dict(skip or {})
+    for rep in range(reps):
+        for name in tool_names:
+            if name in notes:
+                continue
+            work = Path(tempfile.mkdtemp(prefix=f"slotq-bench-{name}-"))
+            tool = TOOLS[name](work, slots)
+            try:
+                samples[name].append(fn(tool))
+            except TimeoutError as e:
+                notes[name] = str(e)
+            finally:
+                tool.teardown()
+                shutil.rmtree(work, ignore_errors=True)
+        print(f"  {scenario}: repetition {rep + 1}/{reps} done", file=sys.stderr, flush=True)
+    out: dict[str, dict[str, object]] = {}
+    for name in tool_names:
+        xs = samples[name]
+        if not xs:
+            out[name] = {"note": notes.get(name, "no samples")}
+            continue
+        entry: dict[str, object] = {"n": len(xs)}
+        for key in xs[0]:
+            vals = [x[key] for x in xs]
+            entry[key] = statistics.median(vals)
+            entry[key + "_min"] = min(vals)
+            entry[key + "_max"] = max(vals)
+        if name in notes:
+            entry["note"] = notes[name]
+        out[name] = entry
+    return out
+
+
+def fmt(v: object, key: str) -> str:
+    if not isinstance(v, (int, float)):
+        return "-"
+    if key in ("inversions", "overlap"):
+        return f"{v:g}"
+    if key == "cpu_s":
+        return f"{v:.3f}"
+    if key == "per_s":
+        return f"{v:.1f}"
+    return f"{v:.1f}" if abs(v) < 1000 else f"{v:.0f}"
+
+
+def table(results: dict[str, dict[str, dict[str, object]]], tools: list[str]) -> str:
+    rows = [("scenario", "metric", *tools, "slotq / flock")]
+    for scenario, per_tool in results.items():
+        keys = [k for k in next((v for v in per_tool.values() if "n" in v), {}) if
+                k not in ("n", "note") and not k.endswith(("_min", "_max"))]
+        for key in keys:
+            cells = []
+            for t in tools:
+                e = per_tool.get(t, {})
+                if key in e:
+                    spread = f" [{fmt(e[key + '_min'], key)}–{fmt(e[key + '_max'], key)}]" if e.get("n", 0) > 1 else ""
+                    cells.append(fmt(e[key], key) + spread)
+                else:
+                    cells.append("n/a" if "note" in e else "-")
+            s, f = per_tool.get("slotq", {}).get(key), per_tool.get("flock", {}).get(key)
+            ratio = f"{s / f:.2f}x" if isinstance(s, (int, float)) and isinstance(f, (int, float)) and f else "-"
+            rows.append((scenario, key, *cells, ratio))
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    out = []
+    for j, r in enumerate(rows):
+        out.append("| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |")
+        if j == 0:
+            out.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(out)
+
+
+def check_targets(results: dict[str, dict[str, dict[str, object]]], bare: dict[str, float]) -> list[str]:
+    def val(s: str, t: str, k: str) -> float | None:
+        v = results.get(s, {}).get(t, {}).get(k)
+        return float(v) if isinstance(v, (int, float)) else None
+
+    lines_: list[str] = []
+
+    def target(name: str, ok: bool | None, detail: str) -> None:
+        mark = "n/a " if ok is None else ("PASS" if ok else "MISS")
+        lines_.append(f"- {mark} {name}: {detail}")
+
+    for n, limit in ((50, 1.5), (500, 2.0)):
+        s, f = val(f"handoff N={n}", "slotq", "latency_ms"), val(f"handoff N={n}", "flock", "latency_ms")
+        ok = None if s is None or f is None else s <= limit * max(f, 0.001)
+        target(f"handoff p50 at N={n} within {limit}x flock", ok,
+               f"slotq {fmt(s, 'ms')} ms vs flock {fmt(f, 'ms')} ms")
+    c = val("idle 50 waiters / 20 s", "slotq", "cpu_s")
+    target("idle CPU of 50 waiters over 20 s <= 0.02 s", None if c is None else c <= 0.02, f"slotq {fmt(c, 'cpu_s')} s")
+    inv = val("order 20 callers", "slotq", "inversions")
+    target("zero order inversions", None if inv is None else inv == 0, f"slotq {fmt(inv, 'inversions')}")
+    pc = val("per-call overhead", "slotq", "ms")
+    target("per call within 2x a bare interpreter start", None if pc is None else pc <= 2 * bare["python_ms"],
+           f"slotq {fmt(pc, 'ms')} ms vs `python -c pass` {bare['python_ms']:.1f} ms "
+           f"({pc / bare['python_ms']:.2f}x)" if pc else "-")
+    ts, tsem = val("throughput 200 cmds / 2 slots", "slotq", "per_s"), val("throughput 200 cmds / 2 slots", "sem", "per_s")
+    target("throughput at least 5x sem's", None if ts is None or tsem is None else ts >= 5 * tsem,
+           f"slotq {fmt(ts, 'per_s')}/s vs sem {fmt(tsem, 'per_s')}/s")
+    ov = val("crash handoff", "slotq", "overlap")
+    target("no handoff while a dead holder's command runs", None if ov is None else ov == 0,
+           f"slotq overlap in {fmt(ov, 'overlap')} of the runs (median)")
+    return lines_
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions, no N=500")
+    ap.add_argument("--only", help="comma-separated scenarios: handoff,idle,order,throughput,percall,crash")
+    ap.add_argument("--tools", default="slotq,flock,sem,task-spooler")
+    ap.add_argument("--out", default=str(HERE / "results"), help="directory for the results files")
+    args = ap.parse_args()
+    tools = args.tools.split(",")
+    only = set(args.only.split(",")) if args.only else None
+    reps = 2 if args.quick else 5
+    results: dict[str, dict[str, dict[str, object]]] = {}
+    started = time.time()
+
+    def want(s: str) -> bool:
+        return only is None or s in only
+
+    bare = bare_times()
+    print(f"bare: true {bare['true_ms']:.1f} ms, {PYTHON} -c pass {bare['python_ms']:.1f} ms", file=sys.stderr)
+    if want("handoff"):
+        for n in (1, 10, 50) + (() if args.quick else (500,)):
+            skip = {"sem": "skipped at N=500: sem waiters poll with back-off; hundreds take many minutes"} \
+                if n >= 500 else None
+            results[f"handoff N={n}"] = measure(tools, f"handoff N={n}", lambda t, n=n: handoff(t, n),
+                                               reps if n < 500 else max(2, reps // 2), skip=skip)
+    if want("idle"):
+        results["idle 50 waiters / 20 s"] = measure(tools, "idle", idle, 1 if args.quick else 2)
+    if want("order"):
+        results["order 20 callers"] = measure(tools, "order", order, reps)
+    if want("throughput"):
+        results["throughput 200 cmds / 2 slots"] = measure(tools, "throughput", throughput,
+                                                          2 if args.quick else 3, slots=2)
+    if want("percall"):
+        results["per-call overhead"] = measure(tools, "percall", percall, 3)
+    if want("crash"):
+        results["crash handoff"] = measure(tools, "crash", crash, 2 if args.quick else 3)
+
+    text = [f"slotq benchmarks, {time.strftime('%Y-%m-%d %H:%M')} on {os.uname().nodename} "
+            f"({os.cpu_count()} cores), {time.time() - started:.0f} s; medians [min–max] of the repetitions",
+            f"bare: `true` {bare['true_ms']:.1f} ms, `{Path(PYTHON).name} -c pass` {bare['python_ms']:.1f} ms", "",
+            table(results, tools), "", "targets:", *check_targets(results, bare)]
+    notes = [f"- {t} in {s}: {e['note']}" for s, per in results.items() for t, e in per.items() if "note" in e]
+    if notes:
+        text += ["", "notes:", *notes]
+    report = "\n".join(text)
+    print(report)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    (out / f"bench-{stamp}.md").write_text(report + "\n")
+    (out / f"bench-{stamp}.json").write_text(json.dumps({"bare": bare, "results": results}, indent=2) + "\n")
+    (out / "latest.md").write_text(report + "\n")
+    print(f"\nwritten: {out / f'bench-{stamp}.md'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
