@@ -47,7 +47,7 @@ def test_exit_codes_are_distinct_and_timeout_is_124() -> None:
 
 
 def test_every_outcome_names_whom_it_blames() -> None:
-    assert {o.blame for o in Outcome} <= {"work", "infrastructure", "caller", "task"}
+    assert {o.blame for o in Outcome.members()} <= {"work", "infrastructure", "caller", "task"}
     assert Outcome.BACKSTOP.blame == "infrastructure" and Outcome.EXEC_TIMEOUT.blame == "work"
 
 

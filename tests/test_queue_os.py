@@ -182,8 +182,10 @@ def test_stopping_a_command_ends_its_whole_group_and_escaped_descendants(tmp_pat
     child = _spawn(["sh", "-c", script])
     wait_for(lambda: pids.exists() and len(pids.read_text().split()) == 3, what="pids written")
     procs = [int(x) for x in pids.read_text().split()]
+    t0 = time.monotonic()
     child.stop()
     _finish(child)
+    assert time.monotonic() - t0 < 2.0  # by TERM, well before the 5 s grace's KILL
     assert child.end is not None and child.end.stopped
     for pid in procs:
         assert not os.path.exists(f"/proc/{pid}"), f"pid {pid} survived"
@@ -215,3 +217,58 @@ def test_command_that_does_not_exist_reports_exec_failure() -> None:
     child = _spawn(["slotq-no-such-command-xyz"])
     _finish(child)
     assert child.end is not None and child.end.exit_code == 127 and child.end.exec_errno is not None
+
+
+@pytest.fixture
+def no_inotify_instances(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As if the per-user cap on inotify instances were reached (EMFILE)."""
+    import errno
+
+    from slotq import inotify
+
+    def refuse(*a: object) -> None:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(inotify.Watcher, "__init__", refuse)
+
+
+def test_without_inotify_instances_a_release_still_wakes_the_head_at_once(
+        tmp_path: Path, no_inotify_instances: None) -> None:
+    a = Waiter(str(tmp_path), CFG, "shared", {})
+    lease = a.attempt()
+    assert lease is not None
+    b = Waiter(str(tmp_path), CFG, "shared", {})
+    assert b.attempt() is None
+    assert b.fileno() >= 0 and not readable(b, 0.05)
+    t0 = time.monotonic()
+    lease.release()
+    assert readable(b, timeout=1.0)
+    assert time.monotonic() - t0 < 0.05
+    got = b.attempt()
+    assert got is not None and got.index == 0
+    held, _ = read_slot(str(tmp_path), "shared", 0)
+    assert held
+
+
+def test_without_inotify_instances_order_holds_and_dead_waiters_are_skipped(
+        tmp_path: Path, no_inotify_instances: None) -> None:
+    first = Waiter(str(tmp_path), CFG, "shared", {})
+    lease = first.attempt()
+    assert lease is not None
+    second = Waiter(str(tmp_path), CFG, "shared", {})
+    dead = holder_process(tmp_path, "ticket")
+    third = Waiter(str(tmp_path), CFG, "shared", {})
+    assert second.attempt() is None and third.attempt() is None
+    dead.kill()
+    dead.wait()
+    assert readable(third, 1.0)  # its thread was blocked on the dead ticket
+    assert third.attempt() is None  # now behind `second`
+    lease.release()
+    assert readable(second, 1.0)
+    l2 = second.attempt()
+    assert l2 is not None
+    assert readable(third, 1.0)
+    assert third.attempt() is None  # head now, the slot is still held
+    l2.release()
+    assert readable(third, 1.0)
+    assert third.attempt() is not None

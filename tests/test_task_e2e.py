@@ -96,13 +96,15 @@ def test_waits_shows_what_a_dir_waited(state_dir: Path, runs: Start, tmp_path: P
     assert "total: sum" in text and "queue" in text
 
 
+@pytest.mark.timeout(30)
 def test_an_unwritable_ledger_costs_one_warning_and_the_run_passes(
-        state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        state_dir: Path, runs: Start, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
     monkeypatch.setenv("SLOTQ_LEDGER", str(blocker / "ledger.sqlite"))
-    proc = subprocess.run(slotq_cmd() + ["run", "-q", "--", "echo", "ok"], capture_output=True, text=True,
-                          timeout=20)
+    hold_shared_slot(runs, state_dir, seconds=1)  # so that the run waits, and records it
+    proc = subprocess.run(slotq_cmd() + ["run", "-q", "--report-every", "0.2", "--", "echo", "ok"],
+                          capture_output=True, text=True, timeout=20)
     assert proc.returncode == 0 and proc.stdout == "ok\n"
     warnings = [line for line in proc.stderr.splitlines() if "warning" in line]
     assert len(warnings) == 1 and "wait ledger" in warnings[0]
@@ -111,7 +113,7 @@ def test_an_unwritable_ledger_costs_one_warning_and_the_run_passes(
 @pytest.mark.parametrize("args,needle", [
     (["task", "--", "true"], "--budget"),
     (["task", "--budget", "soon", "--", "true"], "cannot read 'soon'"),
-    (["task", "--budget", "5", "--credit", "max", "--", "true"], "invalid choice"),
+    (["task", "--budget", "5", "--credit", "max", "--", "true"], "'max' is not one of union, sum"),
     (["task", "--budget", "5"], "no command given"),
     (["waits", "--since", "yesterday"], "cannot read 'yesterday'"),
 ])

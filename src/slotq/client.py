@@ -11,11 +11,9 @@ The queue itself has no limit here: waiting is not executing.
 
 from __future__ import annotations
 
-import json
 import os
 import select
-import signal
-from collections.abc import Callable
+from . import signals as signal
 
 from . import protocol
 from .clock import INF, Clock, Timer
@@ -23,6 +21,10 @@ from .durations import format_duration
 from .errors import HostUnavailable, ProtocolError, UsageError
 from .outcome import Outcome, exit_code_for
 from .spec import RunSpec
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 BACKSTOP_MARGIN = 90.0
 PHASES = ("submitted", "transferred", "slot", "prepared", "started", "ended")
@@ -119,6 +121,8 @@ class RunResult:
         }
 
     def to_json(self) -> str:
+        import json
+
         return json.dumps(self.to_dict(), indent=2)
 
 
@@ -246,7 +250,10 @@ def run(
         result.transport = transport.describe()
         queue_start = clock.monotonic()
         waits.close(clock.wall())
-    waits.open("queue", clock.wall() if transport.remote else result.phases["submitted"] or clock.wall())
+    # The queue wait is recorded from its start, but written only once the
+    # host says the run must wait: an uncontended run (slot at once) costs
+    # no ledger write and no SQLite import.
+    queue_wall = clock.wall() if transport.remote else result.phases["submitted"] or clock.wall()
     to_fd, from_fd = transport.start(spec)
     decoder = protocol.Decoder()
     exited = False
@@ -308,6 +315,8 @@ def run(
                 else:
                     ev: dict[str, object] = payload  # type: ignore[assignment]
                     if ev.get("event") == protocol.QUEUED:
+                        if not waits.opened:
+                            waits.open("queue", queue_wall)
                         waits.heartbeat(clock.wall())
                     elif ev.get("event") == protocol.SLOT:
                         waits.close(clock.wall())

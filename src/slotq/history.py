@@ -8,8 +8,9 @@ there, harmlessly.
 
 from __future__ import annotations
 
-import json
 import os
+
+from .records import to_json
 
 MAX_BYTES = 1 << 20
 
@@ -21,7 +22,7 @@ def history_path(state_dir: str) -> str:
 def append(state_dir: str, record: dict[str, object]) -> None:
     """Add a record; failures are ignored (history is for display only)."""
     path = history_path(state_dir)
-    line = json.dumps(record, separators=(",", ":")).encode() + b"\n"
+    line = to_json(record).encode() + b"\n"
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
         try:
@@ -36,6 +37,8 @@ def append(state_dir: str, record: dict[str, object]) -> None:
 
 def recent(state_dir: str, n: int = 10) -> list[dict[str, object]]:
     """The last `n` records, oldest first."""
+    import json
+
     path = history_path(state_dir)
     try:
         with open(path, "rb") as f:

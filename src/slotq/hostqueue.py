@@ -28,6 +28,10 @@ from .errors import StateDirError
 from .slot import SlotLease, SlotProbe
 from .ticket import Ticket, list_tickets, pool_dir, probe, take_ticket
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .lockwait import LockWaits
+
 # With inotify the poll is only a safety net; without it, it is the wake-up.
 POLL_WITH_INOTIFY = 5.0
 POLL_WITHOUT_INOTIFY = 0.5
@@ -54,6 +58,7 @@ class Waiter:
         # Created at the first failed attempt: an uncontended run never pays
         # for inotify (or for loading ctypes).
         self._watcher: inotify.Watcher | None = None
+        self._locks: LockWaits | None = None  # when no inotify instance can be had
         self._may_watch = True
         self._probe: SlotProbe | None = None
         self._watching: str | None = None  # path of the ticket ahead, or "slots"
@@ -64,12 +69,14 @@ class Waiter:
             raise
 
     def fileno(self) -> int:
-        """Readable when something we watch changed; -1 without inotify."""
-        return self._watcher.fileno() if self._watcher else -1
+        """Readable when something we watch changed; -1 if only polling."""
+        if self._watcher:
+            return self._watcher.fileno()
+        return self._locks.wake_r if self._locks else -1
 
     @property
     def poll_interval(self) -> float:
-        return POLL_WITH_INOTIFY if self._watcher else POLL_WITHOUT_INOTIFY
+        return POLL_WITH_INOTIFY if self._watcher or self._locks else POLL_WITHOUT_INOTIFY
 
     def attempt(self) -> SlotLease | None:
         """Look once: lease a slot if we are the head and one is free.
@@ -78,22 +85,35 @@ class Waiter:
         success the ticket is withdrawn (waking our successor).
         """
         lease = self._attempt()
-        if lease is None and self._watcher is None and self._may_watch:
+        if lease is None and self._may_watch:
             self._may_watch = False
             if inotify.available():
-                self._watcher = inotify.Watcher()
+                try:
+                    self._watcher = inotify.Watcher()
+                except OSError:
+                    # EMFILE: the per-user cap on inotify instances (128 by
+                    # default) is reached by hundreds of waiters.
+                    from .lockwait import LockWaits
+
+                    self._locks = LockWaits()
                 lease = self._attempt()  # again, now watching before looking
         return lease
 
     def _attempt(self) -> SlotLease | None:
         if self._watcher:
             self._watcher.drain()
+        if self._locks:
+            self._locks.drain()
         ahead = self._nearest_live_ahead()
         if ahead is not None:
             self._drop_probe()
+            if self._locks:
+                self._locks.watch_only([ahead], exclusive=False)
             return None
         if self._probe is None:
             self._probe = SlotProbe(self.state_dir, self.pool, self.slot_count)
+        if self._locks:
+            return self._attempt_by_lock(self._probe)
         if self._watcher and self._watching != "slots":
             self._watcher.unwatch_all()
             for p in self._probe.paths:
@@ -101,6 +121,24 @@ class Waiter:
             self._watching = "slots"
         lease = self._probe.try_lease()
         if lease is None:
+            return None
+        self._probe = None
+        self.close()
+        self.ticket.withdraw()
+        return lease
+
+    def _attempt_by_lock(self, slot_probe: SlotProbe) -> SlotLease | None:
+        assert self._locks is not None
+        granted = self._locks.granted()
+        lease = None
+        if granted is not None and granted.exclusive:
+            index = slot_probe.paths.index(granted.path)
+            lease = SlotLease(granted.path, granted.take(), self.pool, index)
+            slot_probe.close()
+        else:
+            lease = slot_probe.try_lease()
+        if lease is None:
+            self._locks.watch_only(slot_probe.paths, exclusive=True)
             return None
         self._probe = None
         self.close()
@@ -155,6 +193,9 @@ class Waiter:
         if self._watcher:
             self._watcher.close()
             self._watcher = None
+        if self._locks:
+            self._locks.close()
+            self._locks = None
 
     def withdraw(self) -> None:
         """Leave the line without a slot (caller gone, cancelled)."""

@@ -21,11 +21,11 @@ directory was blocked) -- with open waits of live processes listed apart.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import sqlite3
+    from collections.abc import Callable
 
 KINDS = ("transfer", "queue")
 
@@ -273,6 +273,10 @@ class WaitRecorder:
             self.warn(f"slotq: warning: cannot {what} in the wait ledger "
                       f"({self.path or ledger_path_from_env()}): {e}; this wait may go uncredited")
             return None
+
+    @property
+    def opened(self) -> bool:
+        return self._open is not None
 
     def open(self, kind: str, start: float) -> None:
         wid = self._do("record a wait", lambda led: led.open_wait(

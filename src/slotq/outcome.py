@@ -1,54 +1,102 @@
-"""How a run ends: one enum everywhere (CLI, JSON, library, host history).
+"""How a run ends: one set of values everywhere (CLI, JSON, library, host
+history), each naming whom it blames, so a harness retries the model only
+when the work itself is at fault, and mapping to one exit code through
+`EXIT_CODES`.
 
-Each outcome names whom it blames, so a harness retries the model only when
-the work itself is at fault, and maps to one exit code through `EXIT_CODES`.
+`Outcome` behaves like a string enum (`Outcome.PASSED`, `Outcome("passed")
+is Outcome.PASSED`, `.value`, iteration over `Outcome.members()`), without
+importing `enum`: that import alone is a noticeable share of `slotq run`'s
+start-up (benchmarks/).
 """
 
 from __future__ import annotations
 
-from enum import Enum
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import ClassVar
 
 
-class Outcome(str, Enum):
-    PASSED = "passed"
-    FAILED = "failed"
-    EXEC_TIMEOUT = "exec_timeout"
-    IDLE_TIMEOUT = "idle_timeout"
-    BACKSTOP = "backstop"
-    UNAVAILABLE = "unavailable"
-    PREPARE_FAILED = "prepare_failed"
-    CALLER_GONE = "caller_gone"
-    CANCELLED = "cancelled"
-    BUDGET_EXHAUSTED = "budget_exhausted"
-    DEADLINE = "deadline"
+class Outcome(str):
+    __slots__ = ()
+    _members: ClassVar[dict[str, Outcome]] = {}
+
+    PASSED: ClassVar[Outcome]
+    FAILED: ClassVar[Outcome]
+    EXEC_TIMEOUT: ClassVar[Outcome]
+    IDLE_TIMEOUT: ClassVar[Outcome]
+    BACKSTOP: ClassVar[Outcome]
+    UNAVAILABLE: ClassVar[Outcome]
+    PREPARE_FAILED: ClassVar[Outcome]
+    CALLER_GONE: ClassVar[Outcome]
+    CANCELLED: ClassVar[Outcome]
+    BUDGET_EXHAUSTED: ClassVar[Outcome]
+    DEADLINE: ClassVar[Outcome]
+
+    def __new__(cls, value: str) -> Outcome:
+        try:
+            return cls._members[value]
+        except KeyError:
+            raise ValueError(f"{value!r} is not an outcome") from None
+
+    @classmethod
+    def _define(cls, value: str) -> Outcome:
+        member = str.__new__(cls, value)
+        cls._members[value] = member
+        return member
+
+    @classmethod
+    def members(cls) -> tuple[Outcome, ...]:
+        return tuple(cls._members.values())
+
+    @property
+    def value(self) -> str:
+        return str.__str__(self)
 
     @property
     def blame(self) -> str:
-        return BLAME[self]
+        return BLAME[self.value]
 
     def __str__(self) -> str:
         return self.value
 
+    def __repr__(self) -> str:
+        return f"Outcome.{self.value.upper()}"
 
-BLAME: dict[Outcome, str] = {
-    Outcome.PASSED: "work",
-    Outcome.FAILED: "work",
-    Outcome.EXEC_TIMEOUT: "work",
-    Outcome.IDLE_TIMEOUT: "work",
-    Outcome.BACKSTOP: "infrastructure",
-    Outcome.UNAVAILABLE: "infrastructure",
-    Outcome.PREPARE_FAILED: "work",
-    Outcome.CALLER_GONE: "caller",
-    Outcome.CANCELLED: "caller",
-    Outcome.BUDGET_EXHAUSTED: "task",
-    Outcome.DEADLINE: "task",
+    def __reduce__(self) -> tuple[type[Outcome], tuple[str]]:
+        return Outcome, (self.value,)
+
+
+Outcome.PASSED = Outcome._define("passed")
+Outcome.FAILED = Outcome._define("failed")
+Outcome.EXEC_TIMEOUT = Outcome._define("exec_timeout")
+Outcome.IDLE_TIMEOUT = Outcome._define("idle_timeout")
+Outcome.BACKSTOP = Outcome._define("backstop")
+Outcome.UNAVAILABLE = Outcome._define("unavailable")
+Outcome.PREPARE_FAILED = Outcome._define("prepare_failed")
+Outcome.CALLER_GONE = Outcome._define("caller_gone")
+Outcome.CANCELLED = Outcome._define("cancelled")
+Outcome.BUDGET_EXHAUSTED = Outcome._define("budget_exhausted")
+Outcome.DEADLINE = Outcome._define("deadline")
+
+BLAME: dict[str, str] = {
+    "passed": "work",
+    "failed": "work",
+    "exec_timeout": "work",
+    "idle_timeout": "work",
+    "backstop": "infrastructure",
+    "unavailable": "infrastructure",
+    "prepare_failed": "work",
+    "caller_gone": "caller",
+    "cancelled": "caller",
+    "budget_exhausted": "task",
+    "deadline": "task",
 }
 
 # The one exit-code table. passed/failed pass the command's own code through
-# (None here). 124 matches timeout(1). The others sit in 113..123, away from
-# 125-127 (timeout(1)'s own failure, cannot execute, not found) and from the
-# small codes commands usually use. Usage errors exit 2, a bad host config 78
-# and an unusable state directory 73 (see errors.py).
+# (None here). 124 matches timeout(1). The others sit in 118..123, 129, 130,
+# away from 125-127 (timeout(1)'s own failure, cannot execute, not found) and
+# from the small codes commands usually use. Usage errors exit 2, a bad host
+# config 78 and an unusable state directory 73 (see errors.py).
 EXIT_CODES: dict[Outcome, int | None] = {
     Outcome.PASSED: None,
     Outcome.FAILED: None,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import select
-import signal
+from . import signals as signal
 import time
 
 from . import __version__, history, protocol
@@ -27,7 +27,6 @@ from .outcome import Outcome
 from .process import ChildEnd, spawn
 from .slot import SlotLease
 from .spec import RunSpec
-from .status import holders, load
 
 _CANCEL_REASONS = {"cancelled": Outcome.CANCELLED, "idle_timeout": Outcome.IDLE_TIMEOUT}
 
@@ -183,6 +182,8 @@ class HostRunner:
         return lease
 
     def _report(self, waiter: Waiter, pool: str, waited: float) -> None:
+        from .status import holders, load  # only runs that wait pay for it
+
         ahead, total = waiter.position()
         wall = self.clock.wall()
         self._event(protocol.QUEUED, waited_s=round(waited, 3), ahead=ahead, position=ahead + 1,

@@ -18,10 +18,10 @@ preventing a real failure:
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 
 from .errors import StateDirError
+from .records import to_json
 
 
 def slot_path(state_dir: str, pool: str, index: int) -> str:
@@ -52,7 +52,7 @@ class SlotLease:
     def record(self, **info: object) -> None:
         """Update the holder record (phase, pid, ...) that `status` shows."""
         self.info.update(info)
-        data = json.dumps(self.info).encode()
+        data = to_json(self.info).encode()
         try:
             os.ftruncate(self.fd, 0)  # we hold the lock: safe to truncate
             os.pwrite(self.fd, data, 0)
@@ -143,6 +143,8 @@ def read_slot(state_dir: str, pool: str, index: int) -> tuple[bool, dict[str, ob
         os.close(fd)
     info = None
     if held:
+        import json
+
         try:
             parsed = json.loads(raw or b"null")
             info = parsed if isinstance(parsed, dict) else None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import select
-import signal
+from . import signals as signal
 from collections.abc import Callable
 
 from .deadline import Deadline, Extension
@@ -60,7 +60,7 @@ def run_task(argv: list[str], deadline: Deadline, *, grace: float = 10.0,
     start = clock.monotonic()
     sig_r, sig_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     cancelled = False
-    old: dict[signal.Signals, object] = {}
+    old: dict[int, object] = {}
     old_wakeup = -1
 
     def on_signal(signum: int, frame: object) -> None:
@@ -94,8 +94,8 @@ def run_task(argv: list[str], deadline: Deadline, *, grace: float = 10.0,
     finally:
         if handle_signals:
             signal.set_wakeup_fd(old_wakeup)
-            for sig, handler in old.items():
-                signal.signal(sig, handler)  # type: ignore[arg-type]
+            for signum, handler in old.items():
+                signal.signal(signum, handler)  # type: ignore[arg-type]
         os.close(sig_r)
         os.close(sig_w)
     for err in deadline.credit_errors[:1]:

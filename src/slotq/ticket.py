@@ -14,10 +14,10 @@ sequence order and a later caller can never be listed ahead of an earlier one.
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 
 from .errors import StateDirError
+from .records import to_json
 
 TICKET_SUFFIX = ".t"
 
@@ -84,7 +84,7 @@ def take_ticket(state_dir: str, pool: str, info: dict[str, object]) -> Ticket:
         # unlocked live ticket and remove it.
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         full = dict(info, seq=seq, pool=pool)
-        os.write(fd, json.dumps(full).encode())
+        os.write(fd, to_json(full).encode())
         os.rename(tmp, final)
     except OSError as e:
         raise StateDirError(f"state directory {state_dir} is not usable: {e.strerror}", state_dir) from None
@@ -150,6 +150,8 @@ def probe(path: str) -> bool | None:
 
 
 def read_info(path: str) -> dict[str, object] | None:
+    import json
+
     try:
         with open(path, "rb") as f:
             data = json.loads(f.read() or b"null")

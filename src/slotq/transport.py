@@ -9,7 +9,7 @@ rule (the runner's stdin closing means the caller is gone).
 from __future__ import annotations
 
 import os
-import signal
+from . import signals as signal
 import sys
 
 from .client import Transport

@@ -41,12 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     if module is None:
         sys.stderr.write(f"slotq: error: unknown command {args[0]!r} (try: {', '.join(COMMANDS)})\n")
         return 2
-    import importlib
-
     from slotq.errors import SlotqError
 
     try:
-        code: int = importlib.import_module(module).main(args[1:])
+        code: int = __import__(module, fromlist=["main"]).main(args[1:])
         return code
     except SlotqError as e:
         sys.stderr.write(f"slotq {args[0]}: error: {e}\n")

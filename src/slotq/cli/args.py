@@ -1,86 +1,201 @@
-"""Argument parsing shared by `run` and `host run`: one-line errors, durations."""
+"""Command-line parsing for every subcommand: one small parser instead of
+argparse, which (with `re`, which it imports) costs a noticeable share of
+`slotq run`'s start-up (benchmarks/).
+
+Options: `--name VALUE`, `--name=VALUE`, flags, repeatable options. The
+command starts after `--`, or at the first argument that is not an option.
+Every bad argument is a one-line `UsageError` (exit 2) naming the option.
+"""
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Callable
-from typing import NoReturn
+import os
+import sys
 
 from slotq.durations import parse_duration
 from slotq.errors import UsageError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
     from slotq.transport import SshTransport
 
-
-class Parser(argparse.ArgumentParser):
-    """argparse, but a bad argument is one line and a UsageError (exit 2)."""
-
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{message} (see `{self.prog} --help`)")
+FLAG, VALUE, APPEND = "flag", "value", "append"
 
 
-def duration(what: str, allow_zero: bool = False) -> Callable[[str], float]:
+class Opt:
+    """One option: names (`--budget`, `-q`), how it takes values, its help."""
+
+    __slots__ = ("names", "dest", "kind", "metavar", "help", "default", "convert", "choices", "required")
+
+    def __init__(self, *names: str, kind: str = VALUE, dest: str | None = None, metavar: str = "VALUE",
+                 help: str = "", default: object = None, convert: Callable[[str], object] | None = None,
+                 choices: tuple[str, ...] | None = None, required: bool = False) -> None:
+        self.names = names
+        long = next((n for n in names if n.startswith("--")), names[0])
+        self.dest = dest or long.lstrip("-").replace("-", "_")
+        self.kind = kind
+        self.metavar = metavar
+        self.help = help
+        self.default = [] if kind == APPEND and default is None else (False if kind == FLAG else default)
+        self.convert = convert
+        self.choices = choices
+        self.required = required
+
+
+class Namespace:
+    """Parsed options as attributes."""
+
+    def __init__(self, values: dict[str, object]) -> None:
+        self.__dict__.update(values)
+
+    def __getattr__(self, name: str) -> Any:  # for mypy: attributes are dynamic
+        raise AttributeError(name)
+
+
+class Parser:
+    def __init__(self, prog: str, usage: str, description: str, options: list[Opt], epilog: str = "",
+                 command: str = "none") -> None:
+        """command: "none" (no trailing command), "optional" or "required"."""
+        self.prog = prog
+        self.usage = usage
+        self.description = description
+        self.options = options
+        self.epilog = epilog
+        self.command = command
+        self._by_name = {n: o for o in options for n in o.names}
+
+    def parse(self, args: list[str]) -> tuple[Namespace, list[str]]:
+        """(options, command). Prints help and exits 0 on -h/--help."""
+        values: dict[str, object] = {o.dest: (list(o.default) if isinstance(o.default, list) else o.default)
+                                     for o in self.options}
+        seen: set[str] = set()
+        command: list[str] = []
+        i = 0
+        while i < len(args):
+            arg = args[i]
+            if arg == "--":
+                command = args[i + 1 :]
+                break
+            if arg in ("-h", "--help"):
+                sys.stdout.write(self.help())
+                raise SystemExit(0)
+            if not arg.startswith("-") or arg == "-":
+                if self.command == "none":
+                    raise self.error(f"unexpected argument {arg!r}")
+                command = args[i:]
+                break
+            name, eq, inline = arg.partition("=")
+            opt = self._by_name.get(name)
+            if opt is None:
+                raise self.error(f"unknown option {name}")
+            seen.add(opt.dest)
+            if opt.kind == FLAG:
+                if eq:
+                    raise self.error(f"option {name} takes no value")
+                values[opt.dest] = True
+                i += 1
+                continue
+            if eq:
+                raw = inline
+                i += 1
+            elif i + 1 < len(args):
+                raw = args[i + 1]
+                i += 2
+            else:
+                raise self.error(f"option {name} needs a value ({opt.metavar})")
+            if opt.choices is not None and raw not in opt.choices:
+                raise self.error(f"option {name}: {raw!r} is not one of {', '.join(opt.choices)}")
+            try:
+                value = opt.convert(raw) if opt.convert else raw
+            except ValueError as e:
+                raise self.error(f"option {name}: {e}") from None
+            if opt.kind == APPEND:
+                values[opt.dest].append(value)  # type: ignore[attr-defined]
+            else:
+                values[opt.dest] = value
+        for o in self.options:
+            if o.required and o.dest not in seen:
+                raise self.error(f"option {o.names[0]} is required")
+        if self.command == "required" and not command:
+            raise self.error(f"no command given: write it after `--`, e.g. `{self.prog} -- pytest -q`")
+        if command and command[0] == "":
+            raise self.error("the command name is empty")
+        return Namespace(values), command
+
+    def error(self, message: str) -> UsageError:
+        return UsageError(f"{message} (see `{self.prog} --help`)")
+
+    def help(self) -> str:
+        import textwrap
+
+        lines = [f"usage: {self.usage}", "", textwrap.fill(self.description, 79), "", "options:"]
+        lines.append(f"  {'-h, --help':24} show this help")
+        for o in self.options:
+            head = ", ".join(o.names) + ("" if o.kind == FLAG else f" {o.metavar}")
+            text = o.help + (" (repeatable)" if o.kind == APPEND else "")
+            wrapped = textwrap.wrap(text, 79 - 27) or [""]
+            if len(head) > 24:
+                lines.append(f"  {head}")
+                lines += [" " * 27 + w for w in wrapped]
+            else:
+                lines.append(f"  {head:24} {wrapped[0]}")
+                lines += [" " * 27 + w for w in wrapped[1:]]
+        if self.epilog:
+            lines += ["", self.epilog.rstrip()]
+        return "\n".join(lines) + "\n"
+
+
+def duration(what: str = "", allow_zero: bool = False) -> Callable[[str], float]:
     def parse(text: str) -> float:
-        try:
-            return parse_duration(text, allow_zero=allow_zero)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
+        return parse_duration(text, allow_zero=allow_zero)
 
-    parse.__name__ = what  # argparse names the type in its message
     return parse
 
 
-def split_command(args: list[str]) -> tuple[list[str], list[str] | None]:
-    """Options before `--`, the command after it (None if no `--`)."""
-    if "--" in args:
-        i = args.index("--")
-        return args[:i], args[i + 1 :]
-    return args, None
+def positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a whole number") from None
+    if n < 0:
+        raise ValueError(f"{text!r} is negative")
+    return n
 
 
-def add_run_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--class", dest="cls", default="shared", metavar="CLASS",
-                   help="run class; the host maps it to a pool (default: shared; landing has its own slot)")
-    p.add_argument("--budget", type=duration("--budget"), metavar="D",
-                   help="how long the command may run once it has started (default: the host's, 60m); "
-                        "time spent waiting in line never counts")
-    p.add_argument("--prepare", metavar="CMD",
-                   help="shell command run after the slot is acquired, before the command (its own limit)")
-    p.add_argument("--prepare-timeout", type=duration("--prepare-timeout"), metavar="D",
-                   help="limit for --prepare (default: the host's, 10m)")
-    p.add_argument("--kill-grace", type=duration("--kill-grace", allow_zero=True), metavar="D",
-                   help="TERM -> KILL grace when the command is stopped (default: 10s)")
-    p.add_argument("--label", metavar="TEXT", help="how this run is shown to others (default: user: command)")
-    p.add_argument("--report-every", type=duration("--report-every"), default=30.0, metavar="D",
-                   help="queue status interval while waiting (default: 30s)")
+RUN_OPTIONS = [
+    Opt("--class", dest="cls", metavar="CLASS", default="shared",
+        help="run class; the host maps it to a pool (default: shared; landing has its own slot)"),
+    Opt("--budget", metavar="D", convert=duration(),
+        help="how long the command may run once it has started (default: the host's, 60m); "
+             "time spent waiting in line never counts"),
+    Opt("--prepare", metavar="CMD",
+        help="shell command run after the slot is acquired, before the command (its own limit)"),
+    Opt("--prepare-timeout", metavar="D", convert=duration(), help="limit for --prepare (default: the host's, 10m)"),
+    Opt("--kill-grace", metavar="D", convert=duration(allow_zero=True),
+        help="TERM -> KILL grace when the command is stopped (default: 10s)"),
+    Opt("--label", metavar="TEXT", help="how this run is shown to others (default: user: command)"),
+    Opt("--report-every", metavar="D", convert=duration(), default=30.0,
+        help="queue status interval while waiting (default: 30s)"),
+]
 
 
-def require_command(p: argparse.ArgumentParser, command: list[str] | None) -> list[str]:
-    if not command:
-        raise UsageError(f"no command given: write it after `--`, e.g. `{p.prog} -- pytest -q`")
-    if command[0] == "":
-        raise UsageError("the command name is empty")
-    return command
+def host_options() -> list[Opt]:
+    return [
+        Opt("--host", metavar="HOST[,HOST...]",
+            help="run on HOST over ssh (an alias from your ssh config, or user@host); several: the one "
+                 "with the shortest expected wait"),
+        Opt("--ssh-config", metavar="FILE", default=os.environ.get("SLOTQ_SSH_CONFIG"),
+            help="ssh config file (default: $SLOTQ_SSH_CONFIG, else ssh's own)"),
+        Opt("--ssh-option", kind=APPEND, metavar="OPT", help="extra ssh -o option, e.g. Port=2222"),
+        Opt("--remote-slotq", metavar="CMD", default=os.environ.get("SLOTQ_REMOTE_SLOTQ", "slotq"),
+            help="how to run slotq on the host, a shell fragment (default: $SLOTQ_REMOTE_SLOTQ, else slotq)"),
+    ]
 
 
-def add_host_options(p: argparse.ArgumentParser) -> None:
-    import os
-
-    p.add_argument("--host", metavar="HOST[,HOST...]",
-                   help="run on HOST over ssh (an alias from your ssh config, or user@host); "
-                        "several: the one with the shortest expected wait")
-    p.add_argument("--ssh-config", default=os.environ.get("SLOTQ_SSH_CONFIG"), metavar="FILE",
-                   help="ssh config file (default: $SLOTQ_SSH_CONFIG, else ssh's own)")
-    p.add_argument("--ssh-option", action="append", default=[], metavar="OPT",
-                   help="extra ssh -o option, e.g. --ssh-option Port=2222 (repeatable)")
-    p.add_argument("--remote-slotq", default=os.environ.get("SLOTQ_REMOTE_SLOTQ", "slotq"), metavar="CMD",
-                   help="how to run slotq on the host, a shell fragment "
-                        "(default: $SLOTQ_REMOTE_SLOTQ, else slotq)")
-
-
-def ssh_transport(opts: argparse.Namespace, host: str, sync: str = "rsync") -> "SshTransport":
+def ssh_transport(opts: Namespace, host: str, sync: str = "rsync") -> "SshTransport":
     from slotq.transport import SshTransport
 
     return SshTransport(host, config=opts.ssh_config, options=opts.ssh_option,

@@ -8,12 +8,24 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
-from slotq.cli.args import Parser, add_run_options, require_command, split_command
+from slotq.cli.args import FLAG, RUN_OPTIONS, Opt, Parser
 from slotq.errors import UsageError
+
+PARSER = Parser(
+    prog="slotq host run", usage="slotq host run [options] (--request-stdin | -- CMD [ARGS...])",
+    command="optional",
+    description="Host side of one run: queue, slot, command, framed stream on stdout; stdin is the "
+                "caller's channel (end-of-file: the caller is gone). Used by transports, not by people.",
+    options=[
+        *RUN_OPTIONS,
+        Opt("--run-id", metavar="ID", help="the run's id (default: a new one)"),
+        Opt("--cwd", metavar="DIR", help="work dir of the command (default: the current one)"),
+        Opt("--request-stdin", kind=FLAG, help="read the request as one JSON line from stdin (remote transports)"),
+    ],
+)
 
 
 def main(args: list[str]) -> int:
@@ -21,15 +33,7 @@ def main(args: list[str]) -> int:
         return hello()
     if not args or args[0] != "run":
         raise UsageError("usage: slotq host hello | slotq host run [options] -- CMD [ARGS...]")
-    opts_args, command = split_command(args[1:])
-    p = Parser(prog="slotq host run", description="Host side of one run: queue, slot, command, "
-               "framed stream on stdout. Used by transports, not by people.")
-    add_run_options(p)
-    p.add_argument("--run-id", metavar="ID")
-    p.add_argument("--cwd", metavar="DIR", help="work dir of the command (default: the current one)")
-    p.add_argument("--request-stdin", action="store_true",
-                   help="read the request as one JSON line from stdin (remote transports)")
-    opts = p.parse_args(opts_args)
+    opts, command = PARSER.parse(args[1:])
     from slotq.config import HostConfig, state_dir_from_env
     from slotq.runner import HostRunner
     from slotq.spec import RunSpec
@@ -48,7 +52,8 @@ def main(args: list[str]) -> int:
                 raise UsageError(f"bad work id {spec.work_id!r}")
             spec.cwd = os.path.join(state_dir, "work", spec.work_id)
     else:
-        command = require_command(p, command)
+        if not command:
+            raise PARSER.error("no command given (or --request-stdin)")
         spec = RunSpec(command, cls=opts.cls, budget=opts.budget, prepare=opts.prepare,
                        prepare_timeout=opts.prepare_timeout, label=opts.label, report_every=opts.report_every,
                        kill_grace=opts.kill_grace, cwd=opts.cwd or os.getcwd(), run_id=opts.run_id)
@@ -71,12 +76,13 @@ def hello() -> int:
     from slotq import __version__, protocol
     from slotq.config import state_dir_from_env
     from slotq.hostqueue import ensure_state_dir
+    from slotq.records import to_json
 
     state_dir = state_dir_from_env()
     ensure_state_dir(state_dir)
     work_root = os.path.join(state_dir, "work")
     os.makedirs(work_root, exist_ok=True)
-    sys.stdout.write(json.dumps({"slotq": __version__, "protocol": protocol.PROTOCOL_VERSION,
-                                 "host": os.uname().nodename, "state_dir": state_dir,
-                                 "work_root": work_root}) + "\n")
+    sys.stdout.write(to_json({"slotq": __version__, "protocol": protocol.PROTOCOL_VERSION,
+                              "host": os.uname().nodename, "state_dir": state_dir,
+                              "work_root": work_root}) + "\n")
     return 0

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import os
-import sys
 
-from slotq.cli.args import (Parser, add_host_options, add_run_options, duration, require_command, split_command,
-                            ssh_transport)
+from slotq.cli.args import FLAG, RUN_OPTIONS, Namespace, Opt, Parser, duration, host_options, ssh_transport
 from slotq.errors import UsageError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import argparse
-
     from slotq.transport import SshTransport
 
 EPILOG = """\
@@ -24,48 +20,39 @@ outcomes and exit codes:
   backstop        slot held, host silent past budget + 90s   122
   unavailable     host unreachable / no resource / state     121
   prepare_failed  the --prepare step failed                  120
-  cancelled       Ctrl-C / cancel                            130
+  cancelled       Ctrl-C / SIGTERM                           130
   caller_gone     the caller vanished (seen in host history) 129
   bad arguments 2, bad host config 78, unusable state directory 73
 
 environment: SLOTQ_STATE_DIR (host state), SLOTQ_CONFIG (host config TOML),
-             SLOTQ_LEDGER (the wait ledger, SQLite)
+             SLOTQ_LEDGER (the wait ledger, SQLite), SLOTQ_SSH_CONFIG, SLOTQ_REMOTE_SLOTQ
 """
 
 
-def build_parser() -> Parser:
-    import argparse
-
-    p = Parser(prog="slotq run", description="Run CMD on the test host when a slot is free. Queued "
-               "callers keep their place; the budget starts when the command starts.",
-               epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-               usage="slotq run [options] -- CMD [ARGS...]")
-    add_run_options(p)
-    p.add_argument("--idle", type=duration("--idle"), metavar="D",
-                   help="stop the command if it prints nothing for D after it started")
-    p.add_argument("--json", metavar="FILE", help="write the result as JSON to FILE (- for stdout)")
-    p.add_argument("--credit-dir", metavar="DIR",
-                   help="record the wait in the wait ledger under DIR, for `slotq task` and other outer "
-                        "runners to credit (default: the current directory)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no status lines on stderr")
-    add_host_options(p)
-    p.add_argument("--sync", choices=("rsync", "none"), default="rsync",
-                   help="with --host: rsync the current directory to a work dir on the host (default; "
-                        ".gitignore respected, deletions propagate), or none (a shared filesystem)")
-    p.add_argument("command", nargs="*", help=argparse.SUPPRESS)
-    return p
+PARSER = Parser(
+    prog="slotq run", usage="slotq run [options] -- CMD [ARGS...]", command="required",
+    description="Run CMD on the test host when a slot is free. Queued callers keep their place; the "
+                "budget starts when the command starts.",
+    epilog=EPILOG,
+    options=[
+        *RUN_OPTIONS,
+        Opt("--idle", metavar="D", convert=duration(),
+            help="stop the command if it prints nothing for D after it started"),
+        Opt("--json", metavar="FILE", help="write the result as JSON to FILE (- for stdout)"),
+        Opt("--credit-dir", metavar="DIR",
+            help="record the wait in the wait ledger under DIR, for `slotq task` and other outer runners "
+                 "to credit (default: the current directory)"),
+        Opt("-q", "--quiet", kind=FLAG, help="no status lines on stderr"),
+        *host_options(),
+        Opt("--sync", metavar="MODE", default="rsync", choices=("rsync", "none"),
+            help="with --host: rsync the current directory to a work dir on the host (default; .gitignore "
+                 "respected, deletions propagate), or none (a shared filesystem)"),
+    ],
+)
 
 
 def main(args: list[str]) -> int:
-    opts_args, command = split_command(args)
-    p = build_parser()
-    opts = p.parse_args(opts_args)
-    if command is None:
-        command = opts.command
-    elif opts.command:
-        raise UsageError(f"unexpected argument(s) before `--`: {' '.join(opts.command)}")
-    command = require_command(p, command)
-
+    opts, command = PARSER.parse(args)
     from slotq.client import Transport, run
     from slotq.spec import RunSpec
 
@@ -83,29 +70,29 @@ def main(args: list[str]) -> int:
             raise UsageError(f"unknown class {opts.cls!r} (this host knows: {known})")
         ensure_state_dir(local.state_dir)
         transport = local
+    cwd = os.getcwd()
     spec = RunSpec(command, cls=opts.cls, budget=opts.budget, prepare=opts.prepare,
                    prepare_timeout=opts.prepare_timeout, label=opts.label,
-                   report_every=opts.report_every, kill_grace=opts.kill_grace, cwd=os.getcwd())
-    json_fd = None
+                   report_every=opts.report_every, kill_grace=opts.kill_grace, cwd=cwd)
+    json_file = None
     if opts.json and opts.json != "-":
         try:  # open first: a bad path is a usage error, not a lost result
-            json_fd = open(opts.json, "w")
+            json_file = open(opts.json, "w")
         except OSError as e:
             raise UsageError(f"cannot write --json file {opts.json}: {e.strerror}") from None
     result = run(spec, transport, idle=opts.idle, status=say, handle_sigint=True,
-                 credit_dir=opts.credit_dir or os.getcwd())
+                 credit_dir=opts.credit_dir or cwd)
     if opts.json:
         text = result.to_json() + "\n"
-        if json_fd is not None:
-            json_fd.write(text)
-            json_fd.close()
+        if json_file is not None:
+            json_file.write(text)
+            json_file.close()
         else:
-            sys.stdout.write(text)
-            sys.stdout.flush()
+            os.write(1, text.encode())
     return result.exit_code
 
 
-def _remote(opts: "argparse.Namespace") -> "SshTransport":
+def _remote(opts: Namespace) -> "SshTransport":
     hosts = [h.strip() for h in opts.host.split(",") if h.strip()]
     if not hosts:
         raise UsageError("--host: no host named")

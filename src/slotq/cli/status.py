@@ -6,17 +6,22 @@ import json
 import sys
 import time
 
-from slotq.cli.args import Parser, add_host_options
+from slotq.cli.args import FLAG, Opt, Parser, host_options, positive_int
+
+PARSER = Parser(
+    prog="slotq status", usage="slotq status [--json] [--history N] [--host HOST]",
+    description="Show the host's queue: pools, slots and who holds them (phase, age, budget), waiting "
+                "tickets in order with their wait so far, machine load and recent runs.",
+    options=[
+        Opt("--json", kind=FLAG, help="machine-readable output"),
+        Opt("--history", metavar="N", convert=positive_int, default=10, help="recent runs to show (default 10)"),
+        *host_options(),
+    ],
+)
 
 
 def main(args: list[str]) -> int:
-    p = Parser(prog="slotq status", description="Show the host's queue: pools, slots and who holds "
-               "them (phase, age, budget), waiting tickets in order with their wait so far, "
-               "machine load and recent runs.")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--history", type=int, default=10, metavar="N", help="recent runs to show (default 10)")
-    add_host_options(p)
-    opts = p.parse_args(args)
+    opts, _ = PARSER.parse(args)
     if opts.host:
         from slotq.ssh import SshHost
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
-from slotq.cli.args import Parser, duration, require_command, split_command
+from slotq.cli.args import FLAG, Opt, Parser, duration
 from slotq.errors import UsageError
 
 EPILOG = """\
@@ -20,31 +19,30 @@ Otherwise the command's own exit code; cancelled (Ctrl-C) 130; bad arguments 2.
 """
 
 
+PARSER = Parser(
+    prog="slotq task", usage="slotq task --budget D [options] -- CMD [ARGS...]", command="required",
+    description="Run CMD (in its own process group) under a budget that is extended by the time its work "
+                "spent waiting in slotq queues, never by more than that.",
+    epilog=EPILOG,
+    options=[
+        Opt("--budget", metavar="D", convert=duration(), required=True, help="the job's budget, before credits"),
+        Opt("--deadline", metavar="D", convert=duration(), help="delivery deadline from now; never extended"),
+        Opt("--credit-dir", metavar="DIR", default=".",
+            help="whose waits count: runs with this --credit-dir or below it (default: .)"),
+        Opt("--credit", metavar="MODE", default="union", choices=("union", "sum"),
+            help="union: overlapping waits count once (default); sum: each wait counts"),
+        Opt("--recheck", metavar="D", convert=duration(), default=60.0,
+            help="while a wait is in progress, look again after D (default: 60s)"),
+        Opt("--kill-grace", metavar="D", convert=duration(allow_zero=True), default=10.0,
+            help="TERM -> KILL grace when the job is ended (default: 10s)"),
+        Opt("--json", metavar="FILE", help="write the result as JSON to FILE (- for stdout)"),
+        Opt("-q", "--quiet", kind=FLAG, help="no status lines on stderr"),
+    ],
+)
+
+
 def main(args: list[str]) -> int:
-    opts_args, command = split_command(args)
-    p = Parser(prog="slotq task", usage="slotq task --budget D [options] -- CMD [ARGS...]",
-               description="Run CMD (in its own process group) under a budget that is extended by the "
-               "time its work spent waiting in slotq queues, never by more than that.",
-               epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--budget", type=duration("--budget"), required=True, metavar="D",
-                   help="the job's budget, before credits")
-    p.add_argument("--deadline", type=duration("--deadline"), metavar="D",
-                   help="delivery deadline from now; never extended")
-    p.add_argument("--credit-dir", default=".", metavar="DIR",
-                   help="whose waits count: runs with this --credit-dir or below it (default: .)")
-    p.add_argument("--credit", choices=("union", "sum"), default="union",
-                   help="union: overlapping waits count once (default); sum: each wait counts")
-    p.add_argument("--recheck", type=duration("--recheck"), default=60.0, metavar="D",
-                   help="while a wait is in progress, look again after D (default: 60s)")
-    p.add_argument("--kill-grace", type=duration("--kill-grace", allow_zero=True), default=10.0, metavar="D",
-                   help="TERM -> KILL grace when the job is ended (default: 10s)")
-    p.add_argument("--json", metavar="FILE", help="write the result as JSON to FILE (- for stdout)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no status lines on stderr")
-    p.add_argument("command", nargs="*", help=argparse.SUPPRESS)
-    opts = p.parse_args(opts_args)
-    if command is None:
-        command = opts.command
-    command = require_command(p, command)
+    opts, command = PARSER.parse(args)
     if not os.path.isdir(opts.credit_dir):
         raise UsageError(f"--credit-dir {opts.credit_dir}: no such directory")
     from slotq.deadline import Deadline

@@ -7,21 +7,28 @@ import os
 import sys
 import time
 
-from slotq.cli.args import Parser
+from slotq.cli.args import FLAG, Opt, Parser
 from slotq.errors import UsageError
 
 
+PARSER = Parser(
+    prog="slotq waits", usage="slotq waits [--dir DIR] [--since T] [--until T] [--json]",
+    description="Show the waits recorded for a work dir (and the directories below it) in a time window, "
+                "with two totals: sum (record by record) and union (overlaps merged: the wall-clock time the "
+                "dir was blocked). Waits still in progress are listed apart; a dead waiter's open wait ends at "
+                "its last heartbeat.",
+    options=[
+        Opt("--dir", metavar="DIR", default=".", help="the work dir (default: the current one)"),
+        Opt("--since", metavar="T", default="24h",
+            help="window start: a duration ago (1h), an ISO time or epoch seconds (default: 24h)"),
+        Opt("--until", metavar="T", help="window end (default: now)"),
+        Opt("--json", kind=FLAG, help="machine-readable output"),
+    ],
+)
+
+
 def main(args: list[str]) -> int:
-    p = Parser(prog="slotq waits", description="Show the waits recorded for a work dir (and the "
-               "directories below it) in a time window, with two totals: sum (record by record) "
-               "and union (overlaps merged: the wall-clock time the dir was blocked). Waits still "
-               "in progress are listed apart; a dead waiter's open wait ends at its last heartbeat.")
-    p.add_argument("--dir", default=".", metavar="DIR", help="the work dir (default: the current one)")
-    p.add_argument("--since", default="24h", metavar="T",
-                   help="window start: a duration ago (1h), an ISO time or epoch seconds (default: 24h)")
-    p.add_argument("--until", default=None, metavar="T", help="window end (default: now)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    opts = p.parse_args(args)
+    opts, _ = PARSER.parse(args)
     from slotq.durations import format_duration, parse_when
     from slotq.ledger import Ledger, ledger_path_from_env
 

@@ -1,0 +1,29 @@
+"""The signal API without the `signal` module's start-up cost.
+
+`import signal` builds IntEnums of every signal and handler, which imports
+`enum` -- about a quarter of the time budget of `slotq run -- true`
+(benchmarks/). The C module underneath, `_signal`, offers the same
+functions and constants as plain ints; this module re-exports it, falling
+back to `signal` where `_signal` does not exist. Type checkers see `signal`.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from signal import (SIG_BLOCK, SIG_DFL, SIG_IGN, SIG_SETMASK, SIG_UNBLOCK, SIGCHLD, SIGCONT, SIGHUP,
+                        SIGINT, SIGKILL, SIGPIPE, SIGQUIT, SIGSTOP, SIGTERM, SIGXFSZ, pthread_sigmask,
+                        set_wakeup_fd, signal)
+else:
+    try:
+        from _signal import (SIG_BLOCK, SIG_DFL, SIG_IGN, SIG_SETMASK, SIG_UNBLOCK, SIGCHLD, SIGCONT, SIGHUP,
+                             SIGINT, SIGKILL, SIGPIPE, SIGQUIT, SIGSTOP, SIGTERM, SIGXFSZ, pthread_sigmask,
+                             set_wakeup_fd, signal)
+    except ImportError:  # not CPython
+        from signal import (SIG_BLOCK, SIG_DFL, SIG_IGN, SIG_SETMASK, SIG_UNBLOCK, SIGCHLD, SIGCONT, SIGHUP,
+                            SIGINT, SIGKILL, SIGPIPE, SIGQUIT, SIGSTOP, SIGTERM, SIGXFSZ, pthread_sigmask,
+                            set_wakeup_fd, signal)
+
+__all__ = ["SIG_BLOCK", "SIG_DFL", "SIG_IGN", "SIG_SETMASK", "SIG_UNBLOCK", "SIGCHLD", "SIGCONT", "SIGHUP",
+           "SIGINT", "SIGKILL", "SIGPIPE", "SIGQUIT", "SIGSTOP", "SIGTERM", "SIGXFSZ", "pthread_sigmask",
+           "set_wakeup_fd", "signal"]
