@@ -159,3 +159,52 @@ def test_bad_config_is_a_config_error_naming_the_file(tmp_path: os.PathLike[str]
     with pytest.raises(ConfigError, match=needle) as e:
         HostConfig.load(path=path)
     assert e.value.path == path
+
+
+def test_outcome_values_are_interned_strings() -> None:
+    assert Outcome("passed") is Outcome.PASSED and Outcome.PASSED == "passed"
+    assert str(Outcome.EXEC_TIMEOUT) == "exec_timeout" and repr(Outcome.BACKSTOP) == "Outcome.BACKSTOP"
+    assert len(Outcome.members()) == 11
+    with pytest.raises(ValueError, match="not an outcome"):
+        Outcome("exploded")
+
+
+@pytest.mark.parametrize("value", [
+    {"a": 1, "b": [1.5, None, True, False], "c": {"d": "é ✓ \u65e5"}},
+    {"q": 'quote " backslash \\ newline \n tab \t ctl \x01 del \x7f'},
+    [], {}, "plain", 0, -3, 1e-300,
+])
+def test_records_json_is_plain_json(value: object) -> None:
+    import json
+
+    from slotq.records import to_json
+
+    assert json.loads(to_json(value)) == value
+
+
+def test_records_json_turns_non_finite_floats_into_null() -> None:
+    from slotq.records import to_json
+
+    assert to_json({"x": float("nan"), "y": float("inf")}) == '{"x":null,"y":null}'
+
+
+def test_option_parser_handles_forms_and_errors() -> None:
+    from slotq.cli.args import APPEND, FLAG, Opt, Parser, duration
+    from slotq.errors import UsageError
+
+    p = Parser("t", "t [options] -- CMD", "test", [
+        Opt("--budget", metavar="D", convert=duration()),
+        Opt("-q", "--quiet", kind=FLAG),
+        Opt("--opt", kind=APPEND),
+        Opt("--mode", choices=("a", "b"), default="a"),
+    ], command="required")
+    opts, cmd = p.parse(["--budget=1m", "-q", "--opt", "x", "--opt=y", "--", "ls", "-l"])
+    assert (opts.budget, opts.quiet, opts.opt, opts.mode, cmd) == (60.0, True, ["x", "y"], "a", ["ls", "-l"])
+    opts, cmd = p.parse(["pytest", "-q"])  # the command starts at the first non-option
+    assert cmd == ["pytest", "-q"] and opts.quiet is False
+    for bad, needle in ((["--nope", "--", "x"], "unknown option --nope"), (["--budget"], "needs a value"),
+                        (["--budget", "x1", "--", "x"], "option --budget: cannot read"),
+                        (["--mode", "c", "--", "x"], "'c' is not one of a, b"), ([], "no command given"),
+                        (["-q=1", "--", "x"], "takes no value")):
+        with pytest.raises(UsageError, match=needle):
+            p.parse(bad)

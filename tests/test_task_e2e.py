@@ -122,3 +122,9 @@ def test_bad_task_and_waits_arguments_are_one_line_exit_2(state_dir: Path, args:
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0]
+
+
+def test_an_uncontended_run_costs_no_ledger_write(state_dir: Path, tmp_path: Path) -> None:
+    proc = subprocess.run(slotq_cmd() + ["run", "-q", "--", "true"], capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 0
+    assert not (tmp_path / "ledger.sqlite").exists()  # it got its slot at once: nothing was waited
