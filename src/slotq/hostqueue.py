@@ -60,6 +60,7 @@ class Waiter:
         self._watcher: inotify.Watcher | None = None
         self._locks: LockWaits | None = None  # when no inotify instance can be had
         self._may_watch = True
+        self._head = False
         self._probe: SlotProbe | None = None
         self._watching: str | None = None  # path of the ticket ahead, or "slots"
         try:
@@ -104,12 +105,15 @@ class Waiter:
             self._watcher.drain()
         if self._locks:
             self._locks.drain()
-        ahead = self._nearest_live_ahead()
-        if ahead is not None:
-            self._drop_probe()
-            if self._locks:
-                self._locks.watch_only([ahead], exclusive=False)
-            return None
+        if not self._head:
+            ahead = self._nearest_live_ahead()
+            if ahead is not None:
+                self._drop_probe()
+                if self._locks:
+                    self._locks.watch_only([ahead], exclusive=False)
+                return None
+            # Once the head, always the head: no ticket can appear ahead later.
+            self._head = True
         if self._probe is None:
             self._probe = SlotProbe(self.state_dir, self.pool, self.slot_count)
         if self._locks:

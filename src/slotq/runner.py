@@ -195,14 +195,14 @@ class HostRunner:
         wall = self.clock.wall()
         self.phases["slot"] = wall
         waited = wall - (self.phases["queued"] or wall)
-        lease.record(run_id=spec.run_id, label=spec.label, pid=os.getpid(), phase="slot", since=wall,
+        lease.record(run_id=spec.run_id, label=spec.label, pid=os.getpid(),
+                     phase="prepare" if spec.prepare else "running", since=wall,
                      budget=self.budget, cls=spec.cls, host=self.host)
         self._event(protocol.SLOT, slot=lease.name, waited_s=round(waited, 3), budget=self.budget)
         try:
             if spec.prepare:
-                lease.record(phase="prepare")
                 limit = spec.prepare_timeout if spec.prepare_timeout is not None else self.config.prepare_timeout
-                end, reason = self._execute(["/bin/sh", "-c", spec.prepare], limit, lease)
+                end, reason = self._execute(["/bin/sh", "-c", spec.prepare], limit, lease, last=False)
                 self.phases["prepared"] = self.clock.wall()
                 ok = reason is None and end.exec_errno is None and end.exit_code == 0
                 self._event(protocol.PREPARED, ok=ok, exit_code=end.exit_code)
@@ -212,10 +212,10 @@ class HostRunner:
                     why = (f"prepare step ran past its limit of {format_duration(limit)}"
                            if reason is Outcome.EXEC_TIMEOUT else f"prepare step exited {end.exit_code}")
                     return self._finish(Outcome.PREPARE_FAILED, end, lease, why)
-            lease.record(phase="running")
+                lease.record(phase="running")
             self.phases["started"] = self.clock.wall()
             self._event(protocol.STARTED, budget=self.budget)
-            end, reason = self._execute(spec.argv, self.budget, lease)
+            end, reason = self._execute(spec.argv, self.budget, lease, last=True)
         except OSError as e:
             return self._finish(Outcome.UNAVAILABLE, None, lease, f"cannot start the command: {e.strerror}")
         outcome, message = self._judge(end, reason)
@@ -244,8 +244,14 @@ class HostRunner:
     def _waited(self) -> float:
         return (self.phases["slot"] or 0) - (self.phases["queued"] or 0)
 
-    def _execute(self, argv: list[str], limit: float, lease: SlotLease) -> tuple[ChildEnd, Outcome | None]:
-        """Run argv to its end, streaming its output; the limit starts now."""
+    def _execute(self, argv: list[str], limit: float, lease: SlotLease,
+                 last: bool) -> tuple[ChildEnd, Outcome | None]:
+        """Run argv to its end, streaming its output; the limit starts now.
+
+        With `last`, the lease passes to the command: we close our copy of
+        the lock, so the slot is free the moment the command's last process
+        is gone, not after our bookkeeping (a faster hand-over, and still
+        never while any of it runs)."""
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:
@@ -256,6 +262,8 @@ class HostRunner:
             for fd in (out_r, out_w, err_r, err_w):
                 os.close(fd)
             raise
+        if last:
+            lease.release()
         timer = self.clock.timer("budget", limit)
         streams = {out_r: protocol.STDOUT, err_r: protocol.STDERR}
         reason: Outcome | None = None
@@ -292,7 +300,7 @@ class HostRunner:
         spec = self.spec
         self.phases["ended"] = self.clock.wall()
         if lease is not None:
-            lease.release()  # the group is gone: the slot is free before we say so
+            lease.release()  # (if still ours) the group is gone: the slot is free before we say so
         if self.caller_gone and outcome not in (Outcome.CALLER_GONE,):
             # Nobody heard the result; the history says what happened.
             message = f"{message} (caller gone before the result)"
