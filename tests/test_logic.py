@@ -208,3 +208,19 @@ def test_option_parser_handles_forms_and_errors() -> None:
                         (["-q=1", "--", "x"], "takes no value")):
         with pytest.raises(UsageError, match=needle):
             p.parse(bad)
+
+
+def test_config_is_parsed_once_and_reread_when_it_changes(tmp_path: os.PathLike[str]) -> None:
+    import sys
+
+    path = os.path.join(tmp_path, "host.toml")
+    with open(path, "w") as f:
+        f.write("[pools]\nshared = 2\n")
+    assert HostConfig.load(path=path, state_dir=str(tmp_path)).pools["shared"] == 2
+    assert os.path.exists(os.path.join(tmp_path, ".host-config.cache"))
+    sys.modules.pop("tomllib", None)
+    assert HostConfig.load(path=path, state_dir=str(tmp_path)).pools["shared"] == 2
+    assert "tomllib" not in sys.modules  # served from the cache
+    with open(path, "w") as f:
+        f.write("[pools]\nshared = 3\nlanding = 1\n")
+    assert HostConfig.load(path=path, state_dir=str(tmp_path)).pools["shared"] == 3

@@ -74,23 +74,32 @@ class HostConfig:
 
         Raises ConfigError (with `.path`) for unreadable or invalid files.
         """
+        state_dir = state_dir or state_dir_from_env()
         if path is None:
-            path = os.environ.get("SLOTQ_CONFIG") or os.path.join(
-                state_dir or state_dir_from_env(), "host.toml"
-            )
+            path = os.environ.get("SLOTQ_CONFIG") or os.path.join(state_dir, "host.toml")
             if not os.path.exists(path):
                 return cls()
         try:
             with open(path, "rb") as f:
-                raw = f.read()
+                st = os.fstat(f.fileno())
+                key = (os.path.abspath(path), st.st_ino, st.st_size, st.st_mtime_ns)
+                data = _cached(state_dir, key)
+                if data is None:
+                    raw = f.read()
         except OSError as e:
             raise ConfigError(f"cannot read host config {path}: {e.strerror}", path) from None
-        import tomllib  # only when a config exists: keeps `slotq run` start-up lean
+        if data is None:
+            # tomllib (and the `re` it imports) costs milliseconds on every
+            # run; parse once, then read the parsed form back (see _cached).
+            import tomllib
 
-        try:
-            data = tomllib.loads(raw.decode("utf-8"))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-            raise ConfigError(f"host config {path} is not valid TOML: {e}", path) from None
+            try:
+                data = tomllib.loads(raw.decode("utf-8"))
+            except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+                raise ConfigError(f"host config {path} is not valid TOML: {e}", path) from None
+            config = cls._from_dict(data, path)  # validate before caching
+            _store(state_dir, key, data)
+            return config
         return cls._from_dict(data, path)
 
     @classmethod
@@ -133,3 +142,37 @@ class HostConfig:
 
 def _is_name(name: str) -> bool:
     return bool(name) and all(c.isalnum() or c in "-_" for c in name)
+
+
+_CACHE = ".host-config.cache"
+
+
+def _cached(state_dir: str, key: tuple[object, ...]) -> dict[str, object] | None:
+    """The parsed config if the cache was made from this very file (path,
+    inode, size, mtime); else None."""
+    import marshal
+
+    try:
+        with open(os.path.join(state_dir, _CACHE), "rb") as f:
+            cached_key, data = marshal.loads(f.read())
+    except (OSError, ValueError, EOFError, TypeError):
+        return None
+    if tuple(cached_key) != key or not isinstance(data, dict):
+        return None
+    return data
+
+
+def _store(state_dir: str, key: tuple[object, ...], data: dict[str, object]) -> None:
+    import marshal
+
+    target = os.path.join(state_dir, _CACHE)
+    tmp = f"{target}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(marshal.dumps((key, data)))  # type: ignore[arg-type]
+        os.replace(tmp, target)  # atomic: readers see the old or the new whole
+    except (OSError, ValueError):
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass

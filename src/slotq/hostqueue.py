@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from .lockwait import LockWaits
 
 # With inotify the poll is only a safety net; without it, it is the wake-up.
-POLL_WITH_INOTIFY = 5.0
+POLL_WITH_INOTIFY = 30.0
 POLL_WITHOUT_INOTIFY = 0.5
 
 
@@ -127,9 +127,21 @@ class Waiter:
         if lease is None:
             return None
         self._probe = None
-        self.close()
-        self.ticket.withdraw()
+        self._won()
         return lease
+
+    def _won(self) -> None:
+        """Leave the line with a slot. The inotify instance is not closed
+        here: its destruction can take the kernel 5-15 ms (an RCU grace
+        period), right on the hand-over path. Its watches go (cheap); the
+        owner calls close() once the command runs or the result is out."""
+        self._drop_probe()
+        if self._watcher:
+            self._watcher.unwatch_all()
+        if self._locks:
+            self._locks.close()
+            self._locks = None
+        self.ticket.withdraw()
 
     def _attempt_by_lock(self, slot_probe: SlotProbe) -> SlotLease | None:
         assert self._locks is not None
@@ -145,8 +157,7 @@ class Waiter:
             self._locks.watch_only(slot_probe.paths, exclusive=True)
             return None
         self._probe = None
-        self.close()
-        self.ticket.withdraw()
+        self._won()
         return lease
 
     def _nearest_live_ahead(self) -> str | None:

@@ -66,6 +66,7 @@ class HostRunner:
         self.grace = spec.kill_grace if spec.kill_grace is not None else config.kill_grace
         self._sig_r, self._sig_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._signalled = False
+        self._waiter: Waiter | None = None
 
     # ------------------------------------------------------------ stream
     def _send(self, data: bytes) -> None:
@@ -157,7 +158,7 @@ class HostRunner:
         self.phases["queued"] = now_wall
         info = {"run_id": spec.run_id, "label": spec.label, "pid": os.getpid(), "cls": spec.cls,
                 "since": now_wall, "budget": self.budget, "host": self.host}
-        waiter = Waiter(self.state_dir, self.config, pool, info)
+        waiter = self._waiter = Waiter(self.state_dir, self.config, pool, info)
         start = self.clock.monotonic()
         next_report = start
         try:
@@ -316,4 +317,13 @@ class HostRunner:
         history.append(self.state_dir, record)
         self._event(protocol.EXITED, outcome=outcome.value, exit_code=exit_code,
                     signal=end.signal if end is not None else None, message=message, phases=dict(p))
+        # The result is out: end the stream now, then clean up what may be
+        # slow (destroying an inotify instance), with nobody waiting on it.
+        try:
+            os.close(self.out_fd)
+        except OSError:
+            pass
+        self.caller_gone = True
+        if self._waiter is not None:
+            self._waiter.close()
         return outcome
