@@ -225,7 +225,7 @@ def run(
     result = RunResult(spec, transport.host)
     result.phases["submitted"] = clock.wall()
     dogs = Watchdogs(clock, idle, backstop_margin)
-    from .ledger import WaitRecorder
+    from .ledger import WaitRecorder  # a small module; SQLite only once a wait is written
 
     waits = WaitRecorder(run_id=spec.run_id, workdir=credit_dir or spec.cwd or os.getcwd(),
                          host=transport.host, path=ledger_path,

@@ -11,10 +11,9 @@ relative timeouts are turned into deadlines once, when they start.
 
 from __future__ import annotations
 
-import math
 import time
 
-INF = math.inf
+INF = float("inf")
 
 
 class Timer:

@@ -44,6 +44,14 @@ def _set_prctl(option: int, value: int) -> bool:
     return bool(_prctl(option, value, 0, 0, 0) == 0)
 
 
+def preload_for_start() -> None:
+    """Load what starting a command needs (prctl) ahead of time: a waiting
+    runner does this while it waits, so its hand-over does not."""
+    global _prctl
+    if _prctl is None:
+        _prctl = _load_prctl()
+
+
 def _load_prctl() -> Any:
     """prctl(2) from libc. Built on `_ctypes`, the C core of ctypes: importing
     `ctypes` itself costs about 1.6 ms here, on the path of every command's

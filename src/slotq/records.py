@@ -6,8 +6,6 @@ Readers (`slotq status`) use the `json` module; the output is plain JSON.
 
 from __future__ import annotations
 
-import math
-
 _ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
@@ -39,7 +37,7 @@ def to_json(value: object) -> str:
     if isinstance(value, int):
         return str(int(value))
     if isinstance(value, float):
-        if math.isnan(value) or math.isinf(value):
+        if value != value or value in (float("inf"), float("-inf")):  # NaN, infinities
             return "null"
         return repr(value)
     if isinstance(value, dict):
