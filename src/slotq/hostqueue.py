@@ -51,8 +51,13 @@ def ensure_state_dir(state_dir: str) -> None:
 class Waiter:
     """One caller's place in a pool's line, until it leases a slot."""
 
-    def __init__(self, state_dir: str, config: HostConfig, pool: str, info: dict[str, object]) -> None:
+    def __init__(self, state_dir: str, config: HostConfig, pool: str, info: dict[str, object],
+                 *, defer_leave: bool = False) -> None:
+        """defer_leave: on success keep the ticket until `leave()` -- the
+        runner starts its command first; the successor could not have the
+        slot before that anyway."""
         self.state_dir = state_dir
+        self.defer_leave = defer_leave
         self.pool = pool
         self.slot_count = config.pools[pool]
         # Created at the first failed attempt: an uncontended run never pays
@@ -131,11 +136,15 @@ class Waiter:
         return lease
 
     def _won(self) -> None:
+        self._drop_probe()
+        if not self.defer_leave:
+            self.leave()
+
+    def leave(self) -> None:
         """Leave the line with a slot. The inotify instance is not closed
         here: its destruction can take the kernel 5-15 ms (an RCU grace
         period), right on the hand-over path. Its watches go (cheap); the
         owner calls close() once the command runs or the result is out."""
-        self._drop_probe()
         if self._watcher:
             self._watcher.unwatch_all()
         if self._locks:

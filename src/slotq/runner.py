@@ -24,7 +24,7 @@ from .durations import format_duration
 from .errors import StateDirError
 from .hostqueue import Waiter, ensure_state_dir
 from .outcome import Outcome
-from .process import ChildEnd, preload_for_start, spawn
+from .process import Child, ChildEnd, preload_for_start, spawn
 from .slot import SlotLease
 from .spec import RunSpec
 
@@ -158,7 +158,7 @@ class HostRunner:
         self.phases["queued"] = now_wall
         info = {"run_id": spec.run_id, "label": spec.label, "pid": os.getpid(), "cls": spec.cls,
                 "since": now_wall, "budget": self.budget, "host": self.host}
-        waiter = self._waiter = Waiter(self.state_dir, self.config, pool, info)
+        waiter = self._waiter = Waiter(self.state_dir, self.config, pool, info, defer_leave=True)
         start = self.clock.monotonic()
         next_report = start
         try:
@@ -198,14 +198,19 @@ class HostRunner:
         wall = self.clock.wall()
         self.phases["slot"] = wall
         waited = wall - (self.phases["queued"] or wall)
-        lease.record(run_id=spec.run_id, label=spec.label, pid=os.getpid(),
-                     phase="prepare" if spec.prepare else "running", since=wall,
-                     budget=self.budget, cls=spec.cls, host=self.host)
-        self._event(protocol.SLOT, slot=lease.name, waited_s=round(waited, 3), budget=self.budget)
+        record = dict(run_id=spec.run_id, label=spec.label, pid=os.getpid(),
+                      phase="prepare" if spec.prepare else "running", since=wall,
+                      budget=self.budget, cls=spec.cls, host=self.host)
+        slot_event = protocol.event_frame(protocol.SLOT, wall, slot=lease.name, waited_s=round(waited, 3),
+                                          budget=self.budget)
         try:
             if spec.prepare:
+                self._leave_line()
+                lease.record(**record)
+                self._send(slot_event)
                 limit = spec.prepare_timeout if spec.prepare_timeout is not None else self.config.prepare_timeout
-                end, reason = self._execute(["/bin/sh", "-c", spec.prepare], limit, lease, last=False)
+                child, streams = self._start(["/bin/sh", "-c", spec.prepare], lease, last=False)
+                end, reason = self._pump(child, streams, limit)
                 self.phases["prepared"] = self.clock.wall()
                 ok = reason is None and end.exec_errno is None and end.exit_code == 0
                 self._event(protocol.PREPARED, ok=ok, exit_code=end.exit_code)
@@ -216,13 +221,26 @@ class HostRunner:
                            if reason is Outcome.EXEC_TIMEOUT else f"prepare step exited {end.exit_code}")
                     return self._finish(Outcome.PREPARE_FAILED, end, lease, why)
                 lease.record(phase="running")
-            self.phases["started"] = self.clock.wall()
-            self._event(protocol.STARTED, budget=self.budget)
-            end, reason = self._execute(spec.argv, self.budget, lease, last=True)
+                started = self.phases["started"] = self.clock.wall()
+                child, streams = self._start(spec.argv, lease, last=True)
+                self._event(protocol.STARTED, budget=self.budget)
+            else:
+                # The hand-over path: start the command first, then the
+                # bookkeeping (times were taken before), so the command
+                # starts as soon after the release as we can make it.
+                started = self.phases["started"] = wall
+                child, streams = self._start(spec.argv, lease, last=True, record=record)
+                self._leave_line()
+                self._send(slot_event + protocol.event_frame(protocol.STARTED, started, budget=self.budget))
+            end, reason = self._pump(child, streams, self.budget)
         except OSError as e:
             return self._finish(Outcome.UNAVAILABLE, None, lease, f"cannot start the command: {e.strerror}")
         outcome, message = self._judge(end, reason)
         return self._finish(outcome, end, lease, message)
+
+    def _leave_line(self) -> None:
+        if self._waiter is not None:
+            self._waiter.leave()
 
     def _judge(self, end: ChildEnd, reason: Outcome | None) -> tuple[Outcome, str]:
         slot_at = time.strftime("%H:%M:%S", time.localtime(self.phases["slot"] or 0))
@@ -247,14 +265,15 @@ class HostRunner:
     def _waited(self) -> float:
         return (self.phases["slot"] or 0) - (self.phases["queued"] or 0)
 
-    def _execute(self, argv: list[str], limit: float, lease: SlotLease,
-                 last: bool) -> tuple[ChildEnd, Outcome | None]:
-        """Run argv to its end, streaming its output; the limit starts now.
+    def _start(self, argv: list[str], lease: SlotLease, last: bool,
+               record: dict[str, object] | None = None) -> tuple[Child, dict[int, bytes]]:
+        """Start argv under a keeper; its output streams are returned.
 
-        With `last`, the lease passes to the command: we close our copy of
-        the lock, so the slot is free the moment the command's last process
-        is gone, not after our bookkeeping (a faster hand-over, and still
-        never while any of it runs)."""
+        With `last`, the lease passes to the command: once the holder
+        record is written we close our copy of the lock, so the slot is free
+        the moment the command's last process is gone, not after our
+        bookkeeping (a faster hand-over, and still never while any of it
+        runs)."""
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:
@@ -265,10 +284,15 @@ class HostRunner:
             for fd in (out_r, out_w, err_r, err_w):
                 os.close(fd)
             raise
+        if record is not None:
+            lease.record(**record)
         if last:
             lease.release()
+        return child, {out_r: protocol.STDOUT, err_r: protocol.STDERR}
+
+    def _pump(self, child: Child, streams: dict[int, bytes], limit: float) -> tuple[ChildEnd, Outcome | None]:
+        """Stream the command's output until it ends; the limit starts now."""
         timer = self.clock.timer("budget", limit)
-        streams = {out_r: protocol.STDOUT, err_r: protocol.STDERR}
         reason: Outcome | None = None
         done = False
         while not done or streams:
