@@ -174,12 +174,22 @@ def test_outcome_values_are_interned_strings() -> None:
     {"q": 'quote " backslash \\ newline \n tab \t ctl \x01 del \x7f'},
     [], {}, "plain", 0, -3, 1e-300,
 ])
-def test_records_json_is_plain_json(value: object) -> None:
+def test_records_json_is_plain_json_both_ways(value: object) -> None:
     import json
 
-    from slotq.records import to_json
+    from slotq.records import from_json, to_json
 
     assert json.loads(to_json(value)) == value
+    assert from_json(to_json(value)) == value
+    assert from_json(json.dumps(value, indent=2)) == value
+
+
+@pytest.mark.parametrize("bad", ["{", "[1,", '{"a" 1}', "tru", '"abc', "1 2", '"\\x"'])
+def test_records_json_reader_rejects_malformed_input(bad: str) -> None:
+    from slotq.records import from_json
+
+    with pytest.raises(ValueError):
+        from_json(bad)
 
 
 def test_records_json_turns_non_finite_floats_into_null() -> None:

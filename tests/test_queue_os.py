@@ -272,3 +272,25 @@ def test_without_inotify_instances_order_holds_and_dead_waiters_are_skipped(
     l2.release()
     assert readable(third, 1.0)
     assert third.attempt() is not None
+
+
+def test_status_reads_the_kernel_lock_table_and_wakes_nobody(tmp_path: Path) -> None:
+    from slotq.proclocks import held
+    from slotq.status import snapshot
+
+    first = Waiter(str(tmp_path), CFG, "shared", {"label": "first"})
+    lease = first.attempt()
+    assert lease is not None
+    lease.record(label="first", phase="running")
+    head = Waiter(str(tmp_path), CFG, "shared", {"label": "head"})
+    behind = Waiter(str(tmp_path), CFG, "shared", {"label": "behind"})
+    assert head.attempt() is None and behind.attempt() is None
+    assert held() is not None
+    snap = snapshot(str(tmp_path), CFG, time.time())
+    shared = snap["pools"][0]  # type: ignore[index]
+    assert shared["slots"][0]["held"] and shared["slots"][0]["label"] == "first"
+    assert [w["label"] for w in shared["waiting"]] == ["head", "behind"]
+    assert head.position() == (0, 2) and behind.position() == (1, 2)
+    assert not readable(head) and not readable(behind)  # looking woke nobody
+    lease.release()
+    assert readable(head, 1.0)

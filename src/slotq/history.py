@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from .records import to_json
+from .records import from_json, to_json
 
 MAX_BYTES = 1 << 20
 
@@ -37,8 +37,6 @@ def append(state_dir: str, record: dict[str, object]) -> None:
 
 def recent(state_dir: str, n: int = 10) -> list[dict[str, object]]:
     """The last `n` records, oldest first."""
-    import json
-
     path = history_path(state_dir)
     try:
         with open(path, "rb") as f:
@@ -51,7 +49,7 @@ def recent(state_dir: str, n: int = 10) -> list[dict[str, object]]:
     out = []
     for line in lines[-n:]:
         try:
-            rec = json.loads(line)
+            rec = from_json(line.decode("utf-8", "replace"))
         except ValueError:
             continue
         if isinstance(rec, dict):

@@ -26,7 +26,7 @@ from . import inotify
 from .config import HostConfig
 from .errors import StateDirError
 from .slot import SlotLease, SlotProbe
-from .ticket import Ticket, list_tickets, pool_dir, probe, take_ticket
+from .ticket import Ticket, list_tickets, live_tickets, pool_dir, probe, take_ticket
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -196,15 +196,15 @@ class Waiter:
 
     def position(self) -> tuple[int, int]:
         """(live tickets ahead of ours, total live tickets in the pool)."""
-        ahead = total = 0
-        for seq, path in list_tickets(pool_dir(self.state_dir, self.pool)):
-            if seq == self.ticket.seq:
-                total += 1
-                continue
-            if probe(path):
-                total += 1
-                if seq < self.ticket.seq:
-                    ahead += 1
+        from .proclocks import held
+
+        pdir = pool_dir(self.state_dir, self.pool)
+        live = live_tickets(pdir, held())
+        if live is None:  # no /proc/locks: probe each ticket
+            live = [(seq, path) for seq, path in list_tickets(pdir)
+                    if seq == self.ticket.seq or probe(path)]
+        ahead = sum(1 for seq, _ in live if seq < self.ticket.seq)
+        total = len(live) + (0 if any(seq == self.ticket.seq for seq, _ in live) else 1)
         return ahead, total
 
     def _drop_probe(self) -> None:

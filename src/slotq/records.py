@@ -45,3 +45,107 @@ def to_json(value: object) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(to_json(v) for v in value) + "]"
     raise TypeError(f"cannot encode {type(value).__name__} as JSON")
+
+
+def from_json(text: str) -> object:
+    """Parse JSON (what `to_json` writes, and any other plain JSON) without
+    the `json` module. Raises ValueError on malformed input."""
+    value, end = _parse(text, _skip(text, 0))
+    if _skip(text, end) != len(text):
+        raise ValueError(f"extra data at {end}")
+    return value
+
+
+_WS = " \t\n\r"
+_UNESCAPE = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+
+
+def _skip(s: str, i: int) -> int:
+    while i < len(s) and s[i] in _WS:
+        i += 1
+    return i
+
+
+def _parse(s: str, i: int) -> tuple[object, int]:
+    if i >= len(s):
+        raise ValueError("unexpected end")
+    c = s[i]
+    if c == "{":
+        out: dict[str, object] = {}
+        i = _skip(s, i + 1)
+        if i < len(s) and s[i] == "}":
+            return out, i + 1
+        while True:
+            if i >= len(s) or s[i] != '"':
+                raise ValueError(f"expected a key at {i}")
+            key, i = _string_at(s, i)
+            i = _skip(s, i)
+            if i >= len(s) or s[i] != ":":
+                raise ValueError(f"expected ':' at {i}")
+            out[key], i = _parse(s, _skip(s, i + 1))
+            i = _skip(s, i)
+            if i < len(s) and s[i] == ",":
+                i = _skip(s, i + 1)
+            elif i < len(s) and s[i] == "}":
+                return out, i + 1
+            else:
+                raise ValueError(f"expected ',' or '}}' at {i}")
+    if c == "[":
+        items: list[object] = []
+        i = _skip(s, i + 1)
+        if i < len(s) and s[i] == "]":
+            return items, i + 1
+        while True:
+            item, i = _parse(s, i)
+            items.append(item)
+            i = _skip(s, i)
+            if i < len(s) and s[i] == ",":
+                i = _skip(s, i + 1)
+            elif i < len(s) and s[i] == "]":
+                return items, i + 1
+            else:
+                raise ValueError(f"expected ',' or ']' at {i}")
+    if c == '"':
+        return _string_at(s, i)
+    for word, value in (("true", True), ("false", False), ("null", None)):
+        if s.startswith(word, i):
+            return value, i + len(word)
+    j = i
+    while j < len(s) and s[j] in "+-0123456789.eE":
+        j += 1
+    token = s[i:j]
+    if not token:
+        raise ValueError(f"unexpected {c!r} at {i}")
+    try:
+        return (int(token) if token.lstrip("-").isdigit() else float(token)), j
+    except ValueError:
+        raise ValueError(f"bad number {token!r} at {i}") from None
+
+
+def _string_at(s: str, i: int) -> tuple[str, int]:
+    out = []
+    i += 1
+    while True:
+        j = i
+        while j < len(s) and s[j] not in '"\\':
+            j += 1
+        out.append(s[i:j])
+        if j >= len(s):
+            raise ValueError("unterminated string")
+        if s[j] == '"':
+            return "".join(out), j + 1
+        esc = s[j + 1 : j + 2]
+        if esc == "u":
+            code = int(s[j + 2 : j + 6], 16)
+            i = j + 6
+            if 0xD800 <= code < 0xDC00 and s[i : i + 2] == "\\u":  # a surrogate pair
+                low = int(s[i + 2 : i + 6], 16)
+                if 0xDC00 <= low < 0xE000:
+                    code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00)
+                    i += 6
+            out.append(chr(code))
+        elif esc in _UNESCAPE:
+            out.append(_UNESCAPE[esc])
+            i = j + 2
+        else:
+            raise ValueError(f"bad escape at {j}")

@@ -21,7 +21,7 @@ import fcntl
 import os
 
 from .errors import StateDirError
-from .records import to_json
+from .records import from_json, to_json
 
 
 def slot_path(state_dir: str, pool: str, index: int) -> str:
@@ -119,13 +119,29 @@ def _share(fd: int) -> None:
         pass  # not ours: its owner already made it shareable
 
 
-def read_slot(state_dir: str, pool: str, index: int) -> tuple[bool, dict[str, object] | None]:
+def read_slot(state_dir: str, pool: str, index: int,
+              locked: set[tuple[int, int]] | None = None) -> tuple[bool, dict[str, object] | None]:
     """(held, holder record) for one slot, as `status` sees it.
 
-    Opens read-write (see the module doc): if our brief lock makes the head
-    of the line miss the slot, our close wakes it again.
+    With `locked` (proclocks.held()), nothing is locked or opened for
+    writing: no side effects on the line. Without it, we probe with a brief
+    shared lock on a read-write descriptor -- if that makes the head of the
+    line miss the slot, our close wakes it again.
     """
     path = slot_path(state_dir, pool, index)
+    if locked is not None:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return False, None
+        if (st.st_dev, st.st_ino) not in locked:
+            return False, None
+        try:
+            with open(path, "rb") as f:
+                raw = f.read(65536)
+        except OSError:
+            return True, None
+        return True, _parse_record(raw)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -141,13 +157,12 @@ def read_slot(state_dir: str, pool: str, index: int) -> tuple[bool, dict[str, ob
         raw = os.pread(fd, 65536, 0)
     finally:
         os.close(fd)
-    info = None
-    if held:
-        import json
+    return held, (_parse_record(raw) if held else None)
 
-        try:
-            parsed = json.loads(raw or b"null")
-            info = parsed if isinstance(parsed, dict) else None
-        except ValueError:
-            info = None
-    return held, info
+
+def _parse_record(raw: bytes) -> dict[str, object] | None:
+    try:
+        parsed = from_json(raw.decode("utf-8", "replace") or "null")
+    except ValueError:
+        return None  # being rewritten just now
+    return parsed if isinstance(parsed, dict) else None

@@ -10,7 +10,8 @@ from . import history
 from .config import HostConfig
 from .durations import format_duration
 from .slot import read_slot, slot_name
-from .ticket import list_tickets, pool_dir, probe, read_info, remove_stale_temps
+from .proclocks import held as held_locks
+from .ticket import list_tickets, live_tickets, pool_dir, probe, read_info, remove_stale_temps
 
 
 def load() -> dict[str, object]:
@@ -22,11 +23,15 @@ def load() -> dict[str, object]:
             "cores": os.cpu_count() or 1}
 
 
-def holders(state_dir: str, pool: str, count: int, now: float) -> list[dict[str, object]]:
-    """One entry per slot of `pool`: held or free, and the holder record."""
+def holders(state_dir: str, pool: str, count: int, now: float,
+            locked: set[tuple[int, int]] | None = None) -> list[dict[str, object]]:
+    """One entry per slot of `pool`: held or free, and the holder record.
+    `locked`: the kernel's lock table (proclocks.held()); read if not given."""
+    if locked is None:
+        locked = held_locks()
     out: list[dict[str, object]] = []
     for i in range(count):
-        held, info = read_slot(state_dir, pool, i)
+        held, info = read_slot(state_dir, pool, i, locked)
         entry: dict[str, object] = {"slot": slot_name(pool, i), "held": held}
         if held and info:
             entry.update({k: info.get(k) for k in ("run_id", "label", "pid", "phase", "since", "budget", "cls")})
@@ -37,14 +42,16 @@ def holders(state_dir: str, pool: str, count: int, now: float) -> list[dict[str,
     return out
 
 
-def waiting(state_dir: str, pool: str, now: float) -> list[dict[str, object]]:
-    """Live tickets of `pool`, earliest first; dead ones are removed."""
+def waiting(state_dir: str, pool: str, now: float,
+            locked: set[tuple[int, int]] | None = None) -> list[dict[str, object]]:
+    """Live tickets of `pool`, earliest first (dead ones are skipped)."""
     pdir = pool_dir(state_dir, pool)
     remove_stale_temps(pdir)
     out: list[dict[str, object]] = []
-    for seq, path in list_tickets(pdir):
+    live = live_tickets(pdir, locked)
+    for seq, path in list_tickets(pdir) if live is None else live:
         info = read_info(path)  # read first: a dead ticket is removed by probe
-        if not probe(path):
+        if live is None and not probe(path):
             continue
         entry: dict[str, object] = {"seq": seq}
         if info:
@@ -58,11 +65,12 @@ def waiting(state_dir: str, pool: str, now: float) -> list[dict[str, object]]:
 
 def snapshot(state_dir: str, config: HostConfig, now: float, history_n: int = 10) -> dict[str, object]:
     pools = []
+    locked = held_locks()
     for pool, count in config.pools.items():
         pools.append({
             "pool": pool,
-            "slots": holders(state_dir, pool, count, now),
-            "waiting": waiting(state_dir, pool, now),
+            "slots": holders(state_dir, pool, count, now, locked),
+            "waiting": waiting(state_dir, pool, now, locked),
             "classes": sorted(c for c, p in config.classes.items() if p == pool),
         })
     return {

@@ -17,7 +17,7 @@ import fcntl
 import os
 
 from .errors import StateDirError
-from .records import to_json
+from .records import from_json, to_json
 
 TICKET_SUFFIX = ".t"
 
@@ -150,14 +150,34 @@ def probe(path: str) -> bool | None:
 
 
 def read_info(path: str) -> dict[str, object] | None:
-    import json
-
     try:
         with open(path, "rb") as f:
-            data = json.loads(f.read() or b"null")
+            data = from_json(f.read().decode("utf-8", "replace") or "null")
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def live_tickets(pdir: str, locked: set[tuple[int, int]] | None) -> list[tuple[int, str]] | None:
+    """(seq, path) of the live tickets, earliest first, read from the
+    kernel's lock table (no probing); None if `locked` is None."""
+    if locked is None:
+        return None
+    out = []
+    try:
+        dev = os.stat(pdir).st_dev
+        with os.scandir(pdir) as it:
+            for entry in it:
+                name = entry.name
+                if name.endswith(TICKET_SUFFIX) and not name.startswith(".") \
+                        and (dev, entry.inode()) in locked:
+                    stem = name[: -len(TICKET_SUFFIX)]
+                    if stem.isdigit():
+                        out.append((int(stem), entry.path))
+    except FileNotFoundError:
+        return []
+    out.sort()
+    return out
 
 
 def remove_stale_temps(pdir: str) -> None:
