@@ -366,7 +366,7 @@ def crash(tool: Tool, orphan_s: float = 5.0) -> dict[str, float]:
     victim = tool.holder_process(pid)
     t_kill = now_ns()
     os.kill(victim, signal.SIGKILL)
-    wait_until(lambda: verdict.exists() and verdict.read_text().strip(), 60, f"{tool.name} next waiter", 0.005)
+    wait_until(lambda: verdict.exists() and verdict.read_text().strip(), 20, f"{tool.name} next waiter", 0.005)
     return {"handoff_ms": (int(wstart.read_text()) - t_kill) / 1e6,
             "overlap": 1.0 if verdict.read_text().strip() == "overlap" else 0.0}
 
