@@ -81,6 +81,17 @@ class Waiter:
         return self._locks.wake_r if self._locks else -1
 
     @property
+    def is_head(self) -> bool:
+        """At the head of the line (known once an attempt found no live
+        ticket ahead)."""
+        return self._head
+
+    def slot_paths(self) -> list[str]:
+        from .slot import slot_path
+
+        return [slot_path(self.state_dir, self.pool, i) for i in range(self.slot_count)]
+
+    @property
     def poll_interval(self) -> float:
         return POLL_WITH_INOTIFY if self._watcher or self._locks else POLL_WITHOUT_INOTIFY
 
@@ -145,6 +156,7 @@ class Waiter:
         here: its destruction can take the kernel 5-15 ms (an RCU grace
         period), right on the hand-over path. Its watches go (cheap); the
         owner calls close() once the command runs or the result is out."""
+        self._drop_probe()
         if self._watcher:
             self._watcher.unwatch_all()
         if self._locks:

@@ -22,6 +22,7 @@ whose end-of-file also tells the runner that everything is gone.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 from . import signals as signal
 import time
@@ -123,6 +124,9 @@ class Child:
         self.done_fd = done_fd  # readable (EOF) when the keeper has finished
         self._report = b""
         self.end: ChildEnd | None = None
+        # With a slot to wait for (spawn(lock_path=...)): when the keeper got
+        # it and started the command (wall, monotonic), else None.
+        self.started: tuple[float, float] | None = None
 
     def stop(self) -> None:
         """Ask the keeper to end the command's group (TERM, grace, KILL)."""
@@ -137,6 +141,10 @@ class Child:
         chunk = os.read(self.done_fd, 256)
         if chunk:
             self._report += chunk
+            if self.started is None and b"\n" in self._report:
+                line, self._report = self._report.split(b"\n", 1)
+                wall, mono = line.split(b"=", 1)[1].split(b",")
+                self.started = (float(wall), float(mono))
             return False
         os.close(self.done_fd)
         os.waitpid(self.keeper_pid, 0)
@@ -166,6 +174,8 @@ def spawn(
     grace: float = 10.0,
     close_in_keeper: tuple[int, ...] = (),
     stdin_fd: int | None = None,
+    lock_path: str | None = None,
+    record: dict[str, object] | None = None,
 ) -> Child:
     """Start `argv` in its own session under a keeper process.
 
@@ -173,6 +183,13 @@ def spawn(
     fd 0 (None: /dev/null); all three are closed here after the fork. `inherit_fds` stay open in the command (the slot lock).
     `close_in_keeper` are the runner's own channel descriptors, which the
     keeper must not hold open. Raises OSError if the keeper cannot fork.
+
+    With `lock_path` (a slot file), the keeper first waits for that slot
+    itself, blocked in flock(2) as flock(1) would be: the kernel grants the
+    lock at the holder's release and the command starts at once, with no
+    wake-up and no Python on the way. It then writes `record` (plus `since`)
+    as the holder record and reports `started=<wall>,<monotonic>` first.
+    SIGTERM before that simply ends the wait.
     """
     done_r, done_w = os.pipe()
     runner_pid = os.getpid()
@@ -182,7 +199,7 @@ def spawn(
         try:
             os.close(done_r)
             code = _keeper(argv, cwd, env, stdout_fd, stderr_fd, stdin_fd, inherit_fds, grace,
-                           close_in_keeper, done_w, runner_pid)
+                           close_in_keeper, done_w, runner_pid, lock_path, record)
         except BaseException:
             pass
         finally:
@@ -206,6 +223,8 @@ def _keeper(
     close_fds: tuple[int, ...],
     done_w: int,
     runner_pid: int,
+    lock_path: str | None,
+    record: dict[str, object] | None,
 ) -> int:
     stopped = False
     # A stop request that arrives before we wait for the command stays
@@ -231,6 +250,17 @@ def _keeper(
     if os.getppid() != runner_pid:
         return 1  # the runner died before PDEATHSIG was armed
 
+    lock_fd = -1
+    if lock_path is not None:
+        lock_fd = os.open(lock_path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGHUP})
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)  # the wait: in the kernel, no CPU
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP})
+        except _Stop:
+            os.write(done_w, b"stopped=1")
+            return 0  # never started; exiting releases a lock got just now
+        inherit_fds = (*inherit_fds, lock_fd)
     # The command: posix_spawn (vfork + exec in C), so no Python runs in the
     # child between fork and exec -- a millisecond off every command's start.
     # Its own session and group; default signal handling; empty mask.
@@ -249,6 +279,15 @@ def _keeper(
                                  setsid=True, setsigmask=(), setsigdef=_DEFAULT_SIGNALS)
     except OSError as e:
         exec_errno = e.errno or errno.ENOENT
+    if lock_fd >= 0:
+        started = b"started=%r,%r\n" % (time.time(), time.monotonic())
+        if record is not None:
+            from .records import to_json
+
+            data = to_json(dict(record, since=time.time())).encode()
+            os.ftruncate(lock_fd, 0)  # we hold the lock: safe to truncate
+            os.pwrite(lock_fd, data, 0)
+        os.write(done_w, started)
     for passed in (stdout_fd, stderr_fd, stdin_fd):
         if passed is not None:
             os.close(passed)

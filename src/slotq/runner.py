@@ -32,10 +32,12 @@ _CANCEL_REASONS = {"cancelled": Outcome.CANCELLED, "idle_timeout": Outcome.IDLE_
 
 
 class _Ended(Exception):
-    """The caller went away or asked to stop; carries the outcome."""
+    """The caller went away or asked to stop; carries the outcome (and how
+    a command that had just started ended)."""
 
-    def __init__(self, outcome: Outcome) -> None:
+    def __init__(self, outcome: Outcome, end: ChildEnd | None = None) -> None:
         self.outcome = outcome
+        self.end = end
 
 
 class HostRunner:
@@ -141,18 +143,22 @@ class HostRunner:
             return self._error("usage", f"unknown class {self.spec.cls!r} on host {self.host} (known: {known})")
         try:
             ensure_state_dir(self.state_dir)
-            lease = self._queue(pool)
+            got = self._queue(pool)
         except StateDirError as e:
             return self._error("state", str(e))
         except _Ended as e:
-            return self._finish(e.outcome, None, None, "left the queue before getting a slot")
-        return self._hold(lease)
+            return self._finish(e.outcome, e.end, None, "left the queue before getting a slot")
+        if isinstance(got, SlotLease):
+            return self._hold(got)
+        return self._run_started(*got, slot=f"{pool}#0")
 
     def _error(self, kind: str, message: str) -> Outcome:
         self._event(protocol.ERROR, kind=kind, message=message)
         return Outcome.UNAVAILABLE
 
-    def _queue(self, pool: str) -> SlotLease:
+    def _queue(self, pool: str) -> SlotLease | tuple[Child, dict[int, bytes]]:
+        """Wait for a slot: a lease, or a standby keeper that has got the
+        slot and started the command (with its output streams)."""
         spec = self.spec
         now_wall = self.clock.wall()
         self.phases["queued"] = now_wall
@@ -161,9 +167,17 @@ class HostRunner:
         waiter = self._waiter = Waiter(self.state_dir, self.config, pool, info, defer_leave=True)
         start = self.clock.monotonic()
         next_report = start
+        standby: tuple[Child, dict[int, bytes]] | None = None
         try:
             lease = waiter.attempt()
             while lease is None:
+                if standby is None and waiter.is_head and waiter.slot_count == 1 and not spec.prepare:
+                    # At the head of a one-slot line: wait in the kernel, like
+                    # flock(1), in a keeper that starts the command the moment
+                    # the slot is released.
+                    standby = self._start(spec.argv, None, last=True, wait_for=waiter.slot_paths()[0])
+                if standby is not None and standby[0].started is not None:
+                    return standby
                 now = self.clock.monotonic()
                 if now >= next_report:
                     if next_report == start:
@@ -171,18 +185,37 @@ class HostRunner:
                     self._report(waiter, pool, now - start)
                     next_report = now + spec.report_every
                 fds = self._listen_fds()
-                if waiter.fileno() >= 0:
+                if standby is not None:
+                    fds.append(standby[0].done_fd)
+                elif waiter.fileno() >= 0:
                     fds.append(waiter.fileno())
                 timeout = max(0.0, min(next_report - now, waiter.poll_interval))
                 ready, _, _ = select.select(fds, [], [], timeout)
+                if standby is not None and standby[0].done_fd in ready and standby[0].on_readable():
+                    standby = None  # the keeper ended without starting (it should not): wait anew
                 ended = self._check_listen(ready)
                 if ended is not None:
-                    raise _Ended(ended)
-                lease = waiter.attempt()
+                    end = None
+                    if standby is not None:
+                        end = self._stop_standby(standby)
+                    raise _Ended(ended, end)
+                if standby is None:
+                    lease = waiter.attempt()
         except BaseException:
             waiter.withdraw()
             raise
         return lease
+
+    def _stop_standby(self, standby: tuple[Child, dict[int, bytes]]) -> ChildEnd | None:
+        """End a standby keeper; if it started the command just now, that
+        ends too (its group, TERM, grace, KILL)."""
+        child, streams = standby
+        child.stop()
+        while not child.on_readable():
+            pass
+        for fd in streams:
+            os.close(fd)
+        return child.end if child.started is not None else None
 
     def _report(self, waiter: Waiter, pool: str, waited: float) -> None:
         from .status import holders, load  # only runs that wait pay for it
@@ -238,6 +271,22 @@ class HostRunner:
         outcome, message = self._judge(end, reason)
         return self._finish(outcome, end, lease, message)
 
+    def _run_started(self, child: Child, streams: dict[int, bytes], slot: str) -> Outcome:
+        """A standby keeper got the slot and started the command."""
+        assert child.started is not None
+        wall, mono = child.started
+        self.phases["slot"] = self.phases["started"] = wall
+        self._leave_line()
+        waited = wall - (self.phases["queued"] or wall)
+        self._send(protocol.event_frame(protocol.SLOT, wall, slot=slot, waited_s=round(waited, 3),
+                                        budget=self.budget)
+                   + protocol.event_frame(protocol.STARTED, wall, budget=self.budget))
+        # The budget counts from the command's start in the keeper.
+        elapsed = max(0.0, self.clock.monotonic() - mono)
+        end, reason = self._pump(child, streams, self.budget - elapsed)
+        outcome, message = self._judge(end, reason)
+        return self._finish(outcome, end, None, message)
+
     def _leave_line(self) -> None:
         if self._waiter is not None:
             self._waiter.leave()
@@ -265,8 +314,9 @@ class HostRunner:
     def _waited(self) -> float:
         return (self.phases["slot"] or 0) - (self.phases["queued"] or 0)
 
-    def _start(self, argv: list[str], lease: SlotLease, last: bool,
-               record: dict[str, object] | None = None) -> tuple[Child, dict[int, bytes]]:
+    def _start(self, argv: list[str], lease: SlotLease | None, last: bool,
+               record: dict[str, object] | None = None,
+               wait_for: str | None = None) -> tuple[Child, dict[int, bytes]]:
         """Start argv under a keeper; its output streams are returned.
 
         With `last`, the lease passes to the command: once the holder
@@ -276,17 +326,23 @@ class HostRunner:
         runs)."""
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
+        holder = None
+        if wait_for is not None:  # the keeper writes the holder record once it has the slot
+            spec = self.spec
+            holder = {"run_id": spec.run_id, "label": spec.label, "pid": os.getpid(), "phase": "running",
+                      "budget": self.budget, "cls": spec.cls, "host": self.host}
         try:
             child = spawn(argv, cwd=self.spec.cwd, env=self.spec.env, stdout_fd=out_w, stderr_fd=err_w,
-                          inherit_fds=(lease.fd,), grace=self.grace,
-                          close_in_keeper=(self.in_fd, self.out_fd, out_r, err_r, self._sig_r, self._sig_w))
+                          inherit_fds=(lease.fd,) if lease is not None else (), grace=self.grace,
+                          close_in_keeper=(self.in_fd, self.out_fd, out_r, err_r, self._sig_r, self._sig_w),
+                          lock_path=wait_for, record=holder)
         except OSError:
             for fd in (out_r, out_w, err_r, err_w):
                 os.close(fd)
             raise
-        if record is not None:
+        if lease is not None and record is not None:
             lease.record(**record)
-        if last:
+        if lease is not None and last:
             lease.release()
         return child, {out_r: protocol.STDOUT, err_r: protocol.STDERR}
 
