@@ -310,11 +310,21 @@ def _keeper(
         status = terminate_group(leader, grace, leader_is_child=True)
         report = b"status=%d" % status
     else:
-        # The leader ended; end what it left behind, quietly.
+        # The leader ended; end what it left behind, quietly. From here on
+        # all that is left is bookkeeping: the next holder's command, whose
+        # slot was freed just now, should have the CPU first.
+        _yield_cpu()
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         terminate_group(leader, grace, leader_is_child=False)
     os.write(done_w, report + (b" stopped=1" if stopped else b""))
     return 0
+
+
+def _yield_cpu() -> None:
+    try:
+        os.nice(10)
+    except OSError:
+        pass
 
 
 def _children() -> list[int]:

@@ -381,6 +381,13 @@ class HostRunner:
     def _finish(self, outcome: Outcome, end: ChildEnd | None, lease: SlotLease | None,
                 message: str) -> Outcome:
         spec = self.spec
+        if lease is None or lease.fd < 0:
+            # The slot is free already: what is left is bookkeeping, and the
+            # next holder's command should have the CPU first.
+            try:
+                os.nice(10)
+            except OSError:
+                pass
         self.phases["ended"] = self.clock.wall()
         if lease is not None:
             lease.release()  # (if still ours) the group is gone: the slot is free before we say so
