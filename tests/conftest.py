@@ -3,7 +3,6 @@ bounded wait-for-condition polling (never fixed sleeps)."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess

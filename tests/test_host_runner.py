@@ -3,7 +3,6 @@ channel, stdout the framed stream."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 

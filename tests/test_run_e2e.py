@@ -17,7 +17,6 @@ from conftest import Run, group_alive, slotq_cmd, wait_for
 from slotq import history, protocol
 from slotq.client import run
 from slotq.clock import Clock, Timer
-from slotq.config import HostConfig
 from slotq.slot import read_slot
 from slotq.spec import RunSpec
 from slotq.ticket import list_tickets, pool_dir, probe

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import os
 import select
-from . import signals as signal
 
 from . import protocol
+from . import signals as signal
 from .clock import INF, Clock, Timer
 from .durations import format_duration
 from .errors import HostUnavailable, ProtocolError, UsageError

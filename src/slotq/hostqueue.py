@@ -20,7 +20,6 @@ successor removes it and moves up.
 from __future__ import annotations
 
 import os
-import select
 
 from . import inotify
 from .config import HostConfig
@@ -197,14 +196,6 @@ class Waiter:
             if probe(path):
                 return path
         return None
-
-    def wait(self, timeout: float) -> None:
-        """Block until a watch fires or `timeout` (capped at the poll interval)."""
-        timeout = max(0.0, min(timeout, self.poll_interval))
-        if self._watcher:
-            select.select([self._watcher.fileno()], [], [], timeout)
-        elif timeout > 0:
-            select.select([], [], [], timeout)
 
     def position(self) -> tuple[int, int]:
         """(live tickets ahead of ours, total live tickets in the pool)."""

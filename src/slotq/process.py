@@ -14,6 +14,12 @@ runner:
 - after the command's leader exits, leftovers of the group are ended, because
   they would otherwise keep the inherited slot lock -- and the slot -- busy.
 
+The command itself is started with posix_spawn (no Python between fork and
+exec). A standby keeper (`lock_path`) first waits for the slot in flock(2),
+as flock(1) does, and starts the command the moment the kernel grants it.
+What this does not cover: a keeper that is itself SIGKILLed leaves its
+command running (holding the slot until it exits, so still no overlap).
+
 Stopping is one policy, `terminate_group`: TERM to the group, `grace`
 seconds, then KILL. The keeper reports how the leader ended through a pipe
 whose end-of-file also tells the runner that everything is gone.
@@ -24,8 +30,10 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-from . import signals as signal
 import time
+
+from . import signals as signal
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import os
 import select
-from . import signals as signal
 import time
 
 from . import __version__, history, protocol
+from . import signals as signal
 from .clock import Clock
 from .config import HostConfig
 from .durations import format_duration

@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 import os
 import select
-from . import signals as signal
 from collections.abc import Callable
 
+from . import signals as signal
 from .deadline import Deadline, Extension
 from .durations import format_duration
 from .outcome import Outcome, exit_code_for

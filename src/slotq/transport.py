@@ -9,9 +9,9 @@ rule (the runner's stdin closing means the caller is gone).
 from __future__ import annotations
 
 import os
-from . import signals as signal
 import sys
 
+from . import signals as signal
 from .client import Transport
 from .config import HostConfig
 from .spec import RunSpec
