@@ -116,3 +116,48 @@ def test_fifty_concurrent_writers_lose_nothing(tmp_path: Path) -> None:
     assert len(rows) == 50 * per
     assert len({r[0] for r in rows}) == 50 * per
     assert all(end == start + 1 and hb == end for _, start, end, hb in rows)
+
+
+SPOOL_WRITER = """
+import sys
+from slotq.ledger import WaitRecorder
+for i in range(int(sys.argv[3])):
+    r = WaitRecorder(run_id=f"{sys.argv[2]}-{i}", workdir=sys.argv[4], host="h", warn=print, path=sys.argv[1])
+    r.open("queue", 1e9 + i)
+    r.heartbeat(1e9 + i + 0.5)
+    r.close(1e9 + i + 1)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_fifty_concurrent_runs_spooling_while_readers_ingest_lose_nothing(tmp_path: Path) -> None:
+    path = str(tmp_path / "ledger.sqlite")
+    per = 10
+    procs = [subprocess.Popen([sys.executable, "-c", SPOOL_WRITER, path, f"w{n}", str(per), str(tmp_path)])
+             for n in range(50)]
+    led = Ledger(path)
+    while any(p.poll() is None for p in procs):
+        led.ingest()  # readers move the spool into SQLite while runs append to it
+    assert [p.wait(timeout=100) for p in procs] == [0] * 50
+    c = led.credit(str(tmp_path), 0, 2e9)
+    assert len(c.waits) == 50 * per and c.in_progress == []
+    assert all(w.seconds == 1.0 and w.closed_by == "end" for w in c.waits)
+    assert len({w.record.run_id for w in c.waits}) == 50 * per
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    assert os.path.getsize(path + ".spool") == 0
+
+
+def test_a_spooled_wait_in_progress_is_not_credited_until_closed(tmp_path: Path) -> None:
+    from slotq.ledger import WaitRecorder
+
+    path = str(tmp_path / "ledger.sqlite")
+    r = WaitRecorder(run_id="r", workdir=str(tmp_path), host="h", warn=print, path=path)
+    r.open("queue", T0)
+    r.heartbeat(T0 + 5)
+    led = Ledger(path)
+    c = led.credit(str(tmp_path), T0, T0 + 20)
+    assert c.waits == [] and [w.record.run_id for w in c.in_progress] == ["r"]
+    r.close(T0 + 12)
+    c = led.credit(str(tmp_path), T0, T0 + 20)
+    assert [w.seconds for w in c.waits] == [12] and c.in_progress == []

@@ -12,6 +12,14 @@ clock ticks), so a dead waiter's open record is never revived by a new
 process that happens to get the same pid: such a record ends at its last
 heartbeat.
 
+Runs do not write SQLite themselves: importing and opening it costs a run
+~8 ms of CPU, and hundreds of runs writing at once contend for its lock.
+A run appends its wait events as JSON lines to a spool beside the database
+(`<ledger>.spool`, O_APPEND, a shared flock around each append); any reader
+first moves the spool into SQLite under an exclusive flock, in one
+transaction, then empties it. Nothing is lost: an event is either still in
+the spool or already in the table (applying one twice changes nothing).
+
 `credit(workdir, since, until)` answers an outer task runner: the waits of
 that directory (and below it) cut to the window, totalled two ways -- `sum`
 (record by record) and `union` (overlaps merged: wall-clock time the
@@ -21,6 +29,8 @@ directory was blocked) -- with open waits of live processes listed apart.
 from __future__ import annotations
 
 import os
+
+from .records import from_json, to_json
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -41,6 +51,7 @@ CREATE TABLE IF NOT EXISTS waits (
     start     REAL NOT NULL,
     "end"     REAL,
     heartbeat REAL NOT NULL,
+    key       TEXT UNIQUE,             -- set for records that came through the spool
     CHECK ("end" IS NULL OR "end" >= start)
 );
 CREATE INDEX IF NOT EXISTS waits_by_dir ON waits (workdir, start);
@@ -192,6 +203,60 @@ class Ledger:
     def close(self) -> None:
         self._db.close()
 
+    def ingest(self) -> int:
+        """Move the events runs appended to the spool into the table;
+        returns how many were applied."""
+        import fcntl
+
+        spool = spool_path(self.path)
+        try:
+            lock_fd = os.open(spool + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        except OSError:
+            return 0  # no spool can exist where we cannot create its lock
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)  # no appends while we read and empty it
+            try:
+                with open(spool, "rb") as f:
+                    data = f.read()
+            except FileNotFoundError:
+                return 0
+            events = []
+            for line in data.splitlines():
+                try:
+                    ev = from_json(line.decode("utf-8", "replace"))
+                except ValueError:
+                    continue  # a torn line from a crashed writer: nothing to recover
+                if isinstance(ev, dict):
+                    events.append(ev)
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                for ev in events:
+                    self._apply(ev)
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            os.truncate(spool, 0)
+            return len(events)
+        finally:
+            os.close(lock_fd)
+
+    def _apply(self, ev: dict[str, object]) -> None:
+        op, key = ev.get("op"), ev.get("key")
+        if op == "open" and ev.get("kind") in KINDS:
+            self._db.execute(
+                'INSERT OR IGNORE INTO waits (run_id, pid, pid_start, workdir, host, kind, start, "end", '
+                "heartbeat, key) VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?, ?)",
+                (ev.get("run_id"), ev.get("pid"), ev.get("pid_start"), ev.get("workdir"), ev.get("host"),
+                 ev.get("kind"), ev.get("start"), ev.get("start"), key))
+        elif op == "beat":
+            self._db.execute('UPDATE waits SET heartbeat = max(heartbeat, ?) WHERE key = ? AND "end" IS NULL',
+                             (ev.get("at"), key))
+        elif op == "close":
+            self._db.execute('UPDATE waits SET "end" = max(?, start), heartbeat = max(?, start) '
+                             'WHERE key = ? AND "end" IS NULL', (ev.get("end"), ev.get("end"), key))
+
     def open_wait(self, *, run_id: str, workdir: str, host: str, kind: str, start: float,
                   pid: int | None = None, pid_start: str | None = None) -> int:
         """Start a wait record; returns its id."""
@@ -216,7 +281,8 @@ class Ledger:
 
     def records(self, workdir: str, since: float = 0.0, until: float = float("inf")) -> list[WaitRecord]:
         """Records of `workdir` and the directories below it that may touch
-        [since, until]."""
+        [since, until] (the spool moved in first)."""
+        self.ingest()
         root = os.path.realpath(workdir)
         prefix = root.rstrip("/") + "/"
         rows = self._db.execute(
@@ -245,10 +311,15 @@ class Ledger:
         return Credit(os.path.realpath(workdir), since, until, waits, in_progress)
 
 
+def spool_path(ledger_path: str) -> str:
+    return ledger_path + ".spool"
+
+
 class WaitRecorder:
-    """A run's use of the ledger: one open wait at a time, and never a
-    failure -- a ledger that cannot be written costs one warning, and the
-    run goes on (that wait may go uncredited)."""
+    """A run's use of the ledger: one open wait at a time, appended to the
+    spool (see the module doc), and never a failure -- a ledger that cannot
+    be written costs one warning, and the run goes on (that wait may go
+    uncredited)."""
 
     def __init__(self, *, run_id: str, workdir: str, host: str, warn: Callable[[str], None],
                  path: str | None = None) -> None:
@@ -256,48 +327,55 @@ class WaitRecorder:
         self.workdir = workdir
         self.host = host
         self.warn = warn
-        self.path = path
-        self._ledger: Ledger | None = None
+        self.path = path or ledger_path_from_env()
         self._broken = False
-        self._open: int | None = None
+        self._open: str | None = None  # key of the open wait
 
-    def _do(self, what: str, action: Callable[[Ledger], object]) -> object:
+    def _append(self, what: str, event: dict[str, object]) -> bool:
         if self._broken:
-            return None
+            return False
+        import fcntl
+
+        spool = spool_path(self.path)
         try:
-            if self._ledger is None:
-                self._ledger = Ledger(self.path)
-            return action(self._ledger)
-        except Exception as e:  # sqlite3.Error, OSError, ...
+            os.makedirs(os.path.dirname(spool) or ".", exist_ok=True)
+            lock_fd = os.open(spool + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            try:
+                fcntl.flock(lock_fd, fcntl.LOCK_SH)  # appenders share; an ingest excludes us
+                fd = os.open(spool, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+                try:
+                    os.write(fd, to_json(event).encode() + b"\n")  # one write: lines never interleave
+                finally:
+                    os.close(fd)
+            finally:
+                os.close(lock_fd)
+            return True
+        except OSError as e:
             self._broken = True
-            self.warn(f"slotq: warning: cannot {what} in the wait ledger "
-                      f"({self.path or ledger_path_from_env()}): {e}; this wait may go uncredited")
-            return None
+            self.warn(f"slotq: warning: cannot {what} in the wait ledger ({self.path}): "
+                      f"{e.strerror or e}; this wait may go uncredited")
+            return False
 
     @property
     def opened(self) -> bool:
         return self._open is not None
 
     def open(self, kind: str, start: float) -> None:
-        wid = self._do("record a wait", lambda led: led.open_wait(
-            run_id=self.run_id, workdir=self.workdir, host=self.host, kind=kind, start=start))
-        self._open = wid if isinstance(wid, int) else None
+        key = f"{self.run_id}:{kind}"
+        pid = os.getpid()
+        if self._append("record a wait", {
+                "op": "open", "key": key, "run_id": self.run_id, "pid": pid, "pid_start": process_start(pid),
+                "workdir": os.path.realpath(self.workdir), "host": self.host, "kind": kind, "start": start}):
+            self._open = key
 
     def heartbeat(self, at: float) -> None:
         if self._open is not None:
-            wid = self._open
-            self._do("refresh a wait", lambda led: led.heartbeat(wid, at))
+            self._append("refresh a wait", {"op": "beat", "key": self._open, "at": at})
 
     def close(self, end: float) -> None:
         if self._open is not None:
-            wid, self._open = self._open, None
-            self._do("close a wait", lambda led: led.close_wait(wid, end))
+            key, self._open = self._open, None
+            self._append("close a wait", {"op": "close", "key": key, "end": end})
 
     def finish(self, end: float) -> None:
         self.close(end)
-        if self._ledger is not None:
-            try:
-                self._ledger.close()
-            except Exception:
-                pass
-            self._ledger = None

@@ -30,7 +30,7 @@ PARSER = Parser(
 def main(args: list[str]) -> int:
     opts, _ = PARSER.parse(args)
     from slotq.durations import format_duration, parse_when
-    from slotq.ledger import Ledger, ledger_path_from_env
+    from slotq.ledger import Ledger, ledger_path_from_env, spool_path
 
     now = time.time()
     try:
@@ -43,7 +43,7 @@ def main(args: list[str]) -> int:
     if not os.path.isdir(opts.dir):
         raise UsageError(f"--dir {opts.dir}: no such directory")
     path = ledger_path_from_env()
-    if not os.path.exists(path):
+    if not os.path.exists(path) and not os.path.exists(spool_path(path)):
         credit_dict: dict[str, object] = {"workdir": os.path.realpath(opts.dir), "since": since, "until": until,
                                           "sum_s": 0.0, "union_s": 0.0, "waits": [], "in_progress": []}
     else:
