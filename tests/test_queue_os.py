@@ -145,7 +145,7 @@ def test_without_inotify_the_fallback_poll_still_hands_over(tmp_path: Path, monk
     lease = a.attempt()
     assert lease is not None
     b = Waiter(str(tmp_path), CFG, "shared", {})
-    assert b.fileno() == -1 and b.poll_interval <= 1.0
+    assert b.fileno() == -1 and b.wait_timeout() <= 1.0
     assert b.attempt() is None
     lease.release()
     assert b.attempt() is not None
@@ -294,3 +294,18 @@ def test_status_reads_the_kernel_lock_table_and_wakes_nobody(tmp_path: Path) -> 
     assert not readable(head) and not readable(behind)  # looking woke nobody
     lease.release()
     assert readable(head, 1.0)
+
+
+def test_a_wakeup_that_finds_the_lock_still_held_is_followed_by_quick_rechecks(tmp_path: Path) -> None:
+    # IN_CLOSE_WRITE is queued before the closing file's flock is released;
+    # a head woken in between must look again soon, not after the 30 s poll.
+    first = Waiter(str(tmp_path), CFG, "shared", {})
+    lease = first.attempt()
+    assert lease is not None
+    head = Waiter(str(tmp_path), CFG, "shared", {})
+    assert head.attempt() is None
+    assert head.wait_timeout() >= 30  # idle: only the safety poll
+    os.close(os.open(lease.path, os.O_RDWR))  # an event, but the slot is still held
+    assert readable(head, 1.0)
+    assert head.attempt() is None
+    assert [head.wait_timeout() for _ in range(4)] == [0.002, 0.02, 0.2, 30.0]

@@ -5,7 +5,7 @@ lock file. A `Waiter` is one caller's wait, driven by its owner's loop:
 
     waiter = Waiter(state_dir, config, pool, info)
     while (lease := waiter.attempt()) is None:
-        select([waiter, other fds...], timeout=waiter.poll_interval)
+        select([waiter, other fds...], timeout=waiter.wait_timeout())
     ...
 
 Order: within a pool only the head of the line -- the earliest live ticket
@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 # With inotify the poll is only a safety net; without it, it is the wake-up.
 POLL_WITH_INOTIFY = 30.0
 POLL_WITHOUT_INOTIFY = 0.5
+# After a wake-up that did not let us move: look again after these delays.
+RECHECKS = (0.002, 0.02, 0.2)
 
 
 def ensure_state_dir(state_dir: str) -> None:
@@ -65,6 +67,7 @@ class Waiter:
         self._locks: LockWaits | None = None  # when no inotify instance can be had
         self._may_watch = True
         self._head = False
+        self._rechecks: list[float] = []
         self._probe: SlotProbe | None = None
         self._watching: str | None = None  # path of the ticket ahead, or "slots"
         try:
@@ -90,8 +93,11 @@ class Waiter:
 
         return [slot_path(self.state_dir, self.pool, i) for i in range(self.slot_count)]
 
-    @property
-    def poll_interval(self) -> float:
+    def wait_timeout(self) -> float:
+        """How long to wait for a wake-up before looking again anyway
+        (shortly after a wake-up that did not let us move)."""
+        if self._rechecks:
+            return self._rechecks.pop(0)
         return POLL_WITH_INOTIFY if self._watcher or self._locks else POLL_WITHOUT_INOTIFY
 
     def attempt(self) -> SlotLease | None:
@@ -116,8 +122,15 @@ class Waiter:
         return lease
 
     def _attempt(self) -> SlotLease | None:
+        woke = False
         if self._watcher:
-            self._watcher.drain()
+            woke = self._watcher.drain() > 0
+            if woke:
+                # The kernel queues IN_CLOSE_WRITE *before* it releases the
+                # closing file's flock (__fput: fsnotify_close, then
+                # locks_remove_file). Woken in between, we find the lock
+                # still held and no further event comes: look again shortly.
+                self._rechecks = list(RECHECKS)
         if self._locks:
             self._locks.drain()
         if not self._head:

@@ -251,10 +251,15 @@ def _keeper(
     for fd in close_fds:
         # The runner's channel: hold it and the caller would not see EOF
         # when the runner dies.
-        try:
-            os.dup2(devnull, fd) if fd in (0, 1) else os.close(fd)
-        except OSError:
-            pass
+        if fd in (0, 1):
+            os.dup2(devnull, fd)
+    # Hold nothing else of the runner's: a copy of its ticket, of a pending
+    # lock of its waiting threads or of its slot probes would keep those
+    # locks -- and the line -- held until we exit.
+    keep = {devnull, done_w, stdout_fd, stderr_fd, *inherit_fds}
+    if stdin_fd is not None:
+        keep.add(stdin_fd)
+    _close_all_but(keep)
     if os.getppid() != runner_pid:
         return 1  # the runner died before PDEATHSIG was armed
 
@@ -326,6 +331,19 @@ def _keeper(
         terminate_group(leader, grace, leader_is_child=False)
     os.write(done_w, report + (b" stopped=1" if stopped else b""))
     return 0
+
+
+def _close_all_but(keep: set[int]) -> None:
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        fds = list(range(3, 256))
+    for fd in fds:
+        if fd > 2 and fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # the directory listing's own descriptor, already gone
 
 
 def _yield_cpu() -> None:

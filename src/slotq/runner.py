@@ -189,7 +189,7 @@ class HostRunner:
                     fds.append(standby[0].done_fd)
                 elif waiter.fileno() >= 0:
                     fds.append(waiter.fileno())
-                timeout = max(0.0, min(next_report - now, waiter.poll_interval))
+                timeout = max(0.0, min(next_report - now, waiter.wait_timeout()))
                 ready, _, _ = select.select(fds, [], [], timeout)
                 if standby is not None and standby[0].done_fd in ready and standby[0].on_readable():
                     standby = None  # the keeper ended without starting (it should not): wait anew
