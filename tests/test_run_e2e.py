@@ -338,3 +338,33 @@ def test_a_silent_host_ends_in_backstop_and_the_command_is_ended(state_dir: Path
     pgid = int((tmp_path / "pgid").read_text())
     wait_for(lambda: not group_alive(pgid), timeout=5, what="command ended after the runner was killed")
     wait_for(lambda: slot_holder(state_dir) is None, timeout=5, what="slot free")
+
+
+@pytest.mark.timeout(40)
+@pytest.mark.parametrize("slots", [1, 2])
+def test_runs_without_inotify_instances_keep_order_and_finish(state_dir: Path, tmp_path: Path, slots: int,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # Hundreds of waiters exhaust the per-user inotify instances; the runs
+    # that get none wait on blocked-flock threads -- and at the head of a
+    # one-slot line hand the wait to their standby keeper (no deadlock).
+    cfg = tmp_path / "host.toml"
+    cfg.write_text(f"[pools]\nshared = {slots}\nlanding = 1\n")
+    monkeypatch.setenv("SLOTQ_CONFIG", str(cfg))
+    gate = tmp_path / "gate"
+    log = tmp_path / "order"
+    helper = Path(__file__).with_name("no_inotify_instances.py")
+    holders = [subprocess.Popen(slotq_cmd() + ["run", "-q", "--", *gate_cmd(gate)]) for _ in range(slots)]
+    wait_for(lambda: all((read_slot(str(state_dir), "shared", i)[1] or {}).get("phase") == "running"
+                         for i in range(slots)), what="slots held")
+    waiters = []
+    for i in range(4):
+        waiters.append(subprocess.Popen([sys.executable, str(helper), "run", "-q", "--", "sh", "-c",
+                                         f"echo {i} >> {log}"]))
+        wait_for(lambda: len(live_tickets(state_dir)) == i + 1, what=f"ticket {i}")
+    gate.touch()
+    assert [w.wait(timeout=20) for w in waiters] == [0, 0, 0, 0]
+    assert [h.wait(timeout=20) for h in holders] == [0] * slots
+    order = log.read_text().split()
+    assert sorted(order) == ["0", "1", "2", "3"]
+    if slots == 1:
+        assert order == ["0", "1", "2", "3"]

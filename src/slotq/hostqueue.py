@@ -88,6 +88,17 @@ class Waiter:
         ticket ahead)."""
         return self._head
 
+    def stand_down(self) -> None:
+        """Stop trying for a slot ourselves: a standby keeper waits for it
+        instead. Our own slot descriptors and blocked lock threads go (a
+        lock one of them was granted just now is released to the keeper)."""
+        self._drop_probe()
+        if self._watcher:
+            self._watcher.unwatch_all()
+            self._watching = None
+        if self._locks:
+            self._locks.watch_only([], exclusive=True)
+
     def slot_paths(self) -> list[str]:
         from .slot import slot_path
 

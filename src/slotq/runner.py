@@ -175,6 +175,7 @@ class HostRunner:
                     # At the head of a one-slot line: wait in the kernel, like
                     # flock(1), in a keeper that starts the command the moment
                     # the slot is released.
+                    waiter.stand_down()  # one waiter for the slot, not two (they would deadlock)
                     standby = self._start(spec.argv, None, last=True, wait_for=waiter.slot_paths()[0])
                 if standby is not None and standby[0].started is not None:
                     return standby
