@@ -45,6 +45,16 @@ def now_ns() -> int:
     return time.time_ns()
 
 
+def wait_started(tool: "Tool", path: Path, n: int, timeout: float, what: str) -> None:
+    """Wait for n start stamps; fail at once if every caller has exited
+    without them (a lost caller would otherwise cost the whole timeout)."""
+    wait_until(lambda: len(lines(path)) >= n or tool.all_exited(), timeout, what, 0.02)
+    if len(lines(path)) < n:
+        time.sleep(0.2)  # stamps of the last exits may still be landing
+        if len(lines(path)) < n:
+            raise TimeoutError(f"{tool.name}: only {len(lines(path))} of {n} callers ran; the others were lost")
+
+
 def wait_until(cond, timeout: float, what: str, interval: float = 0.01):  # type: ignore[no-untyped-def]
     end = time.monotonic() + timeout
     while True:
@@ -123,6 +133,10 @@ class Tool:
 
     def queued(self) -> int:
         raise NotImplementedError
+
+    def all_exited(self) -> bool:
+        """Every caller process has ended (then nothing more will start)."""
+        return all(p.poll() is not None for p in self.procs)
 
     def waiting_pids(self) -> list[int]:
         """Processes whose CPU counts as 'waiting' (all but the holder's)."""
@@ -254,6 +268,9 @@ class Tsp(Tool):
                     return int(d)
         return None
 
+    def all_exited(self) -> bool:
+        return False  # the callers only enqueue; the server runs the jobs
+
     def waiting_pids(self) -> list[int]:
         pid = self.server_pid()
         return [pid] if pid else []
@@ -285,7 +302,7 @@ def handoff(tool: Tool, n: int) -> dict[str, float]:
     wait_until(lambda: tool.queued() >= n, 300, f"{n} {tool.name} waiters queued", 0.05)
     time.sleep(1.0)  # the holder keeps the slot about a second with everyone in line
     gate.touch()
-    wait_until(lambda: len(lines(starts)) >= n, 600, f"{n} {tool.name} waiters started", 0.02)
+    wait_started(tool, starts, n, 600, f"{n} {tool.name} waiters started")
     t_end = int(end.read_text())
     ts = sorted(int(line.split()[0]) for line in lines(starts))
     gaps = [(b - a) / 1e6 for a, b in zip(ts, ts[1:])]
@@ -321,7 +338,7 @@ def order(tool: Tool, n: int = 20, spacing: float = 0.02) -> dict[str, float]:
     wait_until(lambda: tool.queued() >= n, 120, f"{tool.name} callers queued", 0.05)
     time.sleep(0.5)
     gate.touch()
-    wait_until(lambda: len(lines(starts)) >= n, 300, f"{tool.name} callers started", 0.02)
+    wait_started(tool, starts, n, 300, f"{tool.name} callers started")
     seq = [int(line.split()[1]) for line in sorted(lines(starts), key=lambda s: int(s.split()[0]))]
     inversions = sum(1 for i in range(n) for j in range(i + 1, n) if seq[i] > seq[j])
     return {"inversions": float(inversions)}
@@ -332,7 +349,7 @@ def throughput(tool: Tool, n: int = 200) -> dict[str, float]:
     t0 = time.monotonic()
     for _ in range(n):
         tool.start(f"echo x >> {done}")
-    wait_until(lambda: len(lines(done)) >= n, 900, f"{n} {tool.name} commands", 0.02)
+    wait_started(tool, done, n, 900, f"{n} {tool.name} commands")
     wall = time.monotonic() - t0
     return {"wall_s": wall, "per_s": n / wall}
 
