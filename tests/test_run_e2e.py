@@ -323,7 +323,7 @@ with open(f"/proc/{keeper}/stat") as f:
 with open("pgid", "w") as f:
     f.write(str(os.getpgid(0)))
 os.kill(runner, signal.SIGSTOP)
-time.sleep(100)
+time.sleep(100)  # sleep-ok: the command under test idles; the test waits by condition
 """
 
 
