@@ -200,3 +200,27 @@ def ssh_transport(opts: Namespace, host: str, sync: str = "rsync") -> "SshTransp
 
     return SshTransport(host, config=opts.ssh_config, options=opts.ssh_option,
                         remote_slotq=opts.remote_slotq, sync=sync)
+
+
+class JsonResult:
+    """Where `--json FILE|-` goes. The file is opened when the options are
+    read, so a bad path is a usage error before the run, not a result lost
+    after it."""
+
+    def __init__(self, dest: str | None) -> None:
+        self.dest = dest
+        self._file = None
+        if dest and dest != "-":
+            try:
+                self._file = open(dest, "w")
+            except OSError as e:
+                raise UsageError(f"cannot write --json file {dest}: {e.strerror}") from None
+
+    def write(self, text: str) -> None:
+        if not self.dest:
+            return
+        if self._file is not None:
+            self._file.write(text + "\n")
+            self._file.close()
+        else:
+            os.write(1, (text + "\n").encode())

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 
-from slotq.cli.args import FLAG, RUN_OPTIONS, Namespace, Opt, Parser, duration, host_options, ssh_transport
+from slotq.cli.args import (FLAG, RUN_OPTIONS, JsonResult, Namespace, Opt, Parser, duration, host_options,
+                            ssh_transport)
 from slotq.errors import UsageError
 
 TYPE_CHECKING = False
@@ -74,21 +75,10 @@ def main(args: list[str]) -> int:
     spec = RunSpec(command, cls=opts.cls, budget=opts.budget, prepare=opts.prepare,
                    prepare_timeout=opts.prepare_timeout, label=opts.label,
                    report_every=opts.report_every, kill_grace=opts.kill_grace, cwd=cwd)
-    json_file = None
-    if opts.json and opts.json != "-":
-        try:  # open first: a bad path is a usage error, not a lost result
-            json_file = open(opts.json, "w")
-        except OSError as e:
-            raise UsageError(f"cannot write --json file {opts.json}: {e.strerror}") from None
+    json_result = JsonResult(opts.json)
     result = run(spec, transport, idle=opts.idle, status=say, handle_sigint=True,
                  credit_dir=opts.credit_dir or cwd)
-    if opts.json:
-        text = result.to_json() + "\n"
-        if json_file is not None:
-            json_file.write(text)
-            json_file.close()
-        else:
-            os.write(1, text.encode())
+    json_result.write(result.to_json())
     return result.exit_code
 
 

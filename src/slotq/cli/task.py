@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from slotq.cli.args import FLAG, Opt, Parser, duration
+from slotq.cli.args import FLAG, JsonResult, Opt, Parser, duration
 from slotq.errors import UsageError
 
 EPILOG = """\
@@ -45,6 +45,7 @@ def main(args: list[str]) -> int:
     opts, command = PARSER.parse(args)
     if not os.path.isdir(opts.credit_dir):
         raise UsageError(f"--credit-dir {opts.credit_dir}: no such directory")
+    json_result = JsonResult(opts.json)
     from slotq.deadline import Deadline
     from slotq.task import describe_extension, run_task
 
@@ -57,11 +58,5 @@ def main(args: list[str]) -> int:
                         recheck=opts.recheck, on_extend=lambda ext: say(describe_extension(ext)))
     result = run_task(command, deadline, grace=opts.kill_grace, say=say)
     say(f"slotq task: {result.outcome.value} after {result.elapsed:.1f}s — {result.message}")
-    if opts.json:
-        text = result.to_json() + "\n"
-        if opts.json == "-":
-            sys.stdout.write(text)
-        else:
-            with open(opts.json, "w") as f:
-                f.write(text)
+    json_result.write(result.to_json())
     return result.exit_code
