@@ -368,3 +368,14 @@ def test_runs_without_inotify_instances_keep_order_and_finish(state_dir: Path, t
     assert sorted(order) == ["0", "1", "2", "3"]
     if slots == 1:
         assert order == ["0", "1", "2", "3"]
+
+
+def test_an_uncontended_run_imports_no_heavy_module_in_the_caller(state_dir: Path, tmp_path: Path) -> None:
+    # Each of these costs milliseconds per run (json and enum pull in re);
+    # the run path must not need them. A regression here showed up as a
+    # third more per-call cost in benchmarks/.
+    probe = ("import sys\nfrom slotq.cli import main\ncode = main(['run', '-q', '--', 'true'])\n"
+             "heavy = ('re', 'json', 'enum', 'sqlite3', 'tomllib', 'argparse', 'subprocess', 'warnings')\n"
+             "print(code, sorted(m for m in heavy if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    assert out.stdout.strip() == "0 []", out.stdout + out.stderr

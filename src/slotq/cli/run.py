@@ -78,7 +78,7 @@ def main(args: list[str]) -> int:
     json_result = JsonResult(opts.json)
     result = run(spec, transport, idle=opts.idle, status=say, handle_sigint=True,
                  credit_dir=opts.credit_dir or cwd)
-    json_result.write(result.to_json())
+    json_result.write(result.to_json)
     return result.exit_code
 
 

@@ -58,5 +58,5 @@ def main(args: list[str]) -> int:
                         recheck=opts.recheck, on_extend=lambda ext: say(describe_extension(ext)))
     result = run_task(command, deadline, grace=opts.kill_grace, say=say)
     say(f"slotq task: {result.outcome.value} after {result.elapsed:.1f}s — {result.message}")
-    json_result.write(result.to_json())
+    json_result.write(result.to_json)
     return result.exit_code
