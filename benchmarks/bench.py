@@ -518,11 +518,13 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer repetitions, no N=500")
     ap.add_argument("--only", help="comma-separated scenarios: handoff,idle,order,throughput,percall,crash")
     ap.add_argument("--tools", default="slotq,flock,sem,task-spooler")
+    ap.add_argument("--reps", type=int, help="repetitions per scenario (default 5; 2 with --quick)")
+    ap.add_argument("--handoff-n", help="comma-separated waiter counts for handoff (default 1,10,50,500)")
     ap.add_argument("--out", default=str(HERE / "results"), help="directory for the results files")
     args = ap.parse_args()
     tools = args.tools.split(",")
     only = set(args.only.split(",")) if args.only else None
-    reps = 2 if args.quick else 5
+    reps = args.reps or (2 if args.quick else 5)
     results: dict[str, dict[str, dict[str, object]]] = {}
     started = time.time()
 
@@ -532,7 +534,9 @@ def main() -> int:
     bare = bare_times()
     print(f"bare: true {bare['true_ms']:.1f} ms, {PYTHON} -c pass {bare['python_ms']:.1f} ms", file=sys.stderr)
     if want("handoff"):
-        for n in (1, 10, 50) + (() if args.quick else (500,)):
+        sizes = [int(x) for x in args.handoff_n.split(",")] if args.handoff_n else \
+            [1, 10, 50] + ([] if args.quick else [500])
+        for n in sizes:
             skip = {"sem": "skipped at N=500: sem waiters poll with back-off; hundreds take many minutes"} \
                 if n >= 500 else None
             results[f"handoff N={n}"] = measure(tools, f"handoff N={n}", lambda t, n=n: handoff(t, n),

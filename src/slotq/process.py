@@ -263,19 +263,9 @@ def _keeper(
     if os.getppid() != runner_pid:
         return 1  # the runner died before PDEATHSIG was armed
 
-    lock_fd = -1
-    if lock_path is not None:
-        lock_fd = os.open(lock_path, os.O_RDWR | os.O_CLOEXEC)
-        try:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGHUP})
-            fcntl.flock(lock_fd, fcntl.LOCK_EX)  # the wait: in the kernel, no CPU
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP})
-        except _Stop:
-            os.write(done_w, b"stopped=1")
-            return 0  # never started; exiting releases a lock got just now
-        inherit_fds = (*inherit_fds, lock_fd)
-    # The command: posix_spawn (vfork + exec in C), so no Python runs in the
-    # child between fork and exec -- a millisecond off every command's start.
+    # Everything the command's start needs is ready before the wait below,
+    # so that nothing but posix_spawn stands between the slot's release and
+    # the command (posix_spawn: vfork + exec in C, no Python in the child).
     # Its own session and group; default signal handling; empty mask.
     for fd in inherit_fds:
         os.set_inheritable(fd, True)  # the slot lock: the command holds it too
@@ -285,18 +275,40 @@ def _keeper(
         os.environ["PATH"] = env["PATH"]  # posix_spawnp searches our PATH
     actions = [(os.POSIX_SPAWN_DUP2, devnull if stdin_fd is None else stdin_fd, 0),
                (os.POSIX_SPAWN_DUP2, stdout_fd, 1), (os.POSIX_SPAWN_DUP2, stderr_fd, 2)]
+    # Arguments and environment as bytes in a plain dict: os.environ is a
+    # Python-level mapping that would decode and re-encode every variable
+    # during the spawn call.
+    spawn_argv = [os.fsencode(a) for a in argv]
+    spawn_env = {os.fsencode(k): os.fsencode(v) for k, v in (os.environ if env is None else env).items()}
+    stop_signals = {signal.SIGTERM, signal.SIGHUP}
+    lock_fd = -1
+    if lock_path is not None:
+        from .records import to_json  # now, not after the command's start
+
+        lock_fd = os.open(lock_path, os.O_RDWR)  # inheritable: the command holds the slot
+        inherit_fds = (*inherit_fds, lock_fd)
+        # We are a fork of the runner: every page we write first is copied
+        # then (copy-on-write), about 60 page faults on the way from the
+        # release to the command. Take them now, while waiting costs nothing:
+        # a throw-away pass over what the spawn call will touch.
+        _prefault(spawn_argv, spawn_env, actions)
+        try:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals)
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)  # the wait: in the kernel, no CPU
+            signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
+        except _Stop:
+            os.write(done_w, b"stopped=1")
+            return 0  # never started; exiting releases a lock got just now
     exec_errno: int | None = None
     leader = -1
     try:
-        leader = os.posix_spawnp(argv[0], argv, os.environ if env is None else env, file_actions=actions,
+        leader = os.posix_spawnp(spawn_argv[0], spawn_argv, spawn_env, file_actions=actions,
                                  setsid=True, setsigmask=(), setsigdef=_DEFAULT_SIGNALS)
     except OSError as e:
         exec_errno = e.errno or errno.ENOENT
     if lock_fd >= 0:
         started = b"started=%r,%r\n" % (time.time(), time.monotonic())
         if record is not None:
-            from .records import to_json
-
             data = to_json(dict(record, since=time.time())).encode()
             os.ftruncate(lock_fd, 0)  # we hold the lock: safe to truncate
             os.pwrite(lock_fd, data, 0)
@@ -331,6 +343,18 @@ def _keeper(
         terminate_group(leader, grace, leader_is_child=False)
     os.write(done_w, report + (b" stopped=1" if stopped else b""))
     return 0
+
+
+def _prefault(argv: list[bytes], env: dict[bytes, bytes], actions: list[tuple[int, int, int]]) -> None:
+    """Touch (and so copy, in a fork) the objects and allocator pages that
+    the spawn call will: build and drop what posix_spawn builds."""
+    scratch = [k + b"=" + v for k, v in env.items()] + [a + b"" for a in argv] + [tuple(a) for a in actions]
+    del scratch
+    try:  # its keyword parser initialises on the first call: make that this one
+        os.posix_spawnp(argv[0], [], env, file_actions=actions, setsid=True, setsigmask=(),
+                        setsigdef=_DEFAULT_SIGNALS)
+    except ValueError:
+        pass  # "argv must not be empty": refused before anything is started
 
 
 def _close_all_but(keep: set[int]) -> None:
