@@ -83,20 +83,25 @@ def test_a_sigkilled_holder_wakes_the_head_within_milliseconds(tmp_path: Path) -
     assert woke < 0.1, f"wake-up took {woke * 1000:.1f} ms"
 
 
-def test_a_release_wakes_only_the_head_not_the_whole_line(tmp_path: Path) -> None:
+def test_a_release_wakes_only_the_head_and_a_departure_only_the_next_two(tmp_path: Path) -> None:
+    # No herd: each waiter watches the two live tickets just ahead of it (to
+    # know when it is second in line), never the whole line.
     first = Waiter(str(tmp_path), CFG, "shared", {})
     lease = first.attempt()
     assert lease is not None
-    line = [Waiter(str(tmp_path), CFG, "shared", {}) for _ in range(4)]
+    line = [Waiter(str(tmp_path), CFG, "shared", {}) for _ in range(5)]
     for w in line:
         assert w.attempt() is None
     lease.release()
     assert readable(line[0], 1.0)
-    assert [readable(w) for w in line[1:]] == [False, False, False]
+    assert [readable(w) for w in line[1:]] == [False, False, False, False]
     lease = line[0].attempt()  # the head wins and withdraws its ticket
     assert lease is not None
-    assert readable(line[1], 1.0)
-    assert [readable(w) for w in line[2:]] == [False, False]
+    assert readable(line[1], 1.0) and readable(line[2], 1.0)
+    assert [readable(w) for w in line[3:]] == [False, False]
+    assert line[1].attempt() is None and line[1].is_head  # the slot is still held
+    assert line[2].attempt() is None and line[2].is_second and not line[2].is_head
+    assert line[3].attempt() is None and not line[3].is_second
 
 
 def test_later_tickets_never_overtake_earlier_live_ones(tmp_path: Path) -> None:

@@ -164,8 +164,12 @@ def test_caller_sigkilled_while_queued_loses_its_ticket_within_1s(
     wait_for(lambda: len(live_tickets(state_dir)) == 1, what="ticket in line")
     t0 = time.monotonic()
     q.kill()
-    wait_for(lambda: not os.listdir(pool_dir(str(state_dir), "shared")), timeout=1.0, what="ticket file gone")
+    # The ticket's life is the kernel's lock: it ends with the process. The
+    # file goes then too if the run's keeper was waiting for it (it was at
+    # the head here), else at the next look along the line (this probe).
+    wait_for(lambda: not live_tickets(state_dir), timeout=1.0, what="ticket no longer live")
     assert time.monotonic() - t0 < 1.0
+    assert not os.listdir(pool_dir(str(state_dir), "shared"))
     gate.touch()
 
 
@@ -331,7 +335,9 @@ time.sleep(100)  # sleep-ok: the command under test idles; the test waits by con
 def test_a_silent_host_ends_in_backstop_and_the_command_is_ended(state_dir: Path, tmp_path: Path) -> None:
     spec = RunSpec([sys.executable, "-c", STOP_MY_RUNNER], budget=1.0, kill_grace=0.5, cwd=str(tmp_path))
     t0 = time.monotonic()
-    result = run(spec, LocalTransport(), backstop_margin=0.5)
+    # The host side in a process of its own (as `slotq host run` is on a
+    # remote host), so that the command can stop it without stopping us.
+    result = run(spec, LocalTransport(in_process=False), backstop_margin=0.5)
     assert result.outcome.value == "backstop" and result.blame == "infrastructure"
     assert result.exit_code == 122
     assert 1.4 <= time.monotonic() - t0 < 10
@@ -379,3 +385,31 @@ def test_an_uncontended_run_imports_no_heavy_module_in_the_caller(state_dir: Pat
              "print(code, sorted(m for m in heavy if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=30, cwd=tmp_path)
     assert out.stdout.strip() == "0 []", out.stdout + out.stderr
+
+
+@pytest.mark.timeout(30)
+def test_in_process_runs_leave_no_descriptor_thread_or_child_behind(state_dir: Path, tmp_path: Path) -> None:
+    # The host side runs in a thread of the caller: a library caller making
+    # many runs must not collect descriptors, threads or zombies.
+    def fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    def tasks() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    out_r, out_w = os.pipe()
+    spec = RunSpec(["true"], budget=30, cwd=str(tmp_path))
+    assert run(spec, LocalTransport(), stdout_fd=out_w).outcome.value == "passed"  # warm: lazy imports
+    before = (fds(), tasks())
+    for _ in range(5):
+        assert run(RunSpec(["sh", "-c", "echo hi"], budget=30, cwd=str(tmp_path)), LocalTransport(),
+                   stdout_fd=out_w).outcome.value == "passed"
+    # A run's thread releases the caller just before it returns; it is gone
+    # a moment later.
+    wait_for(lambda: tasks() == before[1], timeout=2, what="the last run's thread to end")
+    assert fds() == before[0]
+    assert os.read(out_r, 100) == b"hi\n" * 5
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)
+    os.close(out_r)
+    os.close(out_w)

@@ -10,11 +10,16 @@ lock file. A `Waiter` is one caller's wait, driven by its owner's loop:
 
 Order: within a pool only the head of the line -- the earliest live ticket
 -- tries the slots; later tickets never overtake earlier live ones. No
-thundering herd: each waiter watches only the ticket just ahead of it; the
-head watches the pool's slot files. When the head wins a slot and withdraws
-its ticket, its successor's watch fires and it becomes the head. A dead
-waiter's ticket is unlocked by the kernel; the watch on it fires too, and its
-successor removes it and moves up.
+thundering herd: each waiter watches only the two live tickets just ahead of
+it; the head watches the pool's slot files. When the head wins a slot and
+withdraws its ticket, its successor's watch fires and it becomes the head. A
+dead waiter's ticket is unlocked by the kernel; the watch on it fires too,
+and its successor removes it and moves up.
+
+In a one-slot pool the runner hands the last part of the wait to a standby
+keeper (process.py) once it is second in line: the keeper waits in flock(2)
+for the ticket ahead to go (`ticket.wait_turn`), then for the slot, and
+starts the command -- every hand-over on that path happens in the kernel.
 """
 
 from __future__ import annotations
@@ -67,9 +72,10 @@ class Waiter:
         self._locks: LockWaits | None = None  # when no inotify instance can be had
         self._may_watch = True
         self._head = False
+        self._second = False
         self._rechecks: list[float] = []
         self._probe: SlotProbe | None = None
-        self._watching: str | None = None  # path of the ticket ahead, or "slots"
+        self._watching: str | None = None  # "slots" once the head watches them
         try:
             self.ticket: Ticket = take_ticket(state_dir, pool, info)
         except StateDirError:
@@ -87,6 +93,12 @@ class Waiter:
         """At the head of the line (known once an attempt found no live
         ticket ahead)."""
         return self._head
+
+    @property
+    def is_second(self) -> bool:
+        """Second in line (as of the last attempt): the ticket ahead is the
+        head's."""
+        return self._second
 
     def stand_down(self) -> None:
         """Stop trying for a slot ourselves: a standby keeper waits for it
@@ -145,14 +157,16 @@ class Waiter:
         if self._locks:
             self._locks.drain()
         if not self._head:
-            ahead = self._nearest_live_ahead()
-            if ahead is not None:
+            ahead = self._live_ahead()
+            self._second = len(ahead) == 1
+            if ahead:
                 self._drop_probe()
                 if self._locks:
-                    self._locks.watch_only([ahead], exclusive=False)
+                    self._locks.watch_only(ahead, exclusive=False)
                 return None
             # Once the head, always the head: no ticket can appear ahead later.
             self._head = True
+            self._second = False
         if self._probe is None:
             self._probe = SlotProbe(self.state_dir, self.pool, self.slot_count)
         if self._locks:
@@ -204,22 +218,27 @@ class Waiter:
         self._won()
         return lease
 
-    def _nearest_live_ahead(self) -> str | None:
-        """Path of the closest live ticket ahead of ours (now watched), or
-        None if we are the head. Dead tickets met on the way are removed."""
+    def _live_ahead(self) -> list[str]:
+        """Paths of the (at most two) closest live tickets ahead of ours,
+        closest first, now watched: when either goes, we may have moved up
+        to second place. Dead tickets met on the way are removed."""
         mine = self.ticket.seq
         earlier = [path for seq, path in list_tickets(pool_dir(self.state_dir, self.pool)) if seq < mine]
+        found: list[str] = []
         for path in reversed(earlier):
-            if self._watcher and self._watching != path:
-                # Watch before probing: a release between the two is not lost.
-                self._watcher.unwatch_all()
-                self._watching = None
-                if not self._watcher.watch(path):
-                    continue  # gone already
-                self._watching = path
+            # Watch before probing: a release between the two is not lost.
+            if self._watcher and not self._watcher.watch(path):
+                continue  # gone already
             if probe(path):
-                return path
-        return None
+                found.append(path)
+                if len(found) == 2:
+                    break
+            elif self._watcher:
+                self._watcher.unwatch(path)
+        if self._watcher:
+            for path in self._watcher.watching() - set(found):
+                self._watcher.unwatch(path)
+        return found
 
     def position(self) -> tuple[int, int]:
         """(live tickets ahead of ours, total live tickets in the pool)."""
@@ -247,6 +266,16 @@ class Waiter:
         if self._locks:
             self._locks.close()
             self._locks = None
+
+    def rejoin(self) -> None:
+        """Take a new ticket at the end of the line (ours was lost)."""
+        self.ticket.withdraw()
+        self._drop_probe()
+        self._head = self._second = False
+        self._watching = None
+        if self._watcher:
+            self._watcher.unwatch_all()
+        self.ticket = take_ticket(self.state_dir, self.pool, self.ticket.info)
 
     def withdraw(self) -> None:
         """Leave the line without a slot (caller gone, cancelled)."""

@@ -86,6 +86,11 @@ class Watcher:
     def watching(self) -> set[str]:
         return set(self._watches)
 
+    def unwatch(self, path: str) -> None:
+        wd = self._watches.pop(path, None)
+        if wd is not None:
+            self._lib.inotify_rm_watch(self._fd, wd)
+
     def unwatch_all(self) -> None:
         for wd in self._watches.values():
             # A watch whose file is already gone was removed by the kernel.

@@ -180,24 +180,31 @@ def spawn(
     stderr_fd: int,
     inherit_fds: tuple[int, ...] = (),
     grace: float = 10.0,
-    close_in_keeper: tuple[int, ...] = (),
     stdin_fd: int | None = None,
     lock_path: str | None = None,
     record: dict[str, object] | None = None,
+    ticket: tuple[int, str, int] | None = None,
+    history: tuple[str, dict[str, object]] | None = None,
 ) -> Child:
     """Start `argv` in its own session under a keeper process.
 
     `stdout_fd`/`stderr_fd` become the command's fd 1 and 2, `stdin_fd` its
-    fd 0 (None: /dev/null); all three are closed here after the fork. `inherit_fds` stay open in the command (the slot lock).
-    `close_in_keeper` are the runner's own channel descriptors, which the
-    keeper must not hold open. Raises OSError if the keeper cannot fork.
+    fd 0 (None: /dev/null); all three are closed here after the fork.
+    `inherit_fds` stay open in the command (the slot lock). The keeper holds
+    nothing else of ours open. Raises OSError if the keeper cannot fork.
 
     With `lock_path` (a slot file), the keeper first waits for that slot
     itself, blocked in flock(2) as flock(1) would be: the kernel grants the
     lock at the holder's release and the command starts at once, with no
     wake-up and no Python on the way. It then writes `record` (plus `since`)
     as the holder record and reports `started=<wall>,<monotonic>` first.
-    SIGTERM before that simply ends the wait.
+    SIGTERM before that simply ends the wait. `ticket` (fd, path, seq):
+    the waiter's ticket, which the keeper keeps; it first waits for every
+    ticket ahead to go (`ticket.wait_turn`), and withdraws its own (unlink,
+    close) right after the command's start, so the successor moves up at once.
+    `history` (state dir, record so far): if the runner vanishes (killed, or
+    the caller's process it was a thread of), the keeper ends the command
+    and writes the run's history line itself.
     """
     done_r, done_w = os.pipe()
     runner_pid = os.getpid()
@@ -207,7 +214,7 @@ def spawn(
         try:
             os.close(done_r)
             code = _keeper(argv, cwd, env, stdout_fd, stderr_fd, stdin_fd, inherit_fds, grace,
-                           close_in_keeper, done_w, runner_pid, lock_path, record)
+                           done_w, runner_pid, lock_path, record, ticket, history)
         except BaseException:
             pass
         finally:
@@ -228,11 +235,12 @@ def _keeper(
     stdin_fd: int | None,
     inherit_fds: tuple[int, ...],
     grace: float,
-    close_fds: tuple[int, ...],
     done_w: int,
     runner_pid: int,
     lock_path: str | None,
     record: dict[str, object] | None,
+    ticket: tuple[int, str, int] | None,
+    history: tuple[str, dict[str, object]] | None,
 ) -> int:
     stopped = False
     # A stop request that arrives before we wait for the command stays
@@ -248,15 +256,17 @@ def _keeper(
     _set_prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     _set_prctl(PR_SET_CHILD_SUBREAPER, 1)
     devnull = os.open(os.devnull, os.O_RDWR)
-    for fd in close_fds:
-        # The runner's channel: hold it and the caller would not see EOF
-        # when the runner dies.
-        if fd in (0, 1):
-            os.dup2(devnull, fd)
+    for fd in (0, 1, 2):
+        # The runner's channel or the caller's own terminal or pipes (the
+        # runner may be a thread of the caller's process): hold them and a
+        # reader would not see EOF when the caller is gone.
+        os.dup2(devnull, fd)
     # Hold nothing else of the runner's: a copy of its ticket, of a pending
     # lock of its waiting threads or of its slot probes would keep those
     # locks -- and the line -- held until we exit.
     keep = {devnull, done_w, stdout_fd, stderr_fd, *inherit_fds}
+    if ticket is not None:
+        keep.add(ticket[0])
     if stdin_fd is not None:
         keep.add(stdin_fd)
     _close_all_but(keep)
@@ -284,6 +294,7 @@ def _keeper(
     lock_fd = -1
     if lock_path is not None:
         from .records import to_json  # now, not after the command's start
+        from .ticket import wait_turn
 
         lock_fd = os.open(lock_path, os.O_RDWR)  # inheritable: the command holds the slot
         inherit_fds = (*inherit_fds, lock_fd)
@@ -294,11 +305,18 @@ def _keeper(
         _prefault(spawn_argv, spawn_env, actions)
         try:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals)
+            if ticket is not None:
+                wait_turn(ticket[1], ticket[2])  # first in line: the head's turn
             fcntl.flock(lock_fd, fcntl.LOCK_EX)  # the wait: in the kernel, no CPU
             signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
         except _Stop:
+            # Never started. The wait is over (the runner asked, or it is
+            # gone): our ticket goes too; exiting releases a lock got just now.
+            if ticket is not None:
+                _unlink(ticket[1])
+            _orphan_history(history, runner_pid, None, "left the queue before getting a slot")
             os.write(done_w, b"stopped=1")
-            return 0  # never started; exiting releases a lock got just now
+            return 0
     exec_errno: int | None = None
     leader = -1
     try:
@@ -306,6 +324,9 @@ def _keeper(
                                  setsid=True, setsigmask=(), setsigdef=_DEFAULT_SIGNALS)
     except OSError as e:
         exec_errno = e.errno or errno.ENOENT
+    if ticket is not None:  # out of the line: the successor is the head now
+        _unlink(ticket[1])
+        os.close(ticket[0])
     if lock_fd >= 0:
         started = b"started=%r,%r\n" % (time.time(), time.monotonic())
         if record is not None:
@@ -334,6 +355,7 @@ def _keeper(
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         status = terminate_group(leader, grace, leader_is_child=True)
         report = b"status=%d" % status
+        _orphan_history(history, runner_pid, status, "the command's group was ended by its keeper")
     else:
         # The leader ended; end what it left behind, quietly. From here on
         # all that is left is bookkeeping: the next holder's command, whose
@@ -343,6 +365,29 @@ def _keeper(
         terminate_group(leader, grace, leader_is_child=False)
     os.write(done_w, report + (b" stopped=1" if stopped else b""))
     return 0
+
+
+def _orphan_history(history: tuple[str, dict[str, object]] | None, runner_pid: int, status: int | None,
+                    what: str) -> None:
+    """If our runner is gone (not merely asking us to stop), nobody else will
+    record how the run ended: do it (outcome caller_gone)."""
+    if history is None or os.getppid() == runner_pid:
+        return
+    from . import history as hist
+
+    state_dir, record = history
+    phases = dict(record.get("phases") or {})  # type: ignore[call-overload]
+    phases["ended"] = time.time()
+    code = None if status is None else ChildEnd(status, None, True).exit_code
+    hist.append(state_dir, dict(record, outcome="caller_gone", exit_code=code, phases=phases,
+                                message=f"caller gone (its host runner vanished); {what}"))
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _prefault(argv: list[bytes], env: dict[bytes, bytes], actions: list[tuple[int, int, int]]) -> None:

@@ -27,6 +27,7 @@ from .outcome import Outcome
 from .process import Child, ChildEnd, preload_for_start, spawn
 from .slot import SlotLease
 from .spec import RunSpec
+from .ticket import Ticket
 
 _CANCEL_REASONS = {"cancelled": Outcome.CANCELLED, "idle_timeout": Outcome.IDLE_TIMEOUT}
 
@@ -68,6 +69,7 @@ class HostRunner:
         self.grace = spec.kill_grace if spec.kill_grace is not None else config.kill_grace
         self._sig_r, self._sig_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._signalled = False
+        self._wakeup_set = False
         self._waiter: Waiter | None = None
 
     # ------------------------------------------------------------ stream
@@ -123,16 +125,36 @@ class HostRunner:
             return self._read_ctl()
         return None
 
+    def close_stream(self) -> None:
+        """End the stream to the caller (once)."""
+        self.caller_gone = True
+        if self.out_fd >= 0:
+            try:
+                os.close(self.out_fd)
+            except OSError:
+                pass
+            self.out_fd = -1
+
     # ------------------------------------------------------------ the run
     def run(self) -> Outcome:
         """Carry the run through; returns its outcome (also sent as `exited`)."""
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the client relays Ctrl-C as `cancel`
         try:
+            return self._run()
+        finally:
+            if self._wakeup_set:
+                signal.set_wakeup_fd(-1)
+            os.close(self._sig_r)
+            os.close(self._sig_w)
+
+    def _run(self) -> Outcome:
+        try:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # the client relays Ctrl-C as `cancel`
             signal.set_wakeup_fd(self._sig_w)
+            self._wakeup_set = True
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGHUP, self._on_signal)
         except ValueError:
-            pass  # not the main thread: no signal handling, the channel still works
+            pass  # a thread of the client's process: the client handles signals
         self._send(protocol.MAGIC)
         self._event(protocol.HELLO, protocol=protocol.PROTOCOL_VERSION, version=__version__,
                     host=self.host, pid=os.getpid(), run_id=self.spec.run_id)
@@ -171,12 +193,15 @@ class HostRunner:
         try:
             lease = waiter.attempt()
             while lease is None:
-                if standby is None and waiter.is_head and waiter.slot_count == 1 and not spec.prepare:
-                    # At the head of a one-slot line: wait in the kernel, like
-                    # flock(1), in a keeper that starts the command the moment
-                    # the slot is released.
+                if standby is None and (waiter.is_head or waiter.is_second) and waiter.slot_count == 1 \
+                        and not spec.prepare:
+                    # Second in (or at the head of) a one-slot line: wait in
+                    # the kernel, like flock(1), in a keeper that waits for the
+                    # head to go, then for the slot, and starts the command
+                    # the moment the slot is released.
                     waiter.stand_down()  # one waiter for the slot, not two (they would deadlock)
-                    standby = self._start(spec.argv, None, last=True, wait_for=waiter.slot_paths()[0])
+                    standby = self._start(spec.argv, None, last=True, wait_for=waiter.slot_paths()[0],
+                                          ticket=waiter.ticket)
                 if standby is not None and standby[0].started is not None:
                     return standby
                 now = self.clock.monotonic()
@@ -193,7 +218,10 @@ class HostRunner:
                 timeout = max(0.0, min(next_report - now, waiter.wait_timeout()))
                 ready, _, _ = select.select(fds, [], [], timeout)
                 if standby is not None and standby[0].done_fd in ready and standby[0].on_readable():
-                    standby = None  # the keeper ended without starting (it should not): wait anew
+                    # The keeper ended without starting (it should not), and
+                    # our ticket with it: join the line anew.
+                    standby = None
+                    waiter.rejoin()
                 ended = self._check_listen(ready)
                 if ended is not None:
                     end = None
@@ -242,6 +270,7 @@ class HostRunner:
                 self._leave_line()
                 lease.record(**record)
                 self._send(slot_event)
+                self._close_waiter()
                 limit = spec.prepare_timeout if spec.prepare_timeout is not None else self.config.prepare_timeout
                 child, streams = self._start(["/bin/sh", "-c", spec.prepare], lease, last=False)
                 end, reason = self._pump(child, streams, limit)
@@ -266,6 +295,7 @@ class HostRunner:
                 child, streams = self._start(spec.argv, lease, last=True, record=record)
                 self._leave_line()
                 self._send(slot_event + protocol.event_frame(protocol.STARTED, started, budget=self.budget))
+                self._close_waiter()
             end, reason = self._pump(child, streams, self.budget)
         except OSError as e:
             return self._finish(Outcome.UNAVAILABLE, None, lease, f"cannot start the command: {e.strerror}")
@@ -282,11 +312,19 @@ class HostRunner:
         self._send(protocol.event_frame(protocol.SLOT, wall, slot=slot, waited_s=round(waited, 3),
                                         budget=self.budget)
                    + protocol.event_frame(protocol.STARTED, wall, budget=self.budget))
+        self._close_waiter()
         # The budget counts from the command's start in the keeper.
         elapsed = max(0.0, self.clock.monotonic() - mono)
         end, reason = self._pump(child, streams, self.budget - elapsed)
         outcome, message = self._judge(end, reason)
         return self._finish(outcome, end, None, message)
+
+    def _close_waiter(self) -> None:
+        """Once the command runs and the caller knows: destroying an inotify
+        instance can keep the kernel 5-15 ms (an RCU grace period); here
+        that is spent while the command runs, not after its result."""
+        if self._waiter is not None:
+            self._waiter.close()
 
     def _leave_line(self) -> None:
         if self._waiter is not None:
@@ -316,8 +354,8 @@ class HostRunner:
         return (self.phases["slot"] or 0) - (self.phases["queued"] or 0)
 
     def _start(self, argv: list[str], lease: SlotLease | None, last: bool,
-               record: dict[str, object] | None = None,
-               wait_for: str | None = None) -> tuple[Child, dict[int, bytes]]:
+               record: dict[str, object] | None = None, wait_for: str | None = None,
+               ticket: Ticket | None = None) -> tuple[Child, dict[int, bytes]]:
         """Start argv under a keeper; its output streams are returned.
 
         With `last`, the lease passes to the command: once the holder
@@ -335,12 +373,17 @@ class HostRunner:
         try:
             child = spawn(argv, cwd=self.spec.cwd, env=self.spec.env, stdout_fd=out_w, stderr_fd=err_w,
                           inherit_fds=(lease.fd,) if lease is not None else (), grace=self.grace,
-                          close_in_keeper=(self.in_fd, self.out_fd, out_r, err_r, self._sig_r, self._sig_w),
-                          lock_path=wait_for, record=holder)
+                          lock_path=wait_for, record=holder,
+                          history=(self.state_dir, {"run_id": self.spec.run_id, "label": self.spec.label,
+                                                    "cls": self.spec.cls, "host": self.host,
+                                                    "phases": dict(self.phases)}),
+                          ticket=(ticket.fd, ticket.path, ticket.seq) if ticket is not None else None)
         except OSError:
             for fd in (out_r, out_w, err_r, err_w):
                 os.close(fd)
             raise
+        if ticket is not None:
+            ticket.hand_over()  # the keeper holds our place now
         if lease is not None and record is not None:
             lease.record(**record)
         if lease is not None and last:
@@ -406,15 +449,8 @@ class HostRunner:
         }
         self._event(protocol.EXITED, outcome=outcome.value, exit_code=exit_code,
                     signal=end.signal if end is not None else None, message=message, phases=dict(p))
-        # The result is out: end the stream now, then do what nobody needs
-        # to wait for -- the history line, and destroying an inotify
-        # instance (which can take the kernel 5-15 ms).
-        try:
-            os.close(self.out_fd)
-        except OSError:
-            pass
-        self.caller_gone = True
+        # The result is out: end the stream now, then the history line.
+        self.close_stream()
         history.append(self.state_dir, record)
-        if self._waiter is not None:
-            self._waiter.close()
+        self._close_waiter()
         return outcome

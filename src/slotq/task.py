@@ -73,7 +73,7 @@ def run_task(argv: list[str], deadline: Deadline, *, grace: float = 10.0,
             old[sig] = signal.signal(sig, on_signal)
     try:
         child = spawn(argv, cwd=None, env=None, stdout_fd=os.dup(1), stderr_fd=os.dup(2), stdin_fd=os.dup(0),
-                      grace=grace, close_in_keeper=(sig_r, sig_w))
+                      grace=grace)
         reason: Outcome | None = None
         while child.end is None:
             timeout = None if reason is not None else deadline.remaining()

@@ -27,9 +27,10 @@ def pool_dir(state_dir: str, pool: str) -> str:
 
 
 class Ticket:
-    """A live ticket, held by this process. `withdraw()` ends it."""
+    """A live ticket, held by this process (or, once `hand_over()` was
+    called, by the standby keeper it was passed to). `withdraw()` ends it."""
 
-    __slots__ = ("path", "fd", "seq", "pool", "info")
+    __slots__ = ("path", "fd", "seq", "pool", "info", "handed")
 
     def __init__(self, path: str, fd: int, seq: int, pool: str, info: dict[str, object]) -> None:
         self.path = path
@@ -37,22 +38,35 @@ class Ticket:
         self.seq = seq
         self.pool = pool
         self.info = info
+        self.handed = False
+
+    def hand_over(self) -> None:
+        """Our copy of the descriptor goes; a child that inherited it (the
+        standby keeper) now holds the ticket alone. It withdraws the ticket
+        the moment it starts the command -- the successor moves up without
+        waiting for us -- or loses it by exiting."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+            self.handed = True
 
     def withdraw(self) -> None:
         """Leave the line. Unlink first, then close: the successor's watch
         fires (IN_ATTRIB, then IN_CLOSE_WRITE) and it finds the name gone."""
-        if self.fd < 0:
+        if self.fd < 0 and not self.handed:
             return
         try:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
-        os.close(self.fd)
+        if self.fd >= 0:
+            os.close(self.fd)
         self.fd = -1
+        self.handed = False
 
     @property
     def live(self) -> bool:
-        return self.fd >= 0
+        return self.fd >= 0 or self.handed
 
 
 def take_ticket(state_dir: str, pool: str, info: dict[str, object]) -> Ticket:
@@ -147,6 +161,33 @@ def probe(path: str) -> bool | None:
         return False
     finally:
         os.close(fd)
+
+
+def wait_turn(path: str, seq: int) -> None:
+    """Block until no live ticket is ahead of ours (`seq`, at `path`) in its
+    line: wait in flock(2) for the closest live one to go -- it leaves, or
+    its holder dies -- and look again. Removes dead tickets on the way."""
+    pdir = os.path.dirname(path)
+    while True:
+        for _, ahead in reversed([t for t in list_tickets(pdir) if t[0] < seq]):
+            try:
+                fd = os.open(ahead, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    fcntl.flock(fd, fcntl.LOCK_SH)  # live: the wait, in the kernel
+                    break  # it went: look again from the top
+                try:
+                    os.unlink(ahead)  # dead
+                except FileNotFoundError:
+                    pass
+            finally:
+                os.close(fd)
+        else:
+            return
 
 
 def read_info(path: str) -> dict[str, object] | None:

@@ -19,7 +19,7 @@ from .spec import RunSpec
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
-    from typing import IO
+    from typing import IO, Any
 
 
 _unreaped: set[int] = set()
@@ -36,20 +36,41 @@ def _reap_done() -> None:
 
 
 class LocalTransport(Transport):
-    """This machine is the host."""
+    """This machine is the host.
 
-    def __init__(self, state_dir: str | None = None, config: HostConfig | None = None) -> None:
+    The host side runs in a thread of the caller's process (`in_process`,
+    the default): no second process to fork, COW-fault and reap on every run
+    -- on two cores that is a good part of a hand-over's CPU. The caller's
+    liveness is then its own: if the process dies, the thread dies with it,
+    the kernel drops its ticket, and its keeper (whose parent thread is
+    gone: PDEATHSIG) ends the command's group. `in_process=False` forks the
+    host side into a child instead, as `slotq host run` is a process of its
+    own on a remote host.
+    """
+
+    def __init__(self, state_dir: str | None = None, config: HostConfig | None = None, *,
+                 in_process: bool = True) -> None:
         from .config import state_dir_from_env
 
         self.state_dir = state_dir or state_dir_from_env()
         self.config = config or HostConfig.load(state_dir=self.state_dir)
         self.host = os.uname().nodename
+        self.in_process = in_process
         self.pid = 0
+        self._done: Any = None  # the thread's lock, released when it has finished
+        self._killed = False
 
     def start(self, spec: RunSpec) -> tuple[int, int]:
         _reap_done()
         ctl_r, ctl_w = os.pipe()
         ev_r, ev_w = os.pipe()
+        if self.in_process:
+            import _thread
+
+            done = self._done = _thread.allocate_lock()
+            done.acquire()
+            _thread.start_new_thread(self._host_side, (spec, ctl_r, ev_w, done))
+            return ctl_w, ev_r
         pid = os.fork()
         if pid == 0:
             code = 1
@@ -62,27 +83,43 @@ class LocalTransport(Transport):
                 os.dup2(devnull, 0)
                 os.dup2(devnull, 1)
                 os.close(devnull)
-                from .runner import HostRunner
-
-                HostRunner(spec, state_dir=self.state_dir, config=self.config,
-                           in_fd=ctl_r, out_fd=ev_w).run()
+                self._host_side(spec, ctl_r, ev_w, None)
                 code = 0
-            except BaseException as e:  # never return into the caller's code
-                try:
-                    sys.stderr.write(f"slotq: host runner failed: {e!r}\n")
-                    sys.stderr.flush()
-                except BaseException:
-                    pass
             finally:
-                os._exit(code)
+                os._exit(code)  # never return into the caller's code
         os.close(ctl_r)
         os.close(ev_w)
         self.pid = pid
         return ctl_w, ev_r
 
+    def _host_side(self, spec: RunSpec, ctl_r: int, ev_w: int, done: Any) -> None:
+        runner = None
+        try:
+            from .runner import HostRunner
+
+            runner = HostRunner(spec, state_dir=self.state_dir, config=self.config, in_fd=ctl_r, out_fd=ev_w)
+            runner.run()
+        except BaseException as e:
+            try:
+                sys.stderr.write(f"slotq: host runner failed: {e!r}\n")
+                sys.stderr.flush()
+            except BaseException:
+                pass
+        finally:
+            if runner is not None:
+                runner.close_stream()
+            else:
+                os.close(ev_w)
+            os.close(ctl_r)
+            if done is not None:
+                done.release()
+
     def kill(self) -> None:
-        # The runner went silent: SIGKILL it; its keeper then ends the
-        # command's group (PDEATHSIG) and the slot is released.
+        # The runner went silent. A child: SIGKILL it; its keeper then ends
+        # the command's group (PDEATHSIG) and the slot is released. A
+        # thread: the caller's channel closes when run() returns, and the
+        # runner ends the command when it sees that.
+        self._killed = True
         if self.pid:
             try:
                 os.kill(self.pid, signal.SIGKILL)
@@ -90,9 +127,15 @@ class LocalTransport(Transport):
                 pass
 
     def wait(self) -> str:
-        # The runner has sent its result and closed the stream; it may still
-        # be tidying up (destroying an inotify instance takes the kernel up
-        # to ~15 ms). Do not wait for that: reap it now if it is done, else
+        if self._done is not None:
+            # The thread has sent its result and closed the stream; it is
+            # writing the history line. Wait for that (bounded), not for a
+            # runner that went silent.
+            done, self._done = self._done, None
+            if not self._killed and not done.acquire(timeout=10):
+                return "the host runner did not finish its bookkeeping within 10 s"
+            return ""
+        # A child may still be tidying up: reap it now if it is done, else
         # at the next start (a CLI process simply exits; init reaps).
         if self.pid:
             _unreaped.add(self.pid)
