@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import gc
 import os
 import time
 
@@ -212,6 +213,10 @@ def spawn(
     if pid == 0:  # keeper
         code = 1
         try:
+            # A collection would walk every object we share with the runner
+            # and copy their pages (copy-on-write); the keeper makes no
+            # garbage worth collecting before it exits.
+            gc.disable()
             os.close(done_r)
             code = _keeper(argv, cwd, env, stdout_fd, stderr_fd, stdin_fd, inherit_fds, grace,
                            done_w, runner_pid, lock_path, record, ticket, history)
