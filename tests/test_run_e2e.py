@@ -400,14 +400,15 @@ def test_in_process_runs_leave_no_descriptor_thread_or_child_behind(state_dir: P
     out_r, out_w = os.pipe()
     spec = RunSpec(["true"], budget=30, cwd=str(tmp_path))
     assert run(spec, LocalTransport(), stdout_fd=out_w).outcome.value == "passed"  # warm: lazy imports
-    before = (fds(), tasks())
+    # A run's thread releases the caller just before it returns (at nice
+    # 10, its bookkeeping done): it is gone a moment later.
+    wait_for(lambda: tasks() == 1, timeout=2, what="the warm run's thread to end")
+    before = fds()
     for _ in range(5):
         assert run(RunSpec(["sh", "-c", "echo hi"], budget=30, cwd=str(tmp_path)), LocalTransport(),
                    stdout_fd=out_w).outcome.value == "passed"
-    # A run's thread releases the caller just before it returns; it is gone
-    # a moment later.
-    wait_for(lambda: tasks() == before[1], timeout=2, what="the last run's thread to end")
-    assert fds() == before[0]
+    wait_for(lambda: tasks() == 1, timeout=2, what="the last run's thread to end")
+    assert fds() == before
     assert os.read(out_r, 100) == b"hi\n" * 5
     with pytest.raises(ChildProcessError):
         os.waitpid(-1, os.WNOHANG)
