@@ -46,6 +46,12 @@ sys.stdin.read()
     return p
 
 
+def blocked_in_flock(pid: int) -> bool:
+    """Is `pid` waiting for a flock (a `->` entry in /proc/locks)?"""
+    with open("/proc/locks") as f:
+        return any(line.split()[1] == "->" and line.split()[5] == str(pid) for line in f)
+
+
 def test_ticket_of_a_sigkilled_waiter_is_found_dead_and_removed(tmp_path: Path) -> None:
     p = holder_process(tmp_path, "ticket")
     [(_, path)] = list_tickets(pool_dir(str(tmp_path), "shared"))
@@ -314,3 +320,31 @@ def test_a_wakeup_that_finds_the_lock_still_held_is_followed_by_quick_rechecks(t
     assert readable(head, 1.0)
     assert head.attempt() is None
     assert [head.wait_timeout() for _ in range(4)] == [0.002, 0.02, 0.2, 30.0]
+
+
+@pytest.mark.timeout(20)
+def test_wait_turn_waits_in_the_kernel_for_the_live_ticket_ahead_and_skips_dead_ones(tmp_path: Path) -> None:
+    # A standby keeper's wait for its turn: blocked in flock(2) on the closest
+    # live ticket ahead; a dead one on the way is removed, not waited for.
+    head = holder_process(tmp_path, "ticket")  # a live ticket, in another process
+    dead = holder_process(tmp_path, "ticket")
+    wait_for(lambda: len(list_tickets(pool_dir(str(tmp_path), "shared"))) == 2, what="two tickets")
+    dead.kill()
+    dead.wait()
+    mine = Waiter(str(tmp_path), CFG, "shared", {})
+    code = ("import sys\nfrom slotq.ticket import wait_turn\n"
+            f"wait_turn({mine.ticket.path!r}, {mine.ticket.seq})\nprint('turn', flush=True)\n")
+    waiter = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: len(list_tickets(pool_dir(str(tmp_path), "shared"))) == 2,
+                 what="the dead ticket removed by the walk")
+        wait_for(lambda: blocked_in_flock(waiter.pid), what="the waiter blocked in flock(2)")
+        assert not select.select([waiter.stdout], [], [], 0)[0]  # still waiting for the head
+        t0 = time.monotonic()
+        head.stdin.close()  # type: ignore[union-attr]  # the head leaves
+        assert waiter.stdout is not None and waiter.stdout.readline() == "turn\n"
+        assert time.monotonic() - t0 < 1.0
+    finally:
+        waiter.kill()
+        head.kill()
+        mine.withdraw()

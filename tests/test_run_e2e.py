@@ -110,6 +110,26 @@ def test_order_is_fifo_and_a_sigkilled_waiter_does_not_block(state_dir: Path, ru
 
 
 @pytest.mark.timeout(30)
+def test_commands_of_a_line_never_overlap_and_start_in_order(state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    # The head and the second in line wait in standby keepers: each command
+    # must hold the slot (the inherited lock) until its last process exits,
+    # so the next starts only then -- also when it lingers a little.
+    gate = tmp_path / "gate"
+    log = tmp_path / "log"
+    start_holder(runs, state_dir, gate)
+    waiters = []
+    for i in range(5):
+        step = f'echo "S $(date +%s%N) {i}" >> {log}; sleep 0.05; echo "E $(date +%s%N) {i}" >> {log}'
+        waiters.append(runs("--", "sh", "-c", step, name=f"w{i}"))
+        wait_for(lambda: len(live_tickets(state_dir)) == i + 1, what=f"ticket {i} in line")
+    gate.touch()
+    for w in waiters:
+        assert w.wait() == 0
+    events = sorted((int(t), kind, int(i)) for kind, t, i in (line.split() for line in log.read_text().splitlines()))
+    assert [(kind, i) for _, kind, i in events] == [(k, i) for i in range(5) for k in ("S", "E")]
+
+
+@pytest.mark.timeout(30)
 def test_a_command_that_runs_too_long_is_exec_timeout_and_says_when_it_got_the_slot(
         state_dir: Path, runs: Start) -> None:
     r = runs("--budget", "1", "--kill-grace", "1", "--", "sleep", "30")

@@ -301,7 +301,8 @@ def _keeper(
         from .records import to_json  # now, not after the command's start
         from .ticket import wait_turn
 
-        lock_fd = os.open(lock_path, os.O_RDWR)  # inheritable: the command holds the slot
+        lock_fd = os.open(lock_path, os.O_RDWR)
+        os.set_inheritable(lock_fd, True)  # the command holds the slot (os.open sets O_CLOEXEC)
         inherit_fds = (*inherit_fds, lock_fd)
         # We are a fork of the runner: every page we write first is copied
         # then (copy-on-write), about 60 page faults on the way from the
