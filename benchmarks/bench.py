@@ -552,6 +552,7 @@ def main() -> int:
     tools = args.tools.split(",")
     only = set(args.only.split(",")) if args.only else None
     reps = args.reps or (2 if args.quick else 5)
+    hand_reps = args.reps or (3 if args.quick else 9)
     results: dict[str, dict[str, dict[str, object]]] = {}
     started = time.time()
 
@@ -567,7 +568,8 @@ def main() -> int:
             skip = {"sem": "skipped at N=500: sem waiters poll with back-off; hundreds take many minutes"} \
                 if n >= 500 else None
             results[f"handoff N={n}"] = measure(tools, f"handoff N={n}", lambda t, n=n: handoff(t, n),
-                                               reps if n < 500 else max(2, reps // 2), skip=skip)
+                                               # one latency sample per repetition: more of them
+                                               hand_reps if n < 500 else max(2, reps // 2), skip=skip)
     if want("idle"):
         results["idle 50 waiters / 20 s"] = measure(tools, "idle", idle, 1 if args.quick else 2)
     if want("order"):
