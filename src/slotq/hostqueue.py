@@ -10,8 +10,9 @@ lock file. A `Waiter` is one caller's wait, driven by its owner's loop:
 
 Order: within a pool only the head of the line -- the earliest live ticket
 -- tries the slots; later tickets never overtake earlier live ones. No
-thundering herd: each waiter watches only the two live tickets just ahead of
-it; the head watches the pool's slot files. When the head wins a slot and
+thundering herd: each waiter watches only the live ticket just ahead of it
+(the two just ahead in a one-slot pool); the head watches the pool's slot
+files. When the head wins a slot and
 withdraws its ticket, its successor's watch fires and it becomes the head. A
 dead waiter's ticket is unlocked by the kernel; the watch on it fires too,
 and its successor removes it and moves up.
@@ -158,7 +159,7 @@ class Waiter:
             self._locks.drain()
         if not self._head:
             ahead = self._live_ahead()
-            self._second = len(ahead) == 1
+            self._second = len(ahead) == 1 and self.slot_count == 1
             if ahead:
                 self._drop_probe()
                 if self._locks:
@@ -219,9 +220,11 @@ class Waiter:
         return lease
 
     def _live_ahead(self) -> list[str]:
-        """Paths of the (at most two) closest live tickets ahead of ours,
-        closest first, now watched: when either goes, we may have moved up
-        to second place. Dead tickets met on the way are removed."""
+        """Paths of the closest live tickets ahead of ours, closest first,
+        now watched: in a one-slot pool two (when either goes, we may have
+        moved up to second place, where a standby keeper starts), else one.
+        Dead tickets met on the way are removed."""
+        wanted = 2 if self.slot_count == 1 else 1
         mine = self.ticket.seq
         earlier = [path for seq, path in list_tickets(pool_dir(self.state_dir, self.pool)) if seq < mine]
         found: list[str] = []
@@ -231,7 +234,7 @@ class Waiter:
                 continue  # gone already
             if probe(path):
                 found.append(path)
-                if len(found) == 2:
+                if len(found) == wanted:
                     break
             elif self._watcher:
                 self._watcher.unwatch(path)
