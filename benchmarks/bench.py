@@ -11,11 +11,15 @@ spreads evenly), and reports medians and ratios against flock(1).
 Scenarios (see README "Benchmarks"):
   handoff     one holder has the only slot; N waiters queued behind it; each
               stamps its start. latency = first start - holder's end; gap =
-              median time between successive starts.
+              median time between successive starts. Nine repetitions for
+              N <= 50 (one latency sample each).
   idle        50 waiters behind a holder for 20 s: CPU seconds they burn.
-  order       20 callers arriving 20 ms apart: start-order inversions.
+  order       20 callers arriving 20 ms apart: start-order inversions, and
+              overlaps (each command stamps its start and its end: two in
+              the one slot at once would show).
   throughput  200 trivial commands through 2 slots, all launched at once.
-  percall     one uncontended call, against `true` and a bare interpreter.
+  percall     one uncontended call, each paired with a bare interpreter
+              start (`python -c pass`) just before it.
   crash       the holder is SIGKILLed: time until the next waiter starts, and
               whether the dead holder's command was still running then.
 """
