@@ -129,6 +129,35 @@ def test_commands_of_a_line_never_overlap_and_start_in_order(state_dir: Path, ru
     assert [(kind, i) for _, kind, i in events] == [(k, i) for i in range(5) for k in ("S", "E")]
 
 
+def children(pid: int) -> list[int]:
+    out: list[int] = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/children") as f:
+            out += [int(c) for c in f.read().split()]
+    return out
+
+
+@pytest.mark.timeout(30)
+def test_a_lost_standby_keeper_costs_the_run_its_place_not_the_run(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    # The head's standby keeper holds its ticket; if it dies (it should
+    # not), the run joins the line anew and still runs, after the others.
+    gate = tmp_path / "gate"
+    log = tmp_path / "log"
+    start_holder(runs, state_dir, gate)
+    first = runs("--", "sh", "-c", f"echo first >> {log}", name="first")
+    wait_for(lambda: children(first.proc.pid), what="the head's standby keeper")
+    second = runs("--", "sh", "-c", f"echo second >> {log}", name="second")
+    wait_for(lambda: len(live_tickets(state_dir)) == 2, what="two in line")
+    [keeper] = children(first.proc.pid)
+    os.kill(keeper, signal.SIGKILL)
+    wait_for(lambda: len(live_tickets(state_dir)) == 2 and children(first.proc.pid)
+             and children(first.proc.pid) != [keeper], what="the first run back in line, with a new keeper")
+    gate.touch()
+    assert first.wait() == 0 and second.wait() == 0
+    assert log.read_text().split() == ["second", "first"]
+
+
 @pytest.mark.timeout(30)
 def test_a_command_that_runs_too_long_is_exec_timeout_and_says_when_it_got_the_slot(
         state_dir: Path, runs: Start) -> None:
