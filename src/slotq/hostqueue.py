@@ -74,6 +74,7 @@ class Waiter:
         self._may_watch = True
         self._head = False
         self._second = False
+        self._earlier: list[str] | None = None  # tickets ahead of ours, as first listed
         self._rechecks: list[float] = []
         self._probe: SlotProbe | None = None
         self._watching: str | None = None  # "slots" once the head watches them
@@ -225,19 +226,29 @@ class Waiter:
         moved up to second place, where a standby keeper starts), else one.
         Dead tickets met on the way are removed."""
         wanted = 2 if self.slot_count == 1 else 1
-        mine = self.ticket.seq
-        earlier = [path for seq, path in list_tickets(pool_dir(self.state_dir, self.pool)) if seq < mine]
+        if self._earlier is None:
+            # No ticket is ever created ahead of ours: one listing serves
+            # every later look (in a line of hundreds, a wake-up then costs
+            # a probe or two, not a directory listing).
+            mine = self.ticket.seq
+            self._earlier = [path for seq, path in list_tickets(pool_dir(self.state_dir, self.pool)) if seq < mine]
         found: list[str] = []
-        for path in reversed(earlier):
+        gone: set[str] = set()
+        for path in reversed(self._earlier):
             # Watch before probing: a release between the two is not lost.
             if self._watcher and not self._watcher.watch(path):
-                continue  # gone already
+                gone.add(path)
+                continue
             if probe(path):
                 found.append(path)
                 if len(found) == wanted:
                     break
-            elif self._watcher:
-                self._watcher.unwatch(path)
+            else:
+                gone.add(path)
+                if self._watcher:
+                    self._watcher.unwatch(path)
+        if gone:
+            self._earlier = [path for path in self._earlier if path not in gone]
         if self._watcher:
             for path in self._watcher.watching() - set(found):
                 self._watcher.unwatch(path)
@@ -275,6 +286,7 @@ class Waiter:
         self.ticket.withdraw()
         self._drop_probe()
         self._head = self._second = False
+        self._earlier = None
         self._watching = None
         if self._watcher:
             self._watcher.unwatch_all()

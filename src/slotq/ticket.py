@@ -165,29 +165,22 @@ def probe(path: str) -> bool | None:
 
 def wait_turn(path: str, seq: int) -> None:
     """Block until no live ticket is ahead of ours (`seq`, at `path`) in its
-    line: wait in flock(2) for the closest live one to go -- it leaves, or
-    its holder dies -- and look again. Removes dead tickets on the way."""
-    pdir = os.path.dirname(path)
-    while True:
-        for _, ahead in reversed([t for t in list_tickets(pdir) if t[0] < seq]):
+    line: wait in flock(2) for each ticket ahead, closest first, to go -- it
+    leaves or its holder dies; a dead one is granted at once -- and remove
+    it. No ticket is ever created ahead of ours, so one listing serves."""
+    for _, ahead in reversed([t for t in list_tickets(os.path.dirname(path)) if t[0] < seq]):
+        try:
+            fd = os.open(ahead, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # the wait, in the kernel
             try:
-                fd = os.open(ahead, os.O_RDONLY | os.O_CLOEXEC)
+                os.unlink(ahead)  # dead now (its owner never locks it again)
             except FileNotFoundError:
-                continue
-            try:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    fcntl.flock(fd, fcntl.LOCK_SH)  # live: the wait, in the kernel
-                    break  # it went: look again from the top
-                try:
-                    os.unlink(ahead)  # dead
-                except FileNotFoundError:
-                    pass
-            finally:
-                os.close(fd)
-        else:
-            return
+                pass
+        finally:
+            os.close(fd)
 
 
 def read_info(path: str) -> dict[str, object] | None:
