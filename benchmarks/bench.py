@@ -296,7 +296,10 @@ TOOLS = {"slotq": Slotq, "flock": Flock, "sem": Sem, "task-spooler": Tsp}
 
 # ---------------------------------------------------------------- scenarios
 def gate_loop(gate: Path) -> str:
-    return f'while [ ! -e {gate} ]; do sleep 0.01; done'
+    # Also ends when the scenario's work dir is gone: a holder whose tool was
+    # killed at teardown (flock's child, task-spooler's job) would otherwise
+    # loop -- and fork `sleep` 100 times a second -- for the rest of the run.
+    return f'while [ ! -e {gate} ] && [ -d {gate.parent} ]; do sleep 0.01; done'
 
 
 def hold(tool: Tool, gate: Path, extra: str = "") -> None:
