@@ -38,11 +38,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from tools import PYTHON, SLOTQ, TOOLS, Slotq, Tool, Tsp, proc_cpu
+
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-VENV_BIN = REPO / ".venv" / "bin"
-SLOTQ = str(VENV_BIN / "slotq")
-PYTHON = str(VENV_BIN / "python")
 
 
 def now_ns() -> int:
@@ -75,223 +73,6 @@ def lines(path: Path) -> list[str]:
         return path.read_text().split("\n")[:-1]
     except FileNotFoundError:
         return []
-
-
-def proc_cpu(pid: int) -> float:
-    """utime + stime of one process, in seconds."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError):
-        return 0.0
-
-
-def descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        try:
-            todo += [int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
-        except OSError:
-            pass
-    return out
-
-
-def parent_of(pid: int) -> int:
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        return int(f.read().rsplit(b")", 1)[1].split()[1])
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
-
-
-# ---------------------------------------------------------------- the tools
-class Tool:
-    name = "?"
-
-    def __init__(self, work: Path, slots: int = 1) -> None:
-        self.work = work
-        self.slots = slots
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.n = 0
-
-    def argv(self, shell_cmd: str) -> list[str]:
-        raise NotImplementedError
-
-    def start(self, shell_cmd: str, label: str = "") -> subprocess.Popen[bytes]:
-        argv = self.argv(shell_cmd)
-        if label and isinstance(self, Slotq):
-            argv[2:2] = ["--label", label]
-        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, env=self.env(), cwd=self.work)
-        self.procs.append(p)
-        self.n += 1
-        return p
-
-    def env(self) -> dict[str, str]:
-        return dict(os.environ)
-
-    def queued(self) -> int:
-        raise NotImplementedError
-
-    def all_exited(self) -> bool:
-        """Every caller process has ended (then nothing more will start)."""
-        return all(p.poll() is not None for p in self.procs)
-
-    def waiting_pids(self) -> list[int]:
-        """Processes whose CPU counts as 'waiting' (all but the holder's)."""
-        pids: list[int] = []
-        for p in self.procs[1:]:
-            if p.poll() is None:
-                pids += descendants(p.pid)
-        return pids
-
-    def holder_process(self, command_pid: int) -> int:
-        """The process that holds the slot for the command `command_pid`."""
-        return parent_of(command_pid)
-
-    def teardown(self) -> None:
-        try:
-            (self.work / "gate").touch()  # a holder still looping on its gate ends too
-        except OSError:
-            pass
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-        for p in self.procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-
-
-class Flock(Tool):
-    name = "flock"
-
-    def argv(self, shell_cmd: str) -> list[str]:
-        # Several slots: callers take lock files round-robin (flock has no
-        # counting semaphore; this is what people script around it).
-        lock = self.work / f"lock.{self.n % self.slots}"
-        return ["flock", str(lock), "sh", "-c", shell_cmd]
-
-    def queued(self) -> int:
-        inodes = set()
-        for i in range(self.slots):
-            try:
-                inodes.add(os.stat(self.work / f"lock.{i}").st_ino)
-            except FileNotFoundError:
-                pass
-        n = 0
-        for line in Path("/proc/locks").read_text().splitlines():
-            parts = line.split()
-            if "->" in parts and parts[-3].split(":")[-1].isdigit() and int(parts[-3].split(":")[-1]) in inodes:
-                n += 1
-        return n
-
-
-class Slotq(Tool):
-    name = "slotq"
-
-    def __init__(self, work: Path, slots: int = 1) -> None:
-        super().__init__(work, slots)
-        self.state = work / "state"
-        cfg = work / "host.toml"
-        cfg.write_text(f"[pools]\nshared = {slots}\nlanding = 1\n")
-        self.cfg = cfg
-
-    def env(self) -> dict[str, str]:
-        e = dict(os.environ)
-        e.update(SLOTQ_STATE_DIR=str(self.state), SLOTQ_CONFIG=str(self.cfg),
-                 SLOTQ_LEDGER=str(self.work / "ledger.sqlite"))
-        return e
-
-    def argv(self, shell_cmd: str) -> list[str]:
-        return [SLOTQ, "run", "-q", "--kill-grace", "1", "--", "sh", "-c", shell_cmd]
-
-    def queued(self) -> int:
-        sys.path.insert(0, str(REPO / "src"))
-        from slotq.ticket import list_tickets, pool_dir, probe
-
-        return sum(1 for _, p in list_tickets(pool_dir(str(self.state), "shared")) if probe(p))
-
-    def holder_process(self, command_pid: int) -> int:
-        return parent_of(parent_of(command_pid))  # command <- keeper <- host runner
-
-
-class Sem(Tool):
-    name = "sem"
-
-    def __init__(self, work: Path, slots: int = 1) -> None:
-        super().__init__(work, slots)
-        self.id = f"slotqbench{os.getpid()}{time.monotonic_ns()}"
-        (work / "parallel-home").mkdir(exist_ok=True)
-
-    def env(self) -> dict[str, str]:
-        e = dict(os.environ)
-        e["PARALLEL_HOME"] = str(self.work / "parallel-home")
-        return e
-
-    def argv(self, shell_cmd: str) -> list[str]:
-        # sem hands its arguments to a shell as one command line.
-        return ["sem", "--fg", "--will-cite", "--id", self.id, "-j", str(self.slots), shell_cmd]
-
-    def queued(self) -> int:
-        # sem has no queue to ask: count live sem processes beyond the holder.
-        return sum(1 for p in self.procs[1:] if p.poll() is None)
-
-
-class Tsp(Tool):
-    name = "task-spooler"
-
-    def __init__(self, work: Path, slots: int = 1) -> None:
-        super().__init__(work, slots)
-        self.socket = str(work / "tsp.socket")
-        subprocess.run(["tsp", "-S", str(slots)], env=self.env(), stdout=subprocess.DEVNULL, check=True)
-
-    def env(self) -> dict[str, str]:
-        e = dict(os.environ)
-        e.update(TS_SOCKET=self.socket, TS_MAXFINISHED="2000", TS_MAXCONN="2000", TMPDIR=str(self.work))
-        return e
-
-    def argv(self, shell_cmd: str) -> list[str]:
-        return ["tsp", "-n", "sh", "-c", shell_cmd]  # -n: no output file
-
-    def queued(self) -> int:
-        out = subprocess.run(["tsp", "-l"], env=self.env(), capture_output=True, text=True).stdout
-        return sum(1 for line in out.splitlines()[1:] if " queued " in f" {line} ")
-
-    def server_pid(self) -> int | None:
-        for d in os.listdir("/proc"):
-            if d.isdigit():
-                try:
-                    cmd = Path(f"/proc/{d}/cmdline").read_bytes().split(b"\0")
-                    env = Path(f"/proc/{d}/environ").read_bytes()
-                except OSError:
-                    continue
-                if cmd and cmd[0].endswith(b"tsp") and self.socket.encode() in env and parent_of(int(d)) == 1:
-                    return int(d)
-        return None
-
-    def all_exited(self) -> bool:
-        return False  # the callers only enqueue; the server runs the jobs
-
-    def waiting_pids(self) -> list[int]:
-        pid = self.server_pid()
-        return [pid] if pid else []
-
-    def teardown(self) -> None:
-        subprocess.run(["tsp", "-K"], env=self.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        super().teardown()
-
-
-TOOLS = {"slotq": Slotq, "flock": Flock, "sem": Sem, "task-spooler": Tsp}
 
 
 # ---------------------------------------------------------------- scenarios
@@ -532,7 +313,7 @@ def table(results: dict[str, dict[str, dict[str, object]]], tools: list[str]) ->
     return "\n".join(out)
 
 
-def check_targets(results: dict[str, dict[str, dict[str, object]]], bare: dict[str, float]) -> list[str]:
+def check_targets(results: dict[str, dict[str, dict[str, object]]]) -> list[str]:
     def val(s: str, t: str, k: str) -> float | None:
         v = results.get(s, {}).get(t, {}).get(k)
         return float(v) if isinstance(v, (int, float)) else None
@@ -621,7 +402,7 @@ def main() -> int:
     text = [f"slotq benchmarks, {time.strftime('%Y-%m-%d %H:%M')} on {os.uname().nodename} "
             f"({os.cpu_count()} cores), {time.time() - started:.0f} s; medians [min–max] of the repetitions",
             f"bare: `true` {bare['true_ms']:.1f} ms, `{Path(PYTHON).name} -c pass` {bare['python_ms']:.1f} ms", "",
-            table(results, tools), "", "targets:", *check_targets(results, bare)]
+            table(results, tools), "", "targets:", *check_targets(results)]
     notes = [f"- {t} in {s}: {e['note']}" for s, per in results.items() for t, e in per.items() if "note" in e]
     if notes:
         text += ["", "notes:", *notes]
