@@ -64,10 +64,6 @@ class Ticket:
         self.fd = -1
         self.handed = False
 
-    @property
-    def live(self) -> bool:
-        return self.fd >= 0 or self.handed
-
 
 def take_ticket(state_dir: str, pool: str, info: dict[str, object]) -> Ticket:
     """Join the end of `pool`'s line. Raises StateDirError if the state
