@@ -224,6 +224,29 @@ def test_term_ignoring_command_is_killed_after_grace(tmp_path: Path) -> None:
     assert not group_alive(pgid)
 
 
+@pytest.mark.timeout(60)
+def test_a_stop_right_after_a_standby_keeper_is_forked_ends_its_wait(tmp_path: Path) -> None:
+    # The runner has its own SIGTERM handler, and a fork inherits it: a stop
+    # sent at once must still end the keeper's wait, not be swallowed by
+    # that handler in the keeper -- which would then wait on, get the slot
+    # and run the command of a run that was cancelled.
+    lease = SlotProbe(str(tmp_path), "shared", 1).try_lease()
+    assert lease is not None
+    old = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        for _ in range(20):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            child = spawn(["true"], cwd=None, env=None, stdout_fd=devnull, stderr_fd=os.dup(devnull),
+                          lock_path=lease.path)
+            child.stop()
+            wait_for(lambda: select.select([child.done_fd], [], [], 0.05)[0] and child.on_readable(),
+                     timeout=5, what="the keeper to end its wait")
+            assert child.started is None and child.end is not None and child.end.stopped
+    finally:
+        signal.signal(signal.SIGTERM, old)
+        lease.release()
+
+
 def test_command_that_does_not_exist_reports_exec_failure() -> None:
     child = _spawn(["slotq-no-such-command-xyz"])
     _finish(child)

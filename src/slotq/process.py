@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 # Reset to default in the command: Python ignores SIGPIPE (and we SIGINT).
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGHUP}
 _DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGXFSZ, signal.SIGQUIT)
 
 _prctl: Any = None
@@ -209,7 +210,15 @@ def spawn(
     """
     done_r, done_w = os.pipe()
     runner_pid = os.getpid()
-    pid = os.fork()
+    # A stop request must reach the keeper's own handler, never the
+    # runner's that a fork inherits: blocked here, it stays pending in the
+    # keeper until its handlers are set (or goes to another of our threads).
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        pid = os.fork()
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        raise
     if pid == 0:  # keeper
         code = 1
         try:
@@ -224,6 +233,7 @@ def spawn(
             pass
         finally:
             os._exit(code)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     os.close(done_w)
     for fd in (stdout_fd, stderr_fd, stdin_fd):
         if fd is not None:
@@ -248,9 +258,8 @@ def _keeper(
     history: tuple[str, dict[str, object]] | None,
 ) -> int:
     stopped = False
-    # A stop request that arrives before we wait for the command stays
-    # pending until the `try` below, where it is handled.
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP})
+    # A stop request (blocked since before the fork) stays pending until
+    # the `try` below, where it is handled.
     signal.signal(signal.SIGTERM, _raise_stop)
     signal.signal(signal.SIGHUP, _raise_stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -295,7 +304,6 @@ def _keeper(
     # during the spawn call.
     spawn_argv = [os.fsencode(a) for a in argv]
     spawn_env = {os.fsencode(k): os.fsencode(v) for k, v in (os.environ if env is None else env).items()}
-    stop_signals = {signal.SIGTERM, signal.SIGHUP}
     lock_fd = -1
     if lock_path is not None:
         from .records import to_json  # now, not after the command's start
@@ -310,11 +318,11 @@ def _keeper(
         # a throw-away pass over what the spawn call will touch.
         _prefault(spawn_argv, spawn_env, actions)
         try:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
             if ticket is not None:
                 wait_turn(ticket[1], ticket[2])  # first in line: the head's turn
             fcntl.flock(lock_fd, fcntl.LOCK_EX)  # the wait: in the kernel, no CPU
-            signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
+            signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
         except _Stop:
             # Never started. The wait is over (the runner asked, or it is
             # gone): our ticket goes too; exiting releases a lock got just now.
@@ -352,7 +360,7 @@ def _keeper(
     report = b""
     status: int | None = None
     try:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGHUP})
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
         _, status = os.waitpid(leader, 0)
         report = b"status=%d" % status
     except _Stop:
