@@ -33,9 +33,14 @@ def descendants(pid: int) -> list[int]:
         p = todo.pop()
         out.append(p)
         try:
-            todo += [int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
+            tasks = os.listdir(f"/proc/{p}/task")
         except OSError:
-            pass
+            continue
+        for t in tasks:  # each thread's own children: slotq forks keepers from its runner thread
+            try:
+                todo += [int(c) for c in Path(f"/proc/{p}/task/{t}/children").read_text().split()]
+            except OSError:
+                pass
     return out
 
 

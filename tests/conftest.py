@@ -3,6 +3,7 @@ bounded wait-for-condition polling (never fixed sleeps)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -37,6 +38,24 @@ def wait_for(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condit
         if time.monotonic() > end:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)  # sleep-ok: bounded polling step of wait_for
+
+
+def blocked_in_flock(pid: int) -> bool:
+    """Is `pid` waiting for a flock (a `->` entry in /proc/locks)?"""
+    with open("/proc/locks") as f:
+        return any(line.split()[1] == "->" and line.split()[5] == str(pid) for line in f)
+
+
+def fd_targets(pid: int) -> set[str]:
+    """What the open descriptors of `pid` point at (`anon_inode:inotify`,
+    paths, pipes)."""
+    out = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            out.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            pass  # the listing's own descriptor, closed by now
+    return out
 
 
 def group_alive(pgid: int) -> bool:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import group_alive, wait_for
+from conftest import blocked_in_flock, group_alive, wait_for
 from slotq.config import HostConfig
 from slotq.hostqueue import Waiter
 from slotq.process import spawn
@@ -20,6 +20,13 @@ from slotq.slot import SlotProbe, read_slot
 from slotq.ticket import list_tickets, pool_dir, probe
 
 CFG = HostConfig()
+
+
+def fd_target(fd: str) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return ""  # the listing's own descriptor, closed by now
 
 
 def readable(w: Waiter, timeout: float = 0.0) -> bool:
@@ -44,12 +51,6 @@ sys.stdin.read()
     p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert p.stdout is not None and p.stdout.readline().strip() == "ready"
     return p
-
-
-def blocked_in_flock(pid: int) -> bool:
-    """Is `pid` waiting for a flock (a `->` entry in /proc/locks)?"""
-    with open("/proc/locks") as f:
-        return any(line.split()[1] == "->" and line.split()[5] == str(pid) for line in f)
 
 
 def test_ticket_of_a_sigkilled_waiter_is_found_dead_and_removed(tmp_path: Path) -> None:
@@ -89,9 +90,9 @@ def test_a_sigkilled_holder_wakes_the_head_within_milliseconds(tmp_path: Path) -
     assert woke < 0.1, f"wake-up took {woke * 1000:.1f} ms"
 
 
-def test_a_release_wakes_only_the_head_and_a_departure_only_the_next_two(tmp_path: Path) -> None:
-    # No herd: each waiter watches the two live tickets just ahead of it (to
-    # know when it is second in line), never the whole line.
+def test_a_release_wakes_only_the_head_and_a_departure_only_the_next(tmp_path: Path) -> None:
+    # No herd: each waiter watches the live ticket just ahead of it, never
+    # the whole line.
     first = Waiter(str(tmp_path), CFG, "shared", {})
     lease = first.attempt()
     assert lease is not None
@@ -103,11 +104,30 @@ def test_a_release_wakes_only_the_head_and_a_departure_only_the_next_two(tmp_pat
     assert [readable(w) for w in line[1:]] == [False, False, False, False]
     lease = line[0].attempt()  # the head wins and withdraws its ticket
     assert lease is not None
-    assert readable(line[1], 1.0) and readable(line[2], 1.0)
-    assert [readable(w) for w in line[3:]] == [False, False]
+    assert readable(line[1], 1.0)
+    assert [readable(w) for w in line[2:]] == [False, False, False]
     assert line[1].attempt() is None and line[1].is_head  # the slot is still held
-    assert line[2].attempt() is None and line[2].is_second and not line[2].is_head
-    assert line[3].attempt() is None and not line[3].is_second
+    assert line[2].attempt() is None and not line[2].is_head
+
+
+def test_a_waiter_that_will_not_watch_holds_no_inotify_instance(tmp_path: Path) -> None:
+    # A one-slot line's waiters leave the wait to their keepers: their own
+    # look must not cost an inotify instance (128 per user by default).
+    def inotify_fds() -> int:
+        return sum(1 for fd in os.listdir("/proc/self/fd") if fd_target(fd) == "anon_inode:inotify")
+
+    first = Waiter(str(tmp_path), CFG, "shared", {})
+    lease = first.attempt()
+    assert lease is not None
+    before = inotify_fds()
+    w = Waiter(str(tmp_path), CFG, "shared", {})
+    assert w.attempt(watch=False) is None
+    assert w.fileno() == -1
+    assert inotify_fds() == before
+    assert w.attempt() is None  # the control: a watching look does take one
+    assert inotify_fds() == before + 1
+    w.withdraw()
+    lease.release()
 
 
 def test_later_tickets_never_overtake_earlier_live_ones(tmp_path: Path) -> None:

@@ -13,13 +13,13 @@ from typing import Any, Callable
 
 import pytest
 
-from conftest import Run, group_alive, slotq_cmd, wait_for
+from conftest import Run, blocked_in_flock, fd_targets, group_alive, slotq_cmd, wait_for
 from slotq import history, protocol
 from slotq.client import run
 from slotq.clock import Clock, Timer
 from slotq.slot import read_slot
 from slotq.spec import RunSpec
-from slotq.ticket import list_tickets, pool_dir, probe
+from slotq.ticket import list_tickets, pool_dir, probe, read_info
 from slotq.transport import LocalTransport
 
 Start = Callable[..., Run]
@@ -118,7 +118,7 @@ def test_order_is_fifo_and_a_sigkilled_waiter_does_not_block(state_dir: Path, ru
 
 @pytest.mark.timeout(30)
 def test_commands_of_a_line_never_overlap_and_start_in_order(state_dir: Path, runs: Start, tmp_path: Path) -> None:
-    # The head and the second in line wait in standby keepers: each command
+    # Every waiter waits in a standby keeper: each command
     # must hold the slot (the inherited lock) until its last process exits,
     # so the next starts only then -- also when it lingers a little.
     gate = tmp_path / "gate"
@@ -143,21 +143,39 @@ def children(pid: int) -> list[int]:
 
 
 @pytest.mark.timeout(30)
+def test_every_waiter_of_a_one_slot_line_waits_in_its_keeper_in_flock(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    # Like flock(1): the kernel keeps the line. Each waiter's keeper is
+    # blocked in flock(2) -- on the ticket ahead, or on the slot at the
+    # head -- and the waiters' own processes watch nothing.
+    gate = tmp_path / "gate"
+    start_holder(runs, state_dir, gate)
+    waiters = line_up(runs, state_dir, ["true"] * 3)
+    keepers = [wait_for(lambda w=w: children(w.proc.pid), what="a keeper") for w in waiters]
+    assert all(len(k) == 1 for k in keepers)
+    wait_for(lambda: all(blocked_in_flock(k[0]) for k in keepers), what="every keeper blocked in flock(2)")
+    assert not any("anon_inode:inotify" in fd_targets(w.proc.pid) for w in waiters)
+    gate.touch()
+    assert [w.wait() for w in waiters] == [0, 0, 0]
+
+
+@pytest.mark.timeout(30)
 def test_a_lost_standby_keeper_costs_the_run_its_place_not_the_run(
         state_dir: Path, runs: Start, tmp_path: Path) -> None:
-    # The head's standby keeper holds its ticket; if it dies (it should
-    # not), the run joins the line anew and still runs, after the others.
+    # A waiter's standby keeper holds its ticket; if it dies (it should
+    # not), the run joins the line anew, waits by itself from then on, and
+    # still runs, after the others.
     gate = tmp_path / "gate"
     log = tmp_path / "log"
     start_holder(runs, state_dir, gate)
     first = runs("--", "sh", "-c", f"echo first >> {log}", name="first")
-    wait_for(lambda: children(first.proc.pid), what="the head's standby keeper")
+    [keeper] = wait_for(lambda: children(first.proc.pid), what="the first waiter's keeper")
     second = runs("--", "sh", "-c", f"echo second >> {log}", name="second")
     wait_for(lambda: len(live_tickets(state_dir)) == 2, what="two in line")
-    [keeper] = children(first.proc.pid)
     os.kill(keeper, signal.SIGKILL)
-    wait_for(lambda: len(live_tickets(state_dir)) == 2 and children(first.proc.pid)
-             and children(first.proc.pid) != [keeper], what="the first run back in line, with a new keeper")
+    wait_for(lambda: len(live_tickets(state_dir)) == 2 and not children(first.proc.pid)
+             and (read_info(live_tickets(state_dir)[-1]) or {}).get("pid") == first.proc.pid,
+             what="the first run back in line, last")
     gate.touch()
     assert first.wait() == 0 and second.wait() == 0
     assert log.read_text().split() == ["second", "first"]

@@ -10,17 +10,17 @@ lock file. A `Waiter` is one caller's wait, driven by its owner's loop:
 
 Order: within a pool only the head of the line -- the earliest live ticket
 -- tries the slots; later tickets never overtake earlier live ones. No
-thundering herd: each waiter watches only the live ticket just ahead of it
-(the two just ahead in a one-slot pool); the head watches the pool's slot
-files. When the head wins a slot and
+thundering herd: each waiter watches only the live ticket just ahead of it;
+the head watches the pool's slot files. When the head wins a slot and
 withdraws its ticket, its successor's watch fires and it becomes the head. A
 dead waiter's ticket is unlocked by the kernel; the watch on it fires too,
 and its successor removes it and moves up.
 
-In a one-slot pool the runner hands the last part of the wait to a standby
-keeper (process.py) once it is second in line: the keeper waits in flock(2)
-for the ticket ahead to go (`ticket.wait_turn`), then for the slot, and
-starts the command -- every hand-over on that path happens in the kernel.
+In a one-slot pool the runner hands the whole wait to a standby keeper
+(process.py) after its first look: the keeper waits in flock(2) for the
+tickets ahead to go (`ticket.wait_turn`), then for the slot, and starts the
+command -- every hand-over on that path happens in the kernel, and the
+waiter itself watches nothing (`attempt(watch=False)`).
 """
 
 from __future__ import annotations
@@ -73,7 +73,6 @@ class Waiter:
         self._locks: LockWaits | None = None  # when no inotify instance can be had
         self._may_watch = True
         self._head = False
-        self._second = False
         self._earlier: list[str] | None = None  # tickets ahead of ours, as first listed
         self._rechecks: list[float] = []
         self._probe: SlotProbe | None = None
@@ -95,12 +94,6 @@ class Waiter:
         """At the head of the line (known once an attempt found no live
         ticket ahead)."""
         return self._head
-
-    @property
-    def is_second(self) -> bool:
-        """Second in line (as of the last attempt): the ticket ahead is the
-        head's."""
-        return self._second
 
     def stand_down(self) -> None:
         """Stop trying for a slot ourselves: a standby keeper waits for it
@@ -125,14 +118,15 @@ class Waiter:
             return self._rechecks.pop(0)
         return POLL_WITH_INOTIFY if self._watcher or self._locks else POLL_WITHOUT_INOTIFY
 
-    def attempt(self) -> SlotLease | None:
+    def attempt(self, watch: bool = True) -> SlotLease | None:
         """Look once: lease a slot if we are the head and one is free.
 
-        Sets the watches that will wake us when we should look again. On
-        success the ticket is withdrawn (waking our successor).
+        Sets the watches that will wake us when we should look again (none
+        with `watch=False`: a keeper will wait instead). On success the
+        ticket is withdrawn (waking our successor).
         """
         lease = self._attempt()
-        if lease is None and self._may_watch:
+        if lease is None and watch and self._may_watch:
             self._may_watch = False
             if inotify.available():
                 try:
@@ -160,7 +154,6 @@ class Waiter:
             self._locks.drain()
         if not self._head:
             ahead = self._live_ahead()
-            self._second = len(ahead) == 1 and self.slot_count == 1
             if ahead:
                 self._drop_probe()
                 if self._locks:
@@ -168,7 +161,6 @@ class Waiter:
                 return None
             # Once the head, always the head: no ticket can appear ahead later.
             self._head = True
-            self._second = False
         if self._probe is None:
             self._probe = SlotProbe(self.state_dir, self.pool, self.slot_count)
         if self._locks:
@@ -221,11 +213,9 @@ class Waiter:
         return lease
 
     def _live_ahead(self) -> list[str]:
-        """Paths of the closest live tickets ahead of ours, closest first,
-        now watched: in a one-slot pool two (when either goes, we may have
-        moved up to second place, where a standby keeper starts), else one.
-        Dead tickets met on the way are removed."""
-        wanted = 2 if self.slot_count == 1 else 1
+        """The path of the closest live ticket ahead of ours, now watched
+        (an empty list at the head). Dead tickets met on the way are
+        removed."""
         if self._earlier is None:
             # No ticket is ever created ahead of ours: one listing serves
             # every later look (in a line of hundreds, a wake-up then costs
@@ -241,8 +231,7 @@ class Waiter:
                 continue
             if probe(path):
                 found.append(path)
-                if len(found) == wanted:
-                    break
+                break
             else:
                 gone.add(path)
                 if self._watcher:
@@ -285,7 +274,7 @@ class Waiter:
         """Take a new ticket at the end of the line (ours was lost)."""
         self.ticket.withdraw()
         self._drop_probe()
-        self._head = self._second = False
+        self._head = False
         self._earlier = None
         self._watching = None
         if self._watcher:
