@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -179,6 +180,40 @@ def test_a_lost_standby_keeper_costs_the_run_its_place_not_the_run(
     gate.touch()
     assert first.wait() == 0 and second.wait() == 0
     assert log.read_text().split() == ["second", "first"]
+
+
+@pytest.mark.timeout(30)
+def test_a_waiter_that_cannot_fork_its_keeper_waits_by_itself(
+        state_dir: Path, runs: Start, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # No process to spare for the keeper (EAGAIN at the fork): the run keeps
+    # its ticket and its place, and waits for the slot in its own process.
+    import slotq.runner
+
+    refused: list[str] = []
+    real_spawn = slotq.runner.spawn
+
+    def spawn(argv: list[str], **kw: Any) -> Any:
+        if kw.get("lock_path"):  # the standby keeper's fork, only
+            refused.append(kw["lock_path"])
+            raise BlockingIOError(11, "Resource temporarily unavailable")
+        return real_spawn(argv, **kw)
+
+    monkeypatch.setattr(slotq.runner, "spawn", spawn)
+    gate = tmp_path / "gate"
+    start_holder(runs, state_dir, gate)
+    out_r, out_w = os.pipe()
+    results: list[Any] = []
+    t = threading.Thread(target=lambda: results.append(
+        run(RunSpec(["echo", "ran"], budget=30, cwd=str(tmp_path)), LocalTransport(), stdout_fd=out_w)))
+    t.start()
+    wait_for(lambda: refused, what="the keeper's fork refused")
+    assert len(live_tickets(state_dir)) == 1  # still in line
+    gate.touch()
+    t.join(timeout=20)
+    os.close(out_w)
+    assert results and results[0].outcome.value == "passed", results
+    assert os.read(out_r, 100) == b"ran\n"
+    assert len(refused) == 1
 
 
 @pytest.mark.timeout(30)

@@ -211,8 +211,15 @@ class HostRunner:
                     # then shared with the keeper, not copied (about 1 MB
                     # less for each of the two).
                     waiter.stand_down()  # one waiter for the slot, not two (they would deadlock)
-                    standby = self._start(spec.argv, None, last=True, wait_for=waiter.slot_paths()[0],
-                                          ticket=waiter.ticket)
+                    try:
+                        standby = self._start(spec.argv, None, last=True, wait_for=waiter.slot_paths()[0],
+                                              ticket=waiter.ticket)
+                    except OSError:
+                        # No process to spare (EAGAIN, ENOMEM): our ticket is
+                        # still ours; wait for the slot ourselves.
+                        by_keeper = False
+                        lease = waiter.attempt()
+                        continue
                 fds = self._listen_fds()
                 if standby is not None:
                     fds.append(standby[0].done_fd)
