@@ -41,8 +41,9 @@ if TYPE_CHECKING:
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
-# Reset to default in the command: Python ignores SIGPIPE (and we SIGINT).
+# How the runner asks a keeper to stop (and how it learns its runner is gone).
 _STOP_SIGNALS = {signal.SIGTERM, signal.SIGHUP}
+# Reset to default in the command: Python ignores SIGPIPE (and we SIGINT).
 _DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGXFSZ, signal.SIGQUIT)
 
 _prctl: Any = None

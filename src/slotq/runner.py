@@ -193,7 +193,7 @@ class HostRunner:
         # A one-slot line waits in the kernel, like flock(1): each waiter's
         # keeper, forked at once, waits for the tickets ahead to go, then
         # for the slot, and starts the command the moment the slot is
-        # released. The hand-overs then wake no runner and fork nothing.
+        # released. A hand-over then wakes one keeper and forks nothing.
         by_keeper = waiter.slot_count == 1 and not spec.prepare
         try:
             lease = waiter.attempt(watch=not by_keeper)
