@@ -154,10 +154,10 @@ class Waiter:
             self._locks.drain()
         if not self._head:
             ahead = self._live_ahead()
-            if ahead:
+            if ahead is not None:
                 self._drop_probe()
                 if self._locks:
-                    self._locks.watch_only(ahead, exclusive=False)
+                    self._locks.watch_only([ahead], exclusive=False)
                 return None
             # Once the head, always the head: no ticket can appear ahead later.
             self._head = True
@@ -212,17 +212,16 @@ class Waiter:
         self._won()
         return lease
 
-    def _live_ahead(self) -> list[str]:
-        """The path of the closest live ticket ahead of ours, now watched
-        (an empty list at the head). Dead tickets met on the way are
-        removed."""
+    def _live_ahead(self) -> str | None:
+        """Path of the closest live ticket ahead of ours (now watched), or
+        None at the head. Dead tickets met on the way are removed."""
         if self._earlier is None:
             # No ticket is ever created ahead of ours: one listing serves
             # every later look (in a line of hundreds, a wake-up then costs
             # a probe or two, not a directory listing).
             mine = self.ticket.seq
             self._earlier = [path for seq, path in list_tickets(pool_dir(self.state_dir, self.pool)) if seq < mine]
-        found: list[str] = []
+        found = None
         gone: set[str] = set()
         for path in reversed(self._earlier):
             # Watch before probing: a release between the two is not lost.
@@ -230,16 +229,13 @@ class Waiter:
                 gone.add(path)
                 continue
             if probe(path):
-                found.append(path)
+                found = path
                 break
-            else:
-                gone.add(path)
-                if self._watcher:
-                    self._watcher.unwatch(path)
+            gone.add(path)
         if gone:
             self._earlier = [path for path in self._earlier if path not in gone]
         if self._watcher:
-            for path in self._watcher.watching() - set(found):
+            for path in self._watcher.watching() - {found}:
                 self._watcher.unwatch(path)
         return found
 
