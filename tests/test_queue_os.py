@@ -16,10 +16,17 @@ from conftest import blocked_in_flock, group_alive, wait_for
 from slotq.config import HostConfig
 from slotq.hostqueue import Waiter
 from slotq.process import spawn
-from slotq.slot import SlotProbe, read_slot
+from slotq.slot import SlotLease, SlotProbe, read_slot
 from slotq.ticket import list_tickets, pool_dir, probe
 
 CFG = HostConfig()
+
+
+def take_slot(tmp_path: Path) -> SlotLease:
+    """The first in line leases the one slot of `shared`."""
+    lease = Waiter(str(tmp_path), CFG, "shared", {}).attempt()
+    assert lease is not None
+    return lease
 
 
 def fd_target(fd: str) -> str:
@@ -64,9 +71,7 @@ def test_ticket_of_a_sigkilled_waiter_is_found_dead_and_removed(tmp_path: Path) 
 
 
 def test_a_release_wakes_the_head_within_milliseconds(tmp_path: Path) -> None:
-    a = Waiter(str(tmp_path), CFG, "shared", {})
-    lease = a.attempt()
-    assert lease is not None
+    lease = take_slot(tmp_path)
     b = Waiter(str(tmp_path), CFG, "shared", {})
     assert b.attempt() is None
     assert not readable(b)
@@ -93,9 +98,7 @@ def test_a_sigkilled_holder_wakes_the_head_within_milliseconds(tmp_path: Path) -
 def test_a_release_wakes_only_the_head_and_a_departure_only_the_next(tmp_path: Path) -> None:
     # No herd: each waiter watches the live ticket just ahead of it, never
     # the whole line.
-    first = Waiter(str(tmp_path), CFG, "shared", {})
-    lease = first.attempt()
-    assert lease is not None
+    lease = take_slot(tmp_path)
     line = [Waiter(str(tmp_path), CFG, "shared", {}) for _ in range(5)]
     for w in line:
         assert w.attempt() is None
@@ -116,9 +119,7 @@ def test_a_waiter_that_will_not_watch_holds_no_inotify_instance(tmp_path: Path) 
     def inotify_fds() -> int:
         return sum(1 for fd in os.listdir("/proc/self/fd") if fd_target(fd) == "anon_inode:inotify")
 
-    first = Waiter(str(tmp_path), CFG, "shared", {})
-    lease = first.attempt()
-    assert lease is not None
+    lease = take_slot(tmp_path)
     before = inotify_fds()
     w = Waiter(str(tmp_path), CFG, "shared", {})
     assert w.attempt(watch=False) is None
@@ -155,9 +156,7 @@ def test_later_tickets_never_overtake_earlier_live_ones(tmp_path: Path) -> None:
 
 
 def test_a_dead_waiter_does_not_block_the_ones_behind_it(tmp_path: Path) -> None:
-    first = Waiter(str(tmp_path), CFG, "shared", {})
-    lease = first.attempt()
-    assert lease is not None
+    lease = take_slot(tmp_path)
     dead = holder_process(tmp_path, "ticket")
     behind = Waiter(str(tmp_path), CFG, "shared", {})
     assert behind.attempt() is None
@@ -172,9 +171,7 @@ def test_a_dead_waiter_does_not_block_the_ones_behind_it(tmp_path: Path) -> None
 
 def test_without_inotify_the_fallback_poll_still_hands_over(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLOTQ_NO_INOTIFY", "1")
-    a = Waiter(str(tmp_path), CFG, "shared", {})
-    lease = a.attempt()
-    assert lease is not None
+    lease = take_slot(tmp_path)
     b = Waiter(str(tmp_path), CFG, "shared", {})
     assert b.fileno() == -1 and b.wait_timeout() <= 1.0
     assert b.attempt() is None
@@ -288,9 +285,7 @@ def no_inotify_instances(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_without_inotify_instances_a_release_still_wakes_the_head_at_once(
         tmp_path: Path, no_inotify_instances: None) -> None:
-    a = Waiter(str(tmp_path), CFG, "shared", {})
-    lease = a.attempt()
-    assert lease is not None
+    lease = take_slot(tmp_path)
     b = Waiter(str(tmp_path), CFG, "shared", {})
     assert b.attempt() is None
     assert b.fileno() >= 0 and not readable(b, 0.05)
@@ -306,9 +301,7 @@ def test_without_inotify_instances_a_release_still_wakes_the_head_at_once(
 
 def test_without_inotify_instances_order_holds_and_dead_waiters_are_skipped(
         tmp_path: Path, no_inotify_instances: None) -> None:
-    first = Waiter(str(tmp_path), CFG, "shared", {})
-    lease = first.attempt()
-    assert lease is not None
+    lease = take_slot(tmp_path)
     second = Waiter(str(tmp_path), CFG, "shared", {})
     dead = holder_process(tmp_path, "ticket")
     third = Waiter(str(tmp_path), CFG, "shared", {})
@@ -353,9 +346,7 @@ def test_status_reads_the_kernel_lock_table_and_wakes_nobody(tmp_path: Path) -> 
 def test_a_wakeup_that_finds_the_lock_still_held_is_followed_by_quick_rechecks(tmp_path: Path) -> None:
     # IN_CLOSE_WRITE is queued before the closing file's flock is released;
     # a head woken in between must look again soon, not after the 30 s poll.
-    first = Waiter(str(tmp_path), CFG, "shared", {})
-    lease = first.attempt()
-    assert lease is not None
+    lease = take_slot(tmp_path)
     head = Waiter(str(tmp_path), CFG, "shared", {})
     assert head.attempt() is None
     assert head.wait_timeout() >= 30  # idle: only the safety poll

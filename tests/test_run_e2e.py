@@ -456,9 +456,9 @@ def test_a_silent_host_ends_in_backstop_and_the_command_is_ended(state_dir: Path
 @pytest.mark.parametrize("slots", [1, 2])
 def test_runs_without_inotify_instances_keep_order_and_finish(state_dir: Path, tmp_path: Path, slots: int,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    # Hundreds of waiters exhaust the per-user inotify instances; the runs
-    # that get none wait on blocked-flock threads -- and at the head of a
-    # one-slot line hand the wait to their standby keeper (no deadlock).
+    # Hundreds of waiters exhaust the per-user inotify instances. With two
+    # slots the runs that get none wait on blocked-flock threads; in a
+    # one-slot line no run asks for one (their keepers wait in flock(2)).
     cfg = tmp_path / "host.toml"
     cfg.write_text(f"[pools]\nshared = {slots}\nlanding = 1\n")
     monkeypatch.setenv("SLOTQ_CONFIG", str(cfg))
