@@ -164,7 +164,7 @@ def test_bad_config_is_a_config_error_naming_the_file(tmp_path: os.PathLike[str]
 def test_outcome_values_are_interned_strings() -> None:
     assert Outcome("passed") is Outcome.PASSED and Outcome.PASSED == "passed"
     assert str(Outcome.EXEC_TIMEOUT) == "exec_timeout" and repr(Outcome.BACKSTOP) == "Outcome.BACKSTOP"
-    assert len(Outcome.members()) == 11
+    assert len(Outcome.members()) == 12
     with pytest.raises(ValueError, match="not an outcome"):
         Outcome("exploded")
 

@@ -156,6 +156,48 @@ def test_sigkill_of_ssh_itself_is_unavailable_and_ends_the_remote_group(remote: 
     wait_for(lambda: remote.group_members(pgid) == 0, timeout=1 + 2, what="remote process group gone")
 
 
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("victim", ["runner", "keeper", "both"])
+def test_sigkill_of_the_remote_runner_or_supervisor_ends_the_remote_command(
+        remote: Remote, runs: Start, victim: str) -> None:
+    # The test host is this machine: the remote runner and its keeper are
+    # processes here (of the ssh test user), and we may kill them.
+    r = runs(*remote.args, "--kill-grace", "1", "--", "sh", "-c",
+             f"trap '' TERM HUP; echo $$ > /tmp/slotq-pg-{remote.tag}; sleep 100 & sleep 100")
+    pgid = _remote_pgid(remote)
+    slot = wait_for(lambda: (s := remote.shared()["slots"][0]).get("keeper") and s, timeout=20,
+                    what="the remote holder record")
+    runner, keeper = int(slot["pid"]), int(slot["keeper"])
+    t0 = time.monotonic()
+    if victim == "both":
+        os.kill(runner, signal.SIGSTOP)  # it must not see its keeper go
+    if victim in ("keeper", "both"):
+        os.kill(keeper, signal.SIGKILL)
+        wait_for(lambda: not _alive(keeper), what="keeper gone")
+    if victim in ("runner", "both"):
+        os.kill(runner, signal.SIGKILL)
+    assert r.wait(timeout=30) == 121
+    assert remote.group_members(pgid) == 0
+    assert time.monotonic() - t0 <= 1 + 2 + 2  # grace + 2 s, plus the ssh round trips
+    res = r.result()
+    assert res["outcome"] == "unavailable" and res["blame"] == "infrastructure"
+    expected = {
+        "runner": f"its runner (pid {runner}) was gone; its keeper (pid {keeper}) ended the command",
+        "keeper": f"the command's supervisor (slotq keeper, pid {keeper}) was killed after the command started",
+        "both": f"its runner (pid {runner}) and keeper (pid {keeper}) were both gone; slotq ended the orphaned command",
+    }[victim]
+    assert expected in res["message"], res["message"]
+    wait_for(lambda: not remote.shared()["slots"][0]["held"], timeout=5, what="remote slot free")
+
+
 HOSTILE = ["a b", "'single'", '"double"', "$(echo pwned)", "`echo pwned`", "; rm -rf /tmp/nope", "a\nb\n",
            "ünïcödé ✓ 日本", "*", "", "\\", "$HOME", "--", "-x"]
 

@@ -131,11 +131,19 @@ def format_queued(ev: dict[str, object]) -> str:
     parts = [f"waiting {format_duration(_num(ev.get('waited_s')))}",
              f"position {ev.get('position')} in pool {ev.get('pool')} ({ev.get('ahead')} ahead)"]
     held = [h for h in ev.get("holders") or [] if isinstance(h, dict) and h.get("held")]  # type: ignore[attr-defined]
-    if held:
+    live = [h for h in held if h.get("phase") != "orphaned"]
+    if live:
         desc = ", ".join(f"{h.get('label') or '?'} for {format_duration(_num(h.get('held_s')))}"
-                         for h in held)
+                         + (" (stopping)" if h.get("phase") == "stopping" else "") for h in live)
         parts.append(f"slot held by {desc}")
+    if len(live) < len(held):
+        from .status import describe_orphan
+
+        parts += [describe_orphan(h) for h in held if h.get("phase") == "orphaned"]
     parts.append(f"load {ev.get('load1')}/{ev.get('cores')} cores")
+    notes = ev.get("notes")
+    if isinstance(notes, list):
+        parts += [str(n) for n in notes]
     return "slotq: " + "; ".join(parts)
 
 
@@ -187,6 +195,12 @@ class Transport:
     def wait(self) -> str:
         """Reap the transport; returns diagnostics (e.g. ssh's stderr)."""
         raise NotImplementedError
+
+    def after_loss(self, run_id: str) -> str:
+        """The runner's stream ended without a result: what became of the
+        run's command on the host (its keeper ended it; or both were gone
+        and the orphan was ended now). "" when there is nothing to ask."""
+        return ""
 
 
 def run(
@@ -338,6 +352,9 @@ def run(
         result.message = f"host runner on {transport.host} ended without a result"
         if diagnostics:
             result.message += f": {diagnostics.strip().splitlines()[-1]}"
+        note = transport.after_loss(spec.run_id)
+        if note:
+            result.message += f"; on the host, {note}"
     if result.phases["ended"] is None:
         result.phases["ended"] = clock.wall()
     say(summary_line(result))

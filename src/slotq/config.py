@@ -15,6 +15,10 @@ State directory: `$SLOTQ_STATE_DIR`, else `$XDG_STATE_HOME/slotq/host`, else
     budget = "60m"     # command budget when a run names none
     kill_grace = "10s" # TERM -> KILL grace when a command is stopped
     prepare_timeout = "10m"
+
+    [admission]        # optional; no limit by default: waiting is not failing
+    max_waiting = 50            # runs waiting in one pool's line
+    max_waiting_per_user = 10   # of them, one user's
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ def state_dir_from_env(env: dict[str, str] | os._Environ[str] | None = None) -> 
 class HostConfig:
     """Pools, class -> pool mapping and host defaults."""
 
-    __slots__ = ("pools", "classes", "budget", "kill_grace", "prepare_timeout", "path")
+    __slots__ = ("pools", "classes", "budget", "kill_grace", "prepare_timeout", "path", "max_waiting",
+                 "max_waiting_per_user")
 
     def __init__(
         self,
@@ -52,6 +57,8 @@ class HostConfig:
         kill_grace: float = DEFAULT_KILL_GRACE,
         prepare_timeout: float = DEFAULT_PREPARE_TIMEOUT,
         path: str | None = None,
+        max_waiting: int | None = None,
+        max_waiting_per_user: int | None = None,
     ) -> None:
         self.pools = dict(DEFAULT_POOLS if pools is None else pools)
         self.classes = {name: name for name in self.pools}
@@ -60,6 +67,8 @@ class HostConfig:
         self.kill_grace = kill_grace
         self.prepare_timeout = prepare_timeout
         self.path = path
+        self.max_waiting = max_waiting
+        self.max_waiting_per_user = max_waiting_per_user
         for cls, pool in self.classes.items():
             if pool not in self.pools:
                 raise ConfigError(f"class {cls!r} maps to unknown pool {pool!r}", path)
@@ -104,7 +113,7 @@ class HostConfig:
 
     @classmethod
     def _from_dict(cls, data: dict[str, object], path: str | None) -> "HostConfig":
-        unknown = set(data) - {"pools", "classes", "defaults"}
+        unknown = set(data) - {"pools", "classes", "defaults", "admission"}
         if unknown:
             raise ConfigError(f"host config {path}: unknown section(s) {sorted(unknown)}", path)
         pools_raw = data.get("pools", DEFAULT_POOLS)
@@ -137,7 +146,19 @@ class HostConfig:
                 values[key] = parse_duration(str(v), what=key, allow_zero=key == "kill_grace")
             except ValueError as e:
                 raise ConfigError(f"host config {path}: {e}", path) from None
-        return cls(pools, dict(classes_raw), path=path, **values)
+        admission = data.get("admission", {})
+        if not isinstance(admission, dict):
+            raise ConfigError(f"host config {path}: [admission] must be a table", path)
+        if set(admission) - {"max_waiting", "max_waiting_per_user"}:
+            raise ConfigError(f"host config {path}: unknown admission setting(s) "
+                              f"{sorted(set(admission) - {'max_waiting', 'max_waiting_per_user'})}", path)
+        limits: dict[str, int] = {}
+        for key, n in admission.items():
+            if not isinstance(n, int) or isinstance(n, bool) or n < 0 or n > 1_000_000:
+                raise ConfigError(f"host config {path}: [admission] {key} must be a whole number 0..1000000, "
+                                  f"got {n!r}", path)
+            limits[key] = n
+        return cls(pools, dict(classes_raw), path=path, **values, **limits)  # type: ignore[arg-type]
 
 
 def _is_name(name: str) -> bool:

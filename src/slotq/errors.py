@@ -39,6 +39,13 @@ class StateDirError(SlotqError):
         self.path = path
 
 
+class AdmissionRefused(SlotqError):
+    """The host's admission policy turned a run away (a named policy, never
+    a timeout). A run reports it as `not_admitted`."""
+
+    exit_code = 117
+
+
 class ProtocolError(SlotqError):
     """The runner's stream is not what this version of slotq speaks."""
 

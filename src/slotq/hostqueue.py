@@ -29,7 +29,7 @@ import os
 
 from . import inotify
 from .config import HostConfig
-from .errors import StateDirError
+from .errors import SlotqError, StateDirError
 from .slot import SlotLease, SlotProbe
 from .ticket import Ticket, list_tickets, live_tickets, pool_dir, probe, take_ticket
 
@@ -60,6 +60,8 @@ class Waiter:
 
     def __init__(self, state_dir: str, config: HostConfig, pool: str, info: dict[str, object],
                  *, defer_leave: bool = False) -> None:
+        """Raises StateDirError, or AdmissionRefused when the host's
+        [admission] limits leave no place in line."""
         """defer_leave: on success keep the ticket until `leave()` -- the
         runner starts its command first; the successor could not have the
         slot before that anyway."""
@@ -78,8 +80,9 @@ class Waiter:
         self._probe: SlotProbe | None = None
         self._watching: str | None = None  # "slots" once the head watches them
         try:
-            self.ticket: Ticket = take_ticket(state_dir, pool, info)
-        except StateDirError:
+            self.ticket: Ticket = take_ticket(state_dir, pool, info,
+                                              (config.max_waiting, config.max_waiting_per_user))
+        except SlotqError:
             self.close()
             raise
 
@@ -265,17 +268,6 @@ class Waiter:
         if self._locks:
             self._locks.close()
             self._locks = None
-
-    def rejoin(self) -> None:
-        """Take a new ticket at the end of the line (ours was lost)."""
-        self.ticket.withdraw()
-        self._drop_probe()
-        self._head = False
-        self._earlier = None
-        self._watching = None
-        if self._watcher:
-            self._watcher.unwatch_all()
-        self.ticket = take_ticket(self.state_dir, self.pool, self.ticket.info)
 
     def withdraw(self) -> None:
         """Leave the line without a slot (caller gone, cancelled)."""

@@ -31,6 +31,7 @@ class Outcome(str):
     CANCELLED: ClassVar[Outcome]
     BUDGET_EXHAUSTED: ClassVar[Outcome]
     DEADLINE: ClassVar[Outcome]
+    NOT_ADMITTED: ClassVar[Outcome]
 
     def __new__(cls, value: str) -> Outcome:
         try:
@@ -77,6 +78,7 @@ Outcome.CALLER_GONE = Outcome._define("caller_gone")
 Outcome.CANCELLED = Outcome._define("cancelled")
 Outcome.BUDGET_EXHAUSTED = Outcome._define("budget_exhausted")
 Outcome.DEADLINE = Outcome._define("deadline")
+Outcome.NOT_ADMITTED = Outcome._define("not_admitted")
 
 BLAME: dict[str, str] = {
     "passed": "work",
@@ -90,10 +92,11 @@ BLAME: dict[str, str] = {
     "cancelled": "caller",
     "budget_exhausted": "task",
     "deadline": "task",
+    "not_admitted": "infrastructure",
 }
 
 # The one exit-code table. passed/failed pass the command's own code through
-# (None here). 124 matches timeout(1). The others sit in 118..123, 129, 130,
+# (None here). 124 matches timeout(1). The others sit in 117..123, 129, 130,
 # away from 125-127 (timeout(1)'s own failure, cannot execute, not found) and
 # from the small codes commands usually use. Usage errors exit 2, a bad host
 # config 78 and an unusable state directory 73 (see errors.py).
@@ -109,6 +112,7 @@ EXIT_CODES: dict[Outcome, int | None] = {
     Outcome.CALLER_GONE: 129,
     Outcome.BUDGET_EXHAUSTED: 119,
     Outcome.DEADLINE: 118,
+    Outcome.NOT_ADMITTED: 117,
 }
 
 

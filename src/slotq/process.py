@@ -14,11 +14,18 @@ runner:
 - after the command's leader exits, leftovers of the group are ended, because
   they would otherwise keep the inherited slot lock -- and the slot -- busy.
 
+The keeper starts a session of its own at once: a harness that stops a
+job with `kill -9 -PGID` (the caller's process group) must not take the
+supervision down with the caller. The kernel then tells the keeper its
+runner is gone, and it ends the command as above.
+
 The command itself is started with posix_spawn (no Python between fork and
-exec). A standby keeper (`lock_path`) first waits for the slot in flock(2),
-as flock(1) does, and starts the command the moment the kernel grants it.
-What this does not cover: a keeper that is itself SIGKILLed leaves its
-command running (holding the slot until it exits, so still no overlap).
+exec), with `SLOTQ_RUN_ID=<run id>` in its environment. A standby keeper
+(`lock_path`) first waits for the slot in flock(2), as flock(1) does, and
+starts the command the moment the kernel grants it.
+A keeper that is itself killed is noticed by its runner (end-of-file with no
+report), which ends the command's processes itself (orphans.py); if the
+runner is gone too, the next in line does (see orphans.py).
 
 Stopping is one policy, `terminate_group`: TERM to the group, `grace`
 seconds, then KILL. The keeper reports how the leader ended through a pipe
@@ -43,6 +50,7 @@ PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 # How the runner asks a keeper to stop (and how it learns its runner is gone).
 _STOP_SIGNALS = {signal.SIGTERM, signal.SIGHUP}
+MARKER = b"SLOTQ_RUN_ID"  # in the command's environment: how its processes are found
 # Reset to default in the command: Python ignores SIGPIPE (and we SIGINT).
 _DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGXFSZ, signal.SIGQUIT)
 
@@ -101,21 +109,24 @@ def _raise_stop(signum: int, frame: object) -> None:
 
 class ChildEnd:
     """How a command ended: `status` is its raw wait status, or `exec_errno`
-    is set when it could not be started at all."""
+    is set when it could not be started at all, or `lost`: the keeper died
+    without a word (killed), and how the command ended is unknown."""
 
-    __slots__ = ("status", "exec_errno", "stopped")
+    __slots__ = ("status", "exec_errno", "stopped", "lost")
 
-    def __init__(self, status: int | None, exec_errno: int | None, stopped: bool) -> None:
+    def __init__(self, status: int | None, exec_errno: int | None, stopped: bool, lost: bool = False) -> None:
         self.status = status
         self.exec_errno = exec_errno
         self.stopped = stopped  # ended by terminate_group on request
+        self.lost = lost
 
     @property
     def exit_code(self) -> int:
         """Shell convention: the exit code, or 128 + signal number."""
         if self.exec_errno is not None:
             return 127 if self.exec_errno == errno.ENOENT else 126
-        assert self.status is not None
+        if self.status is None:
+            return 128 + signal.SIGKILL  # lost: not a code of the command's
         if os.WIFSIGNALED(self.status):
             return 128 + os.WTERMSIG(self.status)
         return os.waitstatus_to_exitcode(self.status)
@@ -130,14 +141,19 @@ class ChildEnd:
 class Child:
     """A running command, seen from the runner."""
 
-    def __init__(self, keeper_pid: int, done_fd: int) -> None:
+    def __init__(self, keeper_pid: int, done_fd: int, lingers: bool = False) -> None:
         self.keeper_pid = keeper_pid
+        # With an ack pipe the keeper outlives its report until the runner
+        # has written the history line: reap it then (reap()), not here.
+        self._lingers = lingers
         self.done_fd = done_fd  # readable (EOF) when the keeper has finished
+        self._reaped = False
         self._report = b""
         self.end: ChildEnd | None = None
-        # With a slot to wait for (spawn(lock_path=...)): when the keeper got
-        # it and started the command (wall, monotonic), else None.
+        # When the keeper started the command (wall, monotonic), else None.
         self.started: tuple[float, float] | None = None
+        self.cmd_pid: int | None = None  # the command's leader (= its session)
+        self.cmd_start: int | None = None  # and its start time, if seen alive
 
     def stop(self) -> None:
         """Ask the keeper to end the command's group (TERM, grace, KILL)."""
@@ -154,13 +170,29 @@ class Child:
             self._report += chunk
             if self.started is None and b"\n" in self._report:
                 line, self._report = self._report.split(b"\n", 1)
-                wall, mono = line.split(b"=", 1)[1].split(b",")
+                wall, mono, pid = line.split(b"=", 1)[1].split(b",")
                 self.started = (float(wall), float(mono))
+                self.cmd_pid = int(pid)
+                if self.cmd_pid > 0:
+                    from .orphans import start_ticks
+
+                    self.cmd_start = start_ticks(self.cmd_pid)
             return False
         os.close(self.done_fd)
-        os.waitpid(self.keeper_pid, 0)
         self.end = _parse_report(self._report)
+        if not self._lingers:
+            self.reap()
         return True
+
+    def reap(self) -> None:
+        """Wait for the keeper process to exit (once it has reported, and --
+        with an ack pipe -- been told the run is recorded, it does)."""
+        if not self._reaped:
+            self._reaped = True
+            try:
+                os.waitpid(self.keeper_pid, 0)
+            except ChildProcessError:
+                pass
 
 
 def _parse_report(raw: bytes) -> ChildEnd:
@@ -170,8 +202,9 @@ def _parse_report(raw: bytes) -> ChildEnd:
         return ChildEnd(None, int(fields[b"execfail"]), stopped)
     if b"status" in fields:
         return ChildEnd(int(fields[b"status"]), None, stopped)
-    # The keeper died without a word (killed): treat as killed.
-    return ChildEnd(signal.SIGKILL, None, stopped)
+    # The keeper died without a word (killed): how the command ended, if
+    # it even did, nobody knows. The runner deals with it (orphans.py).
+    return ChildEnd(None, None, stopped, lost=True)
 
 
 def spawn(
@@ -188,8 +221,12 @@ def spawn(
     record: dict[str, object] | None = None,
     ticket: tuple[int, str, int] | None = None,
     history: tuple[str, dict[str, object]] | None = None,
+    run_id: str | None = None,
+    slot_path: str | None = None,
+    ack_fd: int | None = None,
 ) -> Child:
-    """Start `argv` in its own session under a keeper process.
+    """Start `argv` in its own session under a keeper process (in a session
+    of its own too, so a kill of the caller's process group spares it).
 
     `stdout_fd`/`stderr_fd` become the command's fd 1 and 2, `stdin_fd` its
     fd 0 (None: /dev/null); all three are closed here after the fork.
@@ -208,6 +245,16 @@ def spawn(
     `history` (state dir, record so far): if the runner vanishes (killed, or
     the caller's process it was a thread of), the keeper ends the command
     and writes the run's history line itself.
+    `run_id` goes into the command's environment as `SLOTQ_RUN_ID` (how
+    its processes are found if the keeper is killed). `slot_path` with
+    `record`: the keeper writes the holder record there once the command
+    has started (adding its own and the command's pid and start time), and
+    marks it `stopping` when it ends the command on request. It reports
+    `started=<wall>,<monotonic>,<command pid>` on its pipe in every case.
+    `ack_fd` (a pipe's read end): after its last report the keeper waits
+    there for the runner's one byte saying it recorded the run; end-of-file
+    without it means the runner died first, and the keeper writes the
+    run's history line (outcome caller_gone) itself.
     """
     done_r, done_w = os.pipe()
     runner_pid = os.getpid()
@@ -229,7 +276,8 @@ def spawn(
             gc.disable()
             os.close(done_r)
             code = _keeper(argv, cwd, env, stdout_fd, stderr_fd, stdin_fd, inherit_fds, grace,
-                           done_w, runner_pid, lock_path, record, ticket, history)
+                           done_w, runner_pid, lock_path, record, ticket, history, run_id,
+                           slot_path or lock_path, ack_fd)
         except BaseException:
             pass
         finally:
@@ -239,7 +287,7 @@ def spawn(
     for fd in (stdout_fd, stderr_fd, stdin_fd):
         if fd is not None:
             os.close(fd)
-    return Child(pid, done_r)
+    return Child(pid, done_r, lingers=ack_fd is not None)
 
 
 def _keeper(
@@ -257,8 +305,15 @@ def _keeper(
     record: dict[str, object] | None,
     ticket: tuple[int, str, int] | None,
     history: tuple[str, dict[str, object]] | None,
+    run_id: str | None,
+    slot_path: str | None,
+    ack_fd: int | None,
 ) -> int:
     stopped = False
+    try:
+        os.setsid()  # out of the caller's process group: `kill -9 -PGID` spares us
+    except OSError:
+        pass
     # A stop request (blocked since before the fork) stays pending until
     # the `try` below, where it is handled.
     signal.signal(signal.SIGTERM, _raise_stop)
@@ -284,9 +339,15 @@ def _keeper(
         keep.add(ticket[0])
     if stdin_fd is not None:
         keep.add(stdin_fd)
+    if ack_fd is not None:
+        keep.add(ack_fd)
     _close_all_but(keep)
     if os.getppid() != runner_pid:
-        return 1  # the runner died before PDEATHSIG was armed
+        # The runner died before PDEATHSIG was armed: nothing was started.
+        if ticket is not None:
+            _unlink(ticket[1])
+        _orphan_history(history, runner_pid, None, "its keeper found it gone before the command started")
+        return 1
 
     # Everything the command's start needs is ready before the wait below,
     # so that nothing but posix_spawn stands between the slot's release and
@@ -305,9 +366,20 @@ def _keeper(
     # during the spawn call.
     spawn_argv = [os.fsencode(a) for a in argv]
     spawn_env = {os.fsencode(k): os.fsencode(v) for k, v in (os.environ if env is None else env).items()}
+    if run_id is not None:
+        spawn_env[MARKER] = os.fsencode(run_id)
+    rec_fd = -1
+    keeper_start = 0
+    if record is not None and slot_path is not None:
+        from . import orphans
+        from .records import to_json  # now, not after the command's start
+
+        # A descriptor of our own for the holder record (the lock's goes to
+        # the command); its close when we die also wakes the head's watch.
+        rec_fd = os.open(slot_path, os.O_RDWR | os.O_CLOEXEC)
+        keeper_start = orphans.own_start()
     lock_fd = -1
     if lock_path is not None:
-        from .records import to_json  # now, not after the command's start
         from .ticket import wait_turn
 
         lock_fd = os.open(lock_path, os.O_RDWR)
@@ -329,8 +401,9 @@ def _keeper(
             # gone): our ticket goes too; exiting releases a lock got just now.
             if ticket is not None:
                 _unlink(ticket[1])
-            _orphan_history(history, runner_pid, None, "left the queue before getting a slot")
-            os.write(done_w, b"stopped=1")
+            _tell(done_w, b"stopped=1")
+            os.close(done_w)  # end-of-file: the runner reads our report now
+            _last_word(ack_fd, history, runner_pid, None, "left the queue before getting a slot")
             return 0
     exec_errno: int | None = None
     leader = -1
@@ -339,23 +412,26 @@ def _keeper(
                                  setsid=True, setsigmask=(), setsigdef=_DEFAULT_SIGNALS)
     except OSError as e:
         exec_errno = e.errno or errno.ENOENT
+    started = b"started=%r,%r,%d\n" % (time.time(), time.monotonic(), leader)
+    if rec_fd >= 0 and record is not None and exec_errno is None:
+        # Who holds the slot, written before our ticket goes: nobody is the
+        # head behind us until then, so nobody judges a stale record.
+        record = dict(record, keeper=os.getpid(), keeper_start=keeper_start, cmd=leader,
+                      cmd_start=orphans.start_ticks(leader))
+        if lock_fd >= 0:
+            record["since"] = time.time()
+        _write_record(rec_fd, to_json(record))
     if ticket is not None:  # out of the line: the successor is the head now
         _unlink(ticket[1])
         os.close(ticket[0])
-    if lock_fd >= 0:
-        started = b"started=%r,%r\n" % (time.time(), time.monotonic())
-        if record is not None:
-            data = to_json(dict(record, since=time.time())).encode()
-            os.ftruncate(lock_fd, 0)  # we hold the lock: safe to truncate
-            os.pwrite(lock_fd, data, 0)
-        os.write(done_w, started)
+    _tell(done_w, started)
     for passed in (stdout_fd, stderr_fd, stdin_fd):
         if passed is not None:
             os.close(passed)
     for fd in inherit_fds:
         os.close(fd)  # only the command keeps the slot lock beyond us
     if exec_errno is not None:
-        os.write(done_w, b"execfail=%d" % exec_errno)
+        _tell(done_w, b"execfail=%d" % exec_errno)
         return 0
 
     report = b""
@@ -368,9 +444,10 @@ def _keeper(
         stopped = True
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        if rec_fd >= 0 and record is not None:
+            _write_record(rec_fd, to_json(dict(record, phase="stopping")))
         status = terminate_group(leader, grace, leader_is_child=True)
         report = b"status=%d" % status
-        _orphan_history(history, runner_pid, status, "the command's group was ended by its keeper")
     else:
         # The leader ended; end what it left behind, quietly. From here on
         # all that is left is bookkeeping: the next holder's command, whose
@@ -378,8 +455,37 @@ def _keeper(
         _yield_cpu()
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         terminate_group(leader, grace, leader_is_child=False)
-    os.write(done_w, report + (b" stopped=1" if stopped else b""))
+    _tell(done_w, report + (b" stopped=1" if stopped else b""))
+    os.close(done_w)  # end-of-file: the runner reads our report now
+    _last_word(ack_fd, history, runner_pid, status,
+               "the command's group was ended by its keeper" if stopped
+               else "the command ended, but its runner vanished before recording the run")
     return 0
+
+
+def _tell(fd: int, report: bytes) -> None:
+    try:
+        os.write(fd, report)
+    except OSError:
+        pass  # EPIPE: the runner is gone; our history line says how it ended
+
+
+def _last_word(ack_fd: int | None, history: tuple[str, dict[str, object]] | None, runner_pid: int,
+               status: int | None, what: str) -> None:
+    """Make sure the run has a history line: wait for the runner's word that
+    it wrote one (a byte on `ack_fd`); if it died first, write it here."""
+    if ack_fd is None:
+        _orphan_history(history, runner_pid, status, what)
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second stop must not cut this short
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+    try:
+        acked = os.read(ack_fd, 1) == b"1"
+    except OSError:
+        acked = False
+    if not acked:
+        _orphan_history(history, -1, status, what)
 
 
 def _orphan_history(history: tuple[str, dict[str, object]] | None, runner_pid: int, status: int | None,
@@ -396,6 +502,16 @@ def _orphan_history(history: tuple[str, dict[str, object]] | None, runner_pid: i
     code = None if status is None else ChildEnd(status, None, True).exit_code
     hist.append(state_dir, dict(record, outcome="caller_gone", exit_code=code, phases=phases,
                                 message=f"caller gone (its host runner vanished); {what}"))
+
+
+def _write_record(fd: int, text: str) -> None:
+    """Rewrite the holder record in place (our command holds the slot)."""
+    try:
+        data = text.encode()
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+    except OSError:
+        pass  # the record is for display and healing; the lock is what counts
 
 
 def _unlink(path: str) -> None:

@@ -16,12 +16,13 @@ import os
 import select
 import time
 
-from . import __version__, history, protocol
+from . import __version__, history, orphans, protocol
 from . import signals as signal
-from .clock import Clock
+from .clock import INF, Clock
 from .config import HostConfig
+from .control import ControlSocket
 from .durations import format_duration
-from .errors import StateDirError
+from .errors import AdmissionRefused, StateDirError
 from .hostqueue import Waiter, ensure_state_dir
 from .outcome import Outcome
 from .process import Child, ChildEnd, preload_for_start, spawn
@@ -33,12 +34,14 @@ _CANCEL_REASONS = {"cancelled": Outcome.CANCELLED, "idle_timeout": Outcome.IDLE_
 
 
 class _Ended(Exception):
-    """The caller went away or asked to stop; carries the outcome (and how
-    a command that had just started ended)."""
+    """The wait ended without a slot (the caller went away or asked to stop,
+    the admission limit, a lost keeper); carries the outcome (and how a
+    command that had just started ended) and what to say."""
 
-    def __init__(self, outcome: Outcome, end: ChildEnd | None = None) -> None:
+    def __init__(self, outcome: Outcome, end: ChildEnd | None = None, message: str | None = None) -> None:
         self.outcome = outcome
         self.end = end
+        self.message = message
 
 
 class HostRunner:
@@ -71,6 +74,13 @@ class HostRunner:
         self._signalled = False
         self._wakeup_set = False
         self._waiter: Waiter | None = None
+        self._control: ControlSocket | None = None  # `slotq cancel` reaches us here
+        self._cancel_note: str | None = None  # who cancelled us through it
+        self._slot_path: str | None = None  # the slot our command holds
+        self._lost_message: str | None = None  # set when our keeper was killed
+        self._healed: set[str] = set()  # orphaned holders we ended
+        self._ack_w = -1  # a byte here tells our keeper we wrote the history line
+        self._children: list[Child] = []  # keepers to reap at the end
 
     # ------------------------------------------------------------ stream
     def _send(self, data: bytes) -> None:
@@ -111,6 +121,8 @@ class HostRunner:
         fds = [self._sig_r]
         if self._in_open:
             fds.append(self.in_fd)
+        if self._control is not None:
+            fds.append(self._control.fileno())
         return fds
 
     def _check_listen(self, ready: list[int]) -> Outcome | None:
@@ -121,6 +133,11 @@ class HostRunner:
                 pass
         if self._signalled:
             return Outcome.CANCELLED
+        if self._control is not None and self._control.fileno() in ready:
+            note = self._control.accept_cancel()
+            if note is not None:
+                self._cancel_note = f"cancelled by slotq cancel ({note})"
+                return Outcome.CANCELLED
         if self.in_fd in ready and self._in_open:
             return self._read_ctl()
         return None
@@ -145,6 +162,13 @@ class HostRunner:
                 signal.set_wakeup_fd(-1)
             os.close(self._sig_r)
             os.close(self._sig_w)
+            if self._control is not None:
+                self._control.close()
+            if self._ack_w >= 0:
+                os.close(self._ack_w)  # without a byte: the keeper records the run
+                self._ack_w = -1
+            for child in self._children:
+                child.reap()
 
     def _run(self) -> Outcome:
         try:
@@ -164,12 +188,23 @@ class HostRunner:
             known = ", ".join(sorted(self.config.classes))
             return self._error("usage", f"unknown class {self.spec.cls!r} on host {self.host} (known: {known})")
         try:
+            # Listening before the run id is visible anywhere (our ticket):
+            # nobody else can take its name.
+            self._control = ControlSocket(self.spec.run_id)
+        except OSError:
+            self._control = None  # no sockets here: `slotq cancel` cannot reach this run
+        try:
             ensure_state_dir(self.state_dir)
             got = self._queue(pool)
         except StateDirError as e:
             return self._error("state", str(e))
+        except AdmissionRefused as e:
+            return self._finish(Outcome.NOT_ADMITTED, None, None, str(e))
         except _Ended as e:
-            return self._finish(e.outcome, e.end, None, "left the queue before getting a slot")
+            message = e.message or "left the queue before getting a slot"
+            if e.outcome is Outcome.CANCELLED and self._cancel_note is not None:
+                message = f"{self._cancel_note}; {message}"
+            return self._finish(e.outcome, e.end, None, message)
         if isinstance(got, SlotLease):
             return self._hold(got)
         return self._run_started(*got, slot=f"{pool}#0")
@@ -195,12 +230,18 @@ class HostRunner:
         # for the slot, and starts the command the moment the slot is
         # released. A hand-over then wakes one keeper and forks nothing.
         by_keeper = waiter.slot_count == 1 and not spec.prepare
+        # Waiting has no limit unless the caller sets one (--max-wait): a
+        # policy with its own outcome, never a timeout.
+        give_up = start + spec.max_wait if spec.max_wait is not None else INF
         try:
             lease = waiter.attempt(watch=not by_keeper)
             while lease is None:
                 if standby is not None and standby[0].started is not None:
                     return standby
                 now = self.clock.monotonic()
+                if now >= give_up:
+                    raise _Ended(Outcome.NOT_ADMITTED, self._stop_standby(standby) if standby else None,
+                                 self._not_admitted(waiter, pool, now - start))
                 if now >= next_report:
                     if next_report == start:
                         preload_for_start()  # we have time now; the hand-over will not
@@ -226,15 +267,17 @@ class HostRunner:
                 elif waiter.fileno() >= 0:
                     fds.append(waiter.fileno())
                 until = next_report - now if standby is not None else min(next_report - now, waiter.wait_timeout())
-                timeout = max(0.0, until)
+                timeout = max(0.0, min(until, give_up - now))
                 ready, _, _ = select.select(fds, [], [], timeout)
                 if standby is not None and standby[0].done_fd in ready and standby[0].on_readable():
-                    # The keeper ended without starting (it should not), and
-                    # our ticket with it: join the line anew, and wait
-                    # ourselves from now on.
-                    standby = None
-                    by_keeper = False
-                    waiter.rejoin()
+                    # The keeper ended without a report: killed (OOM, a
+                    # stray kill). If it had started the command just now,
+                    # that is ended too; the run is `unavailable` either way.
+                    child = standby[0]
+                    if child.started is None:
+                        self._end_lost(child)
+                        raise _Ended(Outcome.UNAVAILABLE, None, self._lost_message)
+                    return standby
                 ended = self._check_listen(ready)
                 if ended is not None:
                     end = None
@@ -243,10 +286,40 @@ class HostRunner:
                     raise _Ended(ended, end)
                 if standby is None:
                     lease = waiter.attempt()
+                    if lease is None and waiter.is_head:
+                        self._heal(pool, waiter.slot_count)  # woken: was it a holder's death?
         except BaseException:
             waiter.withdraw()
             raise
         return lease
+
+    def _not_admitted(self, waiter: Waiter, pool: str, waited: float) -> str:
+        ahead, _ = waiter.position()
+        return (f"not admitted: waited {format_duration(waited)} in line for pool {pool} ({ahead} still ahead), "
+                f"the limit set by --max-wait {format_duration(self.spec.max_wait or 0)}")
+
+    def _heal(self, pool: str, count: int) -> list[str]:
+        """At the head of the line: a slot whose holder's runner and keeper
+        are both gone is held by an orphaned command. Ours (same user): end
+        it now (TERM, grace, KILL) and write its history line. Another
+        user's: left alone; status and our reports name it. Returns what
+        was done, for our next status line."""
+        from .proclocks import held
+        from .slot import read_slot
+
+        locked = held()
+        done: list[str] = []
+        for i in range(count):
+            is_held, info = read_slot(self.state_dir, pool, i, locked)
+            if not is_held or not info or str(info.get("run_id")) in self._healed:
+                continue
+            ended = orphans.end_orphan(self.state_dir, info, self.grace,
+                                       by=f"the next in line (run {self.spec.run_id})")
+            if ended:
+                self._healed.add(str(info.get("run_id")))
+                done.append(f"ended the orphaned command of run {info.get('run_id')} on {pool}#{i} (pids "
+                            f"{', '.join(map(str, ended))}): its runner and keeper were gone")
+        return done
 
     def _stop_standby(self, standby: tuple[Child, dict[int, bytes]]) -> ChildEnd | None:
         """End a standby keeper; if it started the command just now, that
@@ -263,29 +336,30 @@ class HostRunner:
         from .status import holders, load  # only runs that wait pay for it
 
         ahead, total = waiter.position()
+        healed = self._heal(pool, waiter.slot_count) if ahead == 0 else []
         wall = self.clock.wall()
         self._event(protocol.QUEUED, waited_s=round(waited, 3), ahead=ahead, position=ahead + 1,
                     waiting=total, pool=pool, holders=holders(self.state_dir, pool, waiter.slot_count, wall),
-                    **load())
+                    notes=healed, **load())
 
     def _hold(self, lease: SlotLease) -> Outcome:
         spec = self.spec
         wall = self.clock.wall()
         self.phases["slot"] = wall
         waited = wall - (self.phases["queued"] or wall)
-        record = dict(run_id=spec.run_id, label=spec.label, pid=os.getpid(),
-                      phase="prepare" if spec.prepare else "running", since=wall,
-                      budget=self.budget, cls=spec.cls, host=self.host)
+        record = self._holder_record("prepare" if spec.prepare else "running")
+        record["since"] = wall
         slot_event = protocol.event_frame(protocol.SLOT, wall, slot=lease.name, waited_s=round(waited, 3),
                                           budget=self.budget)
         try:
             if spec.prepare:
+                lease.record(**record)  # before we leave the line: the next head must not see a stale one
                 self._leave_line()
-                lease.record(**record)
                 self._send(slot_event)
                 self._close_waiter()
                 limit = spec.prepare_timeout if spec.prepare_timeout is not None else self.config.prepare_timeout
                 child, streams = self._start(["/bin/sh", "-c", spec.prepare], lease, last=False)
+                lease.record(keeper=child.keeper_pid, keeper_start=orphans.start_ticks(child.keeper_pid))
                 end, reason = self._pump(child, streams, limit)
                 self.phases["prepared"] = self.clock.wall()
                 ok = reason is None and end.exec_errno is None and end.exit_code == 0
@@ -296,9 +370,8 @@ class HostRunner:
                     why = (f"prepare step ran past its limit of {format_duration(limit)}"
                            if reason is Outcome.EXEC_TIMEOUT else f"prepare step exited {end.exit_code}")
                     return self._finish(Outcome.PREPARE_FAILED, end, lease, why)
-                lease.record(phase="running")
                 started = self.phases["started"] = self.clock.wall()
-                child, streams = self._start(spec.argv, lease, last=True)
+                child, streams = self._start(spec.argv, lease, last=True, record=dict(lease.info, phase="running"))
                 self._event(protocol.STARTED, budget=self.budget)
             else:
                 # The hand-over path: start the command first, then the
@@ -345,6 +418,10 @@ class HostRunner:
 
     def _judge(self, end: ChildEnd, reason: Outcome | None) -> tuple[Outcome, str]:
         slot_at = time.strftime("%H:%M:%S", time.localtime(self.phases["slot"] or 0))
+        if end.lost:
+            return Outcome.UNAVAILABLE, self._lost_message or "the command's keeper was killed"
+        if reason is Outcome.CANCELLED and self._cancel_note is not None:
+            return reason, self._cancel_note
         if end.exec_errno is not None:
             what = "command not found" if end.exit_code == 127 else "cannot execute"
             return Outcome.FAILED, f"{what}: {self.spec.argv[0]!r} ({os.strerror(end.exec_errno)})"
@@ -378,30 +455,68 @@ class HostRunner:
         runs)."""
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        holder = None
         if wait_for is not None:  # the keeper writes the holder record once it has the slot
-            spec = self.spec
-            holder = {"run_id": spec.run_id, "label": spec.label, "pid": os.getpid(), "phase": "running",
-                      "budget": self.budget, "cls": spec.cls, "host": self.host}
+            record = self._holder_record("running")
+        elif lease is not None and record is not None:
+            # Who holds the slot, before anything is started: a record that
+            # names a live runner is never taken for an orphan's. The keeper
+            # completes it (its own and the command's pid).
+            lease.record(**record)
+        ack_r = -1
+        if last:
+            self._slot_path = wait_for or (lease.path if lease is not None else None)
+            ack_r, self._ack_w = os.pipe()
         try:
             child = spawn(argv, cwd=self.spec.cwd, env=self.spec.env, stdout_fd=out_w, stderr_fd=err_w,
                           inherit_fds=(lease.fd,) if lease is not None else (), grace=self.grace,
-                          lock_path=wait_for, record=holder,
+                          lock_path=wait_for, record=record if last else None,
                           history=(self.state_dir, {"run_id": self.spec.run_id, "label": self.spec.label,
                                                     "cls": self.spec.cls, "host": self.host,
                                                     "phases": dict(self.phases)}),
-                          ticket=(ticket.fd, ticket.path, ticket.seq) if ticket is not None else None)
+                          ticket=(ticket.fd, ticket.path, ticket.seq) if ticket is not None else None,
+                          run_id=self.spec.run_id, slot_path=self._slot_path if last else None,
+                          ack_fd=ack_r if last else None)
         except OSError:
             for fd in (out_r, out_w, err_r, err_w):
                 os.close(fd)
+            if last:
+                os.close(self._ack_w)
+                self._ack_w = -1
             raise
+        finally:
+            if ack_r >= 0:
+                os.close(ack_r)
+        self._children.append(child)
         if ticket is not None:
             ticket.hand_over()  # the keeper holds our place now
-        if lease is not None and record is not None:
-            lease.record(**record)
         if lease is not None and last:
             lease.release()
         return child, {out_r: protocol.STDOUT, err_r: protocol.STDERR}
+
+    def _holder_record(self, phase: str) -> dict[str, object]:
+        spec = self.spec
+        return {"run_id": spec.run_id, "label": spec.label, "pid": os.getpid(), "pid_start": orphans.own_start(),
+                "uid": os.getuid(), "phase": phase, "budget": self.budget, "grace": self.grace, "cls": spec.cls,
+                "host": self.host}
+
+    def _end_lost(self, child: Child) -> None:
+        """Our keeper was killed: end the command's processes ourselves (TERM,
+        grace, KILL; also those that left its group) -- they are not our
+        children, and they hold the slot until they are gone."""
+        cmd = child.cmd_pid if child.cmd_pid and child.cmd_pid > 0 else None
+        # The session only if we saw its leader alive: a pid is not reused
+        # while it names a session, but one seen never may be another's.
+        session = cmd if child.cmd_start is not None else None
+        ended = orphans.end_processes(
+            lambda: orphans.run_processes(session=session, session_start=child.cmd_start,
+                                          marker=self.spec.run_id), self.grace)
+        who = f"the command's supervisor (slotq keeper, pid {child.keeper_pid}) was killed"
+        if child.started is not None or ended:
+            what = f"pid {cmd}" if cmd else "its processes"
+            self._lost_message = (f"{who} after the command started ({what}); slotq ended the command "
+                                  f"({len(ended)} process(es)) before releasing the slot")
+        else:
+            self._lost_message = f"{who} before the command started; nothing ran"
 
     def _pump(self, child: Child, streams: dict[int, bytes], limit: float) -> tuple[ChildEnd, Outcome | None]:
         """Stream the command's output until it ends; the limit starts now."""
@@ -428,6 +543,8 @@ class HostRunner:
                         del streams[fd]
                 elif fd == child.done_fd:
                     done = child.on_readable()
+                    if done and child.end is not None and child.end.lost:
+                        self._end_lost(child)  # its output pipes close as its processes go
             ended = self._check_listen(ready)
             if ended is not None and reason is None:
                 reason = ended
@@ -453,17 +570,26 @@ class HostRunner:
             message = f"{message} (caller gone before the result)"
         p = self.phases
         started, ended = p["started"], p["ended"]
-        exit_code = end.exit_code if end is not None else None
+        exit_code = end.exit_code if end is not None and not end.lost else None
         record: dict[str, object] = {
             "run_id": spec.run_id, "label": spec.label, "cls": spec.cls, "host": self.host,
             "outcome": outcome.value, "exit_code": exit_code, "message": message,
             "phases": dict(p), "waited_s": round(self._waited(), 3) if p["slot"] else None,
             "ran_s": round(ended - started, 3) if started and ended else None,
         }
+        # The history line first: once the caller has the result it may exit
+        # (or be killed) at once, and this thread with it. The caller waits
+        # for this thread either way, so the order costs a run nothing.
+        history.append(self.state_dir, record)
+        if self._ack_w >= 0:
+            try:
+                os.write(self._ack_w, b"1")  # recorded: the keeper need not
+            except OSError:
+                pass  # the keeper is gone (killed): nobody to tell
+            os.close(self._ack_w)
+            self._ack_w = -1
         self._event(protocol.EXITED, outcome=outcome.value, exit_code=exit_code,
                     signal=end.signal if end is not None else None, message=message, phases=dict(p))
-        # The result is out: end the stream now, then the history line.
         self.close_stream()
-        history.append(self.state_dir, record)
         self._close_waiter()
         return outcome

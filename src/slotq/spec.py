@@ -19,14 +19,15 @@ class RunSpec:
     prepare_timeout: its own limit; None = host default.
     kill_grace: TERM -> KILL grace when stopping; None = host default.
     report_every: seconds between queue status events.
+    max_wait: give up after this long in line (`not_admitted`); None = wait.
     """
 
     __slots__ = ("argv", "cls", "budget", "prepare", "prepare_timeout", "label",
-                 "report_every", "kill_grace", "cwd", "env", "run_id", "work_id")
+                 "report_every", "kill_grace", "cwd", "env", "run_id", "work_id", "max_wait")
 
     # What travels to a remote runner (`slotq host run --request-stdin`).
     _REQUEST = ("argv", "cls", "budget", "prepare", "prepare_timeout", "label", "report_every",
-                "kill_grace", "run_id", "work_id", "cwd")
+                "kill_grace", "run_id", "work_id", "cwd", "max_wait")
 
     def __init__(
         self,
@@ -43,6 +44,7 @@ class RunSpec:
         env: dict[str, str] | None = None,
         run_id: str | None = None,
         work_id: str | None = None,
+        max_wait: float | None = None,
     ) -> None:
         self.argv = list(argv)
         self.cls = cls
@@ -56,6 +58,7 @@ class RunSpec:
         self.env = env
         self.run_id = run_id or new_run_id()
         self.work_id = work_id  # a synced work dir on a remote host (instead of cwd)
+        self.max_wait = max_wait
 
     def to_request(self) -> bytes:
         """One JSON line. Arguments are JSON strings: no shell sees them."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import fcntl
 import os
 
-from .errors import StateDirError
+from .errors import AdmissionRefused, StateDirError
 from .records import from_json, to_json
 
 TICKET_SUFFIX = ".t"
@@ -65,9 +65,12 @@ class Ticket:
         self.handed = False
 
 
-def take_ticket(state_dir: str, pool: str, info: dict[str, object]) -> Ticket:
+def take_ticket(state_dir: str, pool: str, info: dict[str, object],
+                limits: tuple[int | None, int | None] = (None, None)) -> Ticket:
     """Join the end of `pool`'s line. Raises StateDirError if the state
-    directory cannot be written."""
+    directory cannot be written, AdmissionRefused if `limits` (waiting runs
+    in the pool, and of this user) are reached -- counted under the
+    sequence lock, so two callers cannot both take the last place."""
     pdir = pool_dir(state_dir, pool)
     seq_path = os.path.join(state_dir, "seq")
     try:
@@ -83,6 +86,8 @@ def take_ticket(state_dir: str, pool: str, info: dict[str, object]) -> Ticket:
         pass
     try:
         fcntl.flock(seq_fd, fcntl.LOCK_EX)
+        if limits != (None, None):
+            _admit(pdir, pool, *limits)
         raw = os.pread(seq_fd, 32, 0).strip()
         seq = (int(raw) if raw.isdigit() else _highest_seq(state_dir)) + 1
         # Fixed width, written in place: never a truncated, empty counter.
@@ -101,6 +106,28 @@ def take_ticket(state_dir: str, pool: str, info: dict[str, object]) -> Ticket:
     finally:
         os.close(seq_fd)
     return Ticket(final, fd, seq, pool, full)
+
+
+def _admit(pdir: str, pool: str, max_waiting: int | None, per_user: int | None) -> None:
+    from .proclocks import held
+
+    live = live_tickets(pdir, held())
+    if live is None:
+        live = [(seq, path) for seq, path in list_tickets(pdir) if probe(path)]
+    if max_waiting is not None and len(live) >= max_waiting:
+        raise AdmissionRefused(f"not admitted: pool {pool} already has {len(live)} run(s) waiting "
+                               f"(host policy [admission] max_waiting = {max_waiting})")
+    if per_user is not None:
+        uid = os.getuid()
+        mine = 0
+        for _, path in live:
+            try:
+                mine += os.stat(path).st_uid == uid
+            except OSError:
+                pass
+        if mine >= per_user:
+            raise AdmissionRefused(f"not admitted: you already have {mine} run(s) waiting in pool {pool} "
+                                   f"(host policy [admission] max_waiting_per_user = {per_user})")
 
 
 def _highest_seq(state_dir: str) -> int:
@@ -150,10 +177,7 @@ def probe(path: str) -> bool | None:
     except BlockingIOError:
         return True
     else:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
+        bury(path, fd)
         return False
     finally:
         os.close(fd)
@@ -171,12 +195,40 @@ def wait_turn(path: str, seq: int) -> None:
             continue
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)  # the wait, in the kernel
-            try:
-                os.unlink(ahead)  # dead now (its owner never locks it again)
-            except FileNotFoundError:
-                pass
+            bury(ahead, fd)  # dead now (its owner never locks it again)
         finally:
             os.close(fd)
+
+
+def bury(path: str, fd: int) -> None:
+    """Remove a dead ticket (we hold its lock, on `fd`). A ticket that is
+    still there when its lock is free was not withdrawn: its caller vanished
+    while waiting. Whoever removes it (only one unlink succeeds) writes the
+    run's history line, as nobody else will."""
+    try:
+        raw = os.pread(fd, 65536, 0)
+        os.unlink(path)
+    except OSError:
+        return  # gone already: withdrawn, or buried by another
+    try:
+        info = from_json(raw.decode("utf-8", "replace") or "null")
+    except ValueError:
+        info = None
+    if not isinstance(info, dict):
+        return
+    import time
+
+    from . import history
+
+    state_dir = os.path.dirname(os.path.dirname(os.path.dirname(path)))
+    since = info.get("since")
+    history.append(state_dir, {
+        "run_id": info.get("run_id"), "label": info.get("label"), "cls": info.get("cls"),
+        "host": info.get("host"), "outcome": "caller_gone", "exit_code": None,
+        "message": "caller gone while waiting in line (its ticket was found dead)",
+        "phases": {"queued": since if isinstance(since, (int, float)) else None, "slot": None,
+                   "prepared": None, "started": None, "ended": time.time()},
+        "waited_s": None, "ran_s": None})
 
 
 def read_info(path: str) -> dict[str, object] | None:

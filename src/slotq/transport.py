@@ -212,6 +212,16 @@ class SshTransport(Transport):
         if self.proc is not None:
             self.proc.kill()  # the mux master then closes the session: the runner sees EOF
 
+    def after_loss(self, run_id: str) -> str:
+        import subprocess
+
+        try:
+            proc = subprocess.run(self.ssh.command(f"{self.ssh.remote_slotq} host reap {run_id}"),
+                                  stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+        return proc.stdout.decode(errors="replace").strip() if proc.returncode == 0 else ""
+
     def wait(self) -> str:
         if self.proc is None or self._err is None:
             return ""

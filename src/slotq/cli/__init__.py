@@ -15,6 +15,7 @@ queue. Waiting in line is never charged to the command's budget.
 commands:
   run      run a command when a slot is free:   slotq run --budget 10m -- pytest -q
   status   show pools, slot holders, the waiting line and recent runs
+  cancel   cancel queued or running runs of yours:  slotq cancel RUN_ID | --label PAT | --mine
   task     run a whole job under a budget that recorded waits extend:
            slotq task --budget 30m --credit-dir . -- python agent.py
   waits    what a work dir waited for, and when (the wait ledger)
@@ -23,7 +24,8 @@ commands:
 Run `slotq <command> --help` for its options. Exit codes: see `slotq run --help`.
 """
 
-COMMANDS = {"run": "slotq.cli.run", "status": "slotq.cli.status", "task": "slotq.cli.task",
+COMMANDS = {"run": "slotq.cli.run", "status": "slotq.cli.status", "cancel": "slotq.cli.cancel",
+            "task": "slotq.cli.task",
             "waits": "slotq.cli.waits", "host": "slotq.cli.host"}
 
 

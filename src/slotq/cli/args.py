@@ -179,6 +179,9 @@ RUN_OPTIONS = [
     Opt("--label", metavar="TEXT", help="how this run is shown to others (default: user: command)"),
     Opt("--report-every", metavar="D", convert=duration(), default=30.0,
         help="queue status interval while waiting (default: 30s)"),
+    Opt("--max-wait", metavar="D", convert=duration(),
+        help="give up after D in line: outcome not_admitted (exit 117), never a timeout (default: wait "
+             "as long as it takes)"),
 ]
 
 

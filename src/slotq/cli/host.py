@@ -1,6 +1,8 @@
 """`slotq host ...`: the host side, as transports launch it.
 
   slotq host hello               one JSON line: version, protocol, state dir, work root
+  slotq host reap RUN_ID         after a runner vanished: what became of its command,
+                                 and its orphaned processes ended (same user)
   slotq host run [opts] -- CMD   the host runner; stdin is the caller's channel
   slotq host run --request-stdin the same, the request (argv and options) read
                                  as the first line of stdin: no shell ever sees it
@@ -31,6 +33,10 @@ PARSER = Parser(
 def main(args: list[str]) -> int:
     if args[:1] == ["hello"]:
         return hello()
+    if args[:1] == ["reap"]:
+        if len(args) != 2 or not (args[1].isalnum() and args[1].isascii()):
+            raise UsageError("usage: slotq host reap RUN_ID")
+        return reap(args[1])
     if not args or args[0] != "run":
         raise UsageError("usage: slotq host hello | slotq host run [options] -- CMD [ARGS...]")
     opts, command = PARSER.parse(args[1:])
@@ -56,7 +62,8 @@ def main(args: list[str]) -> int:
             raise PARSER.error("no command given (or --request-stdin)")
         spec = RunSpec(command, cls=opts.cls, budget=opts.budget, prepare=opts.prepare,
                        prepare_timeout=opts.prepare_timeout, label=opts.label, report_every=opts.report_every,
-                       kill_grace=opts.kill_grace, cwd=opts.cwd or os.getcwd(), run_id=opts.run_id)
+                       kill_grace=opts.kill_grace, cwd=opts.cwd or os.getcwd(), run_id=opts.run_id,
+                       max_wait=opts.max_wait)
     HostRunner(spec, state_dir=state_dir, config=config, in_fd=0, out_fd=1, ctl_buffer=leftover).run()
     return 0
 
@@ -70,6 +77,52 @@ def _read_line(fd: int) -> tuple[bytes, bytes]:
         buf += chunk
     line, rest = buf.split(b"\n", 1)
     return line, rest
+
+
+def reap(run_id: str) -> int:
+    """The client lost its runner's stream: say what became of the run's
+    command here, and end it if runner and keeper are both gone (ours). A
+    keeper still ending it is waited for (its grace, plus a moment)."""
+    import time
+
+    from slotq.config import HostConfig, state_dir_from_env
+    from slotq.orphans import end_orphan, holder_state
+    from slotq.proclocks import held
+    from slotq.slot import read_slot
+
+    state_dir = state_dir_from_env()
+    config = HostConfig.load(state_dir=state_dir)
+
+    def find() -> dict[str, object] | None:
+        locked = held()
+        for pool, count in config.pools.items():
+            for i in range(count):
+                is_held, info = read_slot(state_dir, pool, i, locked)
+                if is_held and info and info.get("run_id") == run_id:
+                    return info
+        return None
+
+    info = find()
+    if info is None:
+        print("nothing of the run holds a slot here any more")
+        return 0
+    state = holder_state(info)
+    if state == "stopping":
+        grace = info.get("grace")
+        end = time.monotonic() + (float(grace) if isinstance(grace, (int, float)) else config.kill_grace) + 2
+        while find() is not None and time.monotonic() < end:
+            time.sleep(0.02)  # product code: bounded wait for the keeper to finish
+        gone = find() is None
+        print(f"its runner (pid {info.get('pid')}) was gone; its keeper (pid {info.get('keeper')}) "
+              + ("ended the command" if gone else "is still ending the command"))
+    elif state == "orphaned":
+        ended = end_orphan(state_dir, info, config.kill_grace, by="its caller (slotq host reap)")
+        print(f"its runner (pid {info.get('pid')}) and keeper (pid {info.get('keeper')}) were both gone; "
+              + (f"slotq ended the orphaned command (pids {', '.join(map(str, ended))})" if ended
+                 else "its orphaned command belongs to another user and was left alone"))
+    else:
+        print(f"its runner (pid {info.get('pid')}) is still there ({state})")
+    return 0
 
 
 def hello() -> int:

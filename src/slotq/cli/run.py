@@ -21,8 +21,10 @@ outcomes and exit codes:
   backstop        slot held, host silent past budget + 90s   122
   unavailable     host unreachable / no resource / state     121
   prepare_failed  the --prepare step failed                  120
-  cancelled       Ctrl-C / SIGTERM                           130
+  cancelled       Ctrl-C / SIGTERM / slotq cancel            130
   caller_gone     the caller vanished (seen in host history) 129
+  not_admitted    an admission policy turned it away         117
+                  (--max-wait, or the host's [admission] limits)
   bad arguments 2, bad host config 78, unusable state directory 73
 
 environment: SLOTQ_STATE_DIR (host state), SLOTQ_CONFIG (host config TOML),
@@ -74,7 +76,7 @@ def main(args: list[str]) -> int:
     cwd = os.getcwd()
     spec = RunSpec(command, cls=opts.cls, budget=opts.budget, prepare=opts.prepare,
                    prepare_timeout=opts.prepare_timeout, label=opts.label,
-                   report_every=opts.report_every, kill_grace=opts.kill_grace, cwd=cwd)
+                   report_every=opts.report_every, kill_grace=opts.kill_grace, cwd=cwd, max_wait=opts.max_wait)
     json_result = JsonResult(opts.json)
     result = run(spec, transport, idle=opts.idle, status=say, handle_sigint=True,
                  credit_dir=opts.credit_dir or cwd)

@@ -1,0 +1,143 @@
+"""`slotq cancel`: end queued or running runs from another shell, like scancel."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from slotq.cli.args import FLAG, Opt, Parser, host_options
+from slotq.errors import UsageError
+
+EXIT_REFUSED = 77  # EX_NOPERM: another user's run
+EXIT_NOT_FOUND = 66  # EX_NOINPUT: no such run (live) on this host
+
+PARSER = Parser(
+    prog="slotq cancel", usage="slotq cancel [RUN_ID...] [--label PATTERN] [--mine] [--host HOST]",
+    command="optional",
+    description="Cancel queued or running runs of yours: a queued run leaves the line, a running command is "
+                "stopped (TERM, grace, KILL). Its caller ends `cancelled` (exit 130) with a message naming "
+                "who cancelled it. Run ids are shown by `slotq status`. Another user's run is refused.",
+    epilog="exit codes: 0 all cancelled, 2 bad arguments, 66 no such live run, 77 refused (another user's run)\n",
+    options=[
+        Opt("--label", metavar="PATTERN", help="cancel the runs whose label matches PATTERN (shell-style: * ?)"),
+        Opt("--mine", kind=FLAG, help="cancel all of your runs on this host"),
+        *host_options(),
+    ],
+)
+
+
+def main(args: list[str]) -> int:
+    opts, ids = PARSER.parse(args)
+    if not ids and not opts.label and not opts.mine:
+        raise PARSER.error("name the runs to cancel: RUN_ID..., --label PATTERN or --mine")
+    for run_id in ids:
+        if not (run_id.isalnum() and run_id.isascii() and len(run_id) <= 64):
+            raise UsageError(f"{run_id!r} is not a run id (see `slotq status`)")
+    if opts.host:
+        return _remote(opts, args)
+    targets = list(ids)
+    if opts.label or opts.mine:
+        targets += [r for r in _matching(opts.label, opts.mine) if r not in targets]
+        if not targets:
+            _say(f"slotq cancel: no live run matches{' --label ' + opts.label if opts.label else ''}"
+                 f"{' --mine' if opts.mine else ''}")
+            return EXIT_NOT_FOUND
+    from slotq.control import send_cancel
+    from slotq.orphans import user_name
+
+    code = 0
+    for run_id in targets:
+        try:
+            reply = send_cancel(run_id)
+        except (ConnectionRefusedError, FileNotFoundError):
+            _say(f"slotq cancel: error: no live run {run_id} on this host (ended already, or never here)")
+            code = code or EXIT_NOT_FOUND
+            continue
+        except OSError as e:
+            _say(f"slotq cancel: error: cannot reach run {run_id}: {e.strerror or e}")
+            code = code or 1
+            continue
+        if reply.ok:
+            _say(f"slotq cancel: cancelled run {run_id}")
+        elif reply.text.startswith("refused"):
+            _say(f"slotq cancel: error: run {run_id} belongs to user {user_name(reply.runner_uid)}: "
+                 f"you can cancel only your own runs")
+            code = EXIT_REFUSED
+        else:
+            _say(f"slotq cancel: error: run {run_id}: unexpected answer {reply.text[:80]!r}")
+            code = code or 1
+    return code
+
+
+def _matching(label: str | None, mine: bool) -> list[str]:
+    """Run ids of the live runs in this host's queue (waiting or holding a
+    slot) whose label matches `label`; with `mine`, only ours (by the kernel's
+    word: the owner of the runner process)."""
+    from fnmatch import fnmatchcase
+
+    from slotq.config import HostConfig, state_dir_from_env
+    from slotq.orphans import alive, uid_of
+    from slotq.status import snapshot
+
+    state_dir = state_dir_from_env()
+    snap = snapshot(state_dir, HostConfig.load(state_dir=state_dir), 0.0, 0)
+    out: list[str] = []
+    for pool in snap["pools"]:  # type: ignore[attr-defined]
+        for entry in [*pool["slots"], *pool["waiting"]]:
+            run_id, pid = entry.get("run_id"), entry.get("pid")
+            if not isinstance(run_id, str) or not isinstance(pid, int):
+                continue
+            if entry.get("phase") in ("stopping", "orphaned") or not alive(pid, entry.get("pid_start")):
+                continue
+            if label is not None and not fnmatchcase(str(entry.get("label") or ""), label):
+                continue
+            if mine and uid_of(pid) != os.getuid():
+                continue
+            out.append(run_id)
+    return out
+
+
+def _remote(opts: object, args: list[str]) -> int:
+    """The same on each host named: `slotq cancel` run there over ssh."""
+    import shlex
+    import subprocess
+
+    from slotq.ssh import SshHost
+
+    local = [a for a in _strip_host_options(args)]
+    code = 0
+    for host in [h for h in opts.host.split(",") if h]:  # type: ignore[attr-defined]
+        remote = SshHost(host, config=opts.ssh_config, options=opts.ssh_option,  # type: ignore[attr-defined]
+                         remote_slotq=opts.remote_slotq)  # type: ignore[attr-defined]
+        remote.ensure_master()
+        proc = subprocess.run(remote.command(f"{remote.remote_slotq} cancel {shlex.join(local)}"),
+                              stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+        sys.stdout.buffer.write(proc.stdout)
+        for line in proc.stderr.decode(errors="replace").splitlines():
+            _say(line.replace("slotq cancel:", f"slotq cancel ({host}):", 1))
+        if proc.returncode == 255:
+            _say(f"slotq cancel: error: cannot reach host {host}")
+            code = code or 121
+        elif proc.returncode:
+            code = code or proc.returncode
+    return code
+
+
+def _strip_host_options(args: list[str]) -> list[str]:
+    takes_value = {"--host", "--ssh-config", "--ssh-option", "--remote-slotq"}
+    out: list[str] = []
+    skip = False
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        name = a.split("=", 1)[0]
+        if name in takes_value:
+            skip = "=" not in a
+            continue
+        out.append(a)
+    return out
+
+
+def _say(line: str) -> None:
+    sys.stderr.write(line + "\n")

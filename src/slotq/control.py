@@ -1,0 +1,120 @@
+"""A run's control socket: how `slotq cancel` reaches a runner from another
+shell, and how each side knows who the other is.
+
+Every runner listens on an abstract Unix socket named after its run id
+(`\\0slotq-run/<run id>`: no file to create, plant or clean up; it goes
+with the runner). `slotq cancel` connects and sends `cancel`; the runner
+answers `ok` or `refused: ...`. Both sides learn the other's pid and uid
+from the kernel (SO_PEERCRED), never from what is said: a runner obeys only
+its own user (or root), and the canceller checks it reached a runner of
+the run's user.
+
+The runner binds before it takes a ticket, so the name is taken before the
+run id is visible anywhere (nobody can squat it). Built on `_socket`, not
+`socket`, which imports `enum` (start-up cost: benchmarks/).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import _socket
+
+PREFIX = b"\0slotq-run/"
+_CRED_SIZE = 12  # struct ucred: pid, uid, gid (32-bit each)
+
+
+def address(run_id: str) -> bytes:
+    return PREFIX + run_id.encode()
+
+
+def peer(sock: _socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the process at the other end, from the kernel."""
+    raw = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, _CRED_SIZE)
+    return int.from_bytes(raw[0:4], sys.byteorder), int.from_bytes(raw[4:8], sys.byteorder)
+
+
+class ControlSocket:
+    """The runner's end. `fileno()` is readable when someone connects."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.sock: _socket.socket | None = _socket.socket(
+            _socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC | _socket.SOCK_NONBLOCK)
+        try:
+            self.sock.bind(address(run_id))
+            self.sock.listen(8)
+        except OSError:
+            self.close()  # taken (a clash of random ids) or no sockets: no remote cancel for this run
+            raise
+
+    def fileno(self) -> int:
+        return self.sock.fileno() if self.sock is not None else -1
+
+    def accept_cancel(self) -> str | None:
+        """Serve one connection. Returns a description of who cancelled
+        ("pid N, user U") if it was a cancel we obey, else None."""
+        if self.sock is None:
+            return None
+        try:
+            conn, _ = self.sock._accept()  # type: ignore[attr-defined]
+        except OSError:
+            return None
+        c = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM, 0, conn)
+        try:
+            c.settimeout(1.0)  # a silent client cannot hold the runner up for long
+            request = c.recv(64).strip()
+            pid, uid = peer(c)
+            if request != b"cancel":
+                c.sendall(b"refused: unknown request\n")
+                return None
+            if uid not in (os.getuid(), 0):
+                from .orphans import user_name
+
+                c.sendall(f"refused: run {self.run_id} belongs to user {user_name(os.getuid())}\n".encode())
+                return None
+            c.sendall(b"ok\n")
+            from .orphans import user_name
+
+            return f"pid {pid}, user {user_name(uid)}"
+        except OSError:
+            return None
+        finally:
+            c.close()
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+
+class CancelReply:
+    __slots__ = ("ok", "text", "runner_pid", "runner_uid")
+
+    def __init__(self, ok: bool, text: str, runner_pid: int | None, runner_uid: int | None) -> None:
+        self.ok = ok
+        self.text = text
+        self.runner_pid = runner_pid
+        self.runner_uid = runner_uid
+
+
+def send_cancel(run_id: str, timeout: float = 5.0) -> CancelReply:
+    """Ask run `run_id`'s runner to cancel it. Raises OSError when no
+    runner listens (ConnectionRefusedError: the run has ended)."""
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
+    try:
+        s.settimeout(timeout)
+        s.connect(address(run_id))
+        pid, uid = peer(s)
+        s.sendall(b"cancel\n")
+        reply = b""
+        while len(reply) < 4096:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            reply += chunk
+        text = reply.decode(errors="replace").strip()
+        return CancelReply(text == "ok", text, pid, uid)
+    finally:
+        s.close()

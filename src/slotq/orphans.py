@@ -1,0 +1,238 @@
+"""A run's processes when its supervision is gone.
+
+The keeper (process.py) ends the command whatever happens to the runner.
+This module covers the cases where the keeper itself is gone:
+
+- the runner is alive and sees its keeper die (OOM killer, a stray
+  `kill -9`): it finds the command's processes and ends them itself;
+- runner and keeper are both gone but the slot is still held: the holder
+  is an orphaned command. The head of the line finds it through the slot's
+  holder record and ends it if it belongs to the same user; `slotq status`
+  names it.
+
+A process is identified by pid *and* start time (clock ticks since boot,
+/proc/<pid>/stat), never by pid alone: a reused pid is another process.
+A run's processes are found two ways, either of which suffices:
+- its session: the command starts in a session of its own, and the kernel
+  never reuses a pid while it still names a session, so members of session
+  <leader> are the command's own (descendants that called setsid again
+  leave it);
+- the run's marker in the environment (`SLOTQ_RUN_ID=<id>`), which every
+  descendant inherits unless it clears its environment.
+Not by an open descriptor on the slot file: the keepers of the runs waiting
+for that slot have one too. The marker needs read access to
+/proc/<pid>/environ: our own processes (or everyone's, as root); sessions
+are visible to all. A descendant that both left the session and cleared its
+environment is not found (it still holds the slot, so nothing overlaps; the
+slot is then shown as held with no live slotq process).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from . import signals as signal
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+MARKER = "SLOTQ_RUN_ID"
+
+
+def _stat_fields(pid: int | str) -> list[bytes] | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def start_ticks(pid: int) -> int | None:
+    """When process `pid` started (clock ticks since boot); None if it is
+    gone or a zombie (which runs nothing and holds nothing)."""
+    fields = _stat_fields(pid)
+    if fields is None or fields[0] == b"Z":
+        return None
+    return int(fields[19])
+
+
+_own: tuple[int, int] | None = None
+
+
+def own_start() -> int:
+    """This process's start ticks (cached per process: forks re-read)."""
+    global _own
+    pid = os.getpid()
+    if _own is None or _own[0] != pid:
+        _own = (pid, start_ticks(pid) or 0)
+    return _own[1]
+
+
+def alive(pid: object, start: object) -> bool:
+    """Is the process that had `pid` and started at `start` still there?
+    Without a start time (an older record), the pid alone decides."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    if isinstance(start, int) and not isinstance(start, bool):
+        return start_ticks(pid) == start
+    return start_ticks(pid) is not None
+
+
+def uid_of(pid: int) -> int | None:
+    """The real uid of `pid` (readable for every process), None if gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def user_name(uid: int | None) -> str:
+    if uid is None:
+        return "?"
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def run_processes(*, session: int | None = None, session_start: int | None = None,
+                  marker: str | None = None) -> dict[int, int]:
+    """pid -> uid of the live processes of one run: members of `session`
+    (if its leader is gone or is the one that started at `session_start`)
+    and processes whose environment carries `SLOTQ_RUN_ID=<marker>`.
+    Never ourselves."""
+    if session is not None and session_start is not None:
+        leader = start_ticks(session)
+        if leader is not None and leader != session_start:
+            session = None  # impossible while members exist; be safe anyway
+    needle = f"\0{MARKER}={marker}\0".encode() if marker else None
+    me = os.getpid()
+    found: dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        if pid == me:
+            continue
+        fields = _stat_fields(name)
+        if fields is None or fields[0] == b"Z":
+            continue
+        if (session is not None and int(fields[3]) == session) or (needle is not None and _has_marker(pid, needle)):
+            uid = uid_of(pid)
+            if uid is not None:
+                found[pid] = uid
+    return found
+
+
+def _has_marker(pid: int, needle: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = b"\0" + f.read(1 << 20)
+    except OSError:
+        return False
+    return needle in env + b"\0"
+
+
+def end_processes(find: Callable[[], dict[int, int]], grace: float, *, rescan: float = 0.25,
+                  limit: float = 5.0) -> list[int]:
+    """End processes that are not our children (we cannot wait for them):
+    TERM (+CONT), up to `grace` seconds, then KILL; newcomers found by
+    `find()` (looked up again every `rescan` seconds) get the same. Returns
+    the pids signalled. Gives up `limit` seconds after the KILL (a process
+    stuck in the kernel) -- by then nothing more can be done from here."""
+    signalled: dict[int, int | None] = {}  # pid -> start ticks
+    killed_at: float | None = None
+    end = time.monotonic() + grace
+    next_scan = 0.0
+    delay = 0.002
+    while True:
+        now = time.monotonic()
+        if now >= next_scan:
+            for pid in find():
+                if pid not in signalled:
+                    signalled[pid] = start_ticks(pid)
+                    for sig in (signal.SIGTERM, signal.SIGCONT) if killed_at is None else (signal.SIGKILL,):
+                        _send(pid, sig)
+            next_scan = now + rescan
+        live = [pid for pid, st in signalled.items() if st is not None and start_ticks(pid) == st]
+        if not live:
+            if not find():  # none forked during the TERM either
+                return sorted(signalled)
+            next_scan = 0.0
+            continue
+        if killed_at is None and now >= end:
+            for pid in live:
+                _send(pid, signal.SIGKILL)
+            killed_at = now
+        if killed_at is not None and now - killed_at > limit:
+            return sorted(signalled)
+        time.sleep(delay)  # product code: bounded back-off while processes exit
+        delay = min(delay * 2, 0.05)
+
+
+def _send(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def holder_state(info: dict[str, object]) -> str:
+    """What a slot's holder record means now: its recorded phase (`running`,
+    `prepare`, `stopping`) while its runner lives; `stopping` while only its
+    keeper lives (it ends the command); `orphaned` when both are gone."""
+    if alive(info.get("pid"), info.get("pid_start")):
+        phase = info.get("phase")
+        return phase if isinstance(phase, str) else "running"
+    if alive(info.get("keeper"), info.get("keeper_start")):
+        return "stopping"
+    return "orphaned"
+
+
+def end_orphan(state_dir: str, info: dict[str, object], grace: float, by: str) -> list[int]:
+    """If `info` (a held slot's record) is an orphan's -- runner and keeper
+    gone -- whose processes are all our user's: end them (TERM, the run's
+    grace, KILL) and write the run's history line (caller_gone). Returns
+    the pids ended; [] if it is not an orphan, or not ours to end."""
+    if holder_state(info) != "orphaned":
+        return []
+    uid = os.getuid()
+    procs = orphan_processes(info)
+    if not procs or any(u != uid for u in procs.values()):
+        return []
+    g = info.get("grace")
+    if isinstance(g, (int, float)) and not isinstance(g, bool) and 0 <= g <= 3600:
+        grace = float(g)
+    ended = end_processes(lambda: {p: u for p, u in orphan_processes(info).items() if u == uid}, grace)
+    from . import history
+
+    since = info.get("since")
+    since = since if isinstance(since, (int, float)) else None
+    history.append(state_dir, {
+        "run_id": info.get("run_id"), "label": info.get("label"), "cls": info.get("cls"),
+        "host": info.get("host"), "outcome": "caller_gone", "exit_code": None,
+        "message": f"runner and keeper gone; its orphaned command (pids {', '.join(map(str, ended))}) "
+                   f"was ended by {by}",
+        "phases": {"queued": None, "slot": since, "prepared": None, "started": since, "ended": time.time()},
+        "waited_s": None, "ran_s": None})
+    return ended
+
+
+def orphan_processes(info: dict[str, object]) -> dict[int, int]:
+    """The processes of an orphaned holder (pid -> uid), from its record:
+    the command's session and the run's marker."""
+    cmd = info.get("cmd")
+    cmd_start = info.get("cmd_start")
+    run_id = info.get("run_id")
+    return run_processes(
+        session=cmd if isinstance(cmd, int) and not isinstance(cmd, bool) and cmd > 1 else None,
+        session_start=cmd_start if isinstance(cmd_start, int) else None,
+        marker=run_id if isinstance(run_id, str) and run_id.isalnum() else None)

@@ -1,0 +1,25 @@
+"""Chaos in the suite: 60 callers, a fifth of them SIGKILLed at random
+moments in three styles (caller pid, caller process group, supervisor
+only), some commands hung. The queue must keep every promise."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from chaos import run_chaos
+
+
+@pytest.mark.timeout(150)
+def test_sixty_callers_with_random_sigkills_keep_every_promise(tmp_path: Path) -> None:
+    report = run_chaos(tmp_path, callers=60, timeout=120)
+    assert sum(report["killed"].values()) >= 5, json.dumps(report)  # the chaos happened
+    assert report["overlaps"] == [], json.dumps(report)
+    assert report["fifo_inversions"] == 0, json.dumps(report)
+    assert report["survivors_not_as_expected"] == {}, json.dumps(report)
+    assert report["stale_tickets"] == [], json.dumps(report)
+    assert report["orphan_groups"] == [], json.dumps(report)
+    assert max(report["longest_hold_s"].values()) <= report["hold_limit_s"], json.dumps(report)
+    assert report["killed_without_history"] == [], json.dumps(report)

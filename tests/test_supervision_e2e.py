@@ -1,0 +1,330 @@
+"""Supervision that survives kills, truthful holders, `slotq cancel`,
+admission: end to end through the installed CLI, real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import group_alive, slotq_cmd, wait_for
+from slotq import history
+from slotq.ledger import Ledger
+from test_run_e2e import Start, gate_cmd, live_tickets, slot_holder, start_holder
+
+TERM_IGNORING = "trap '' TERM HUP; echo $$ > {pidf}; sleep 300 & sleep 300"
+PGROUP = Path(__file__).with_name("pgroup.py")
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def start_caller(args: list[str], tmp: Path, name: str) -> subprocess.Popen[bytes]:
+    """`slotq run` in a process group of its own, as a harness starts a job."""
+    return subprocess.Popen(slotq_cmd() + ["run", "--json", str(tmp / f"{name}.json")] + args,
+                            stdin=subprocess.DEVNULL, stdout=open(tmp / f"{name}.out", "wb"),
+                            stderr=open(tmp / f"{name}.err", "wb"), cwd=tmp, start_new_session=True)
+
+
+def holder_record(state_dir: Path) -> dict[str, Any]:
+    return wait_for(lambda: (slot_holder(state_dir) or {}).get("cmd") and slot_holder(state_dir),
+                    what="the holder record with its command")  # type: ignore[no-any-return]
+
+
+def history_of(state_dir: Path, run_id: str) -> list[dict[str, object]]:
+    return [h for h in history.recent(str(state_dir), 50) if h.get("run_id") == run_id]
+
+
+def status_json() -> dict[str, Any]:
+    proc = subprocess.run(slotq_cmd() + ["status", "--json"], capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 0, proc.stderr
+    return dict(json.loads(proc.stdout))
+
+
+def shared_slot() -> dict[str, Any]:
+    return dict(next(p for p in status_json()["pools"] if p["pool"] == "shared")["slots"][0])
+
+
+@pytest.mark.timeout(40)
+def test_group_sigkill_of_a_running_caller_ends_its_command_before_the_next_starts(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    # What a harness does on timeout: kill -9 -PGID. The keeper is not in
+    # that group, so it survives, sees its runner gone, and ends the command.
+    pidf = tmp_path / "pgid"
+    caller = start_caller(["--budget", "3", "--kill-grace", "1", "--", "sh", "-c",
+                           TERM_IGNORING.format(pidf=pidf)], tmp_path, "first")
+    wait_for(lambda: pidf.exists() and pidf.read_text().strip(), what="command running")
+    pgid = int(pidf.read_text())
+    run_id = holder_record(state_dir)["run_id"]
+    nxt = runs("--", sys.executable, str(PGROUP), str(pgid), name="next")
+    wait_for(lambda: len(live_tickets(state_dir)) == 1, what="next in line")
+    t0 = time.monotonic()
+    os.killpg(caller.pid, signal.SIGKILL)
+    caller.wait()
+    # While the keeper ends the command the holder is `stopping`, never a
+    # dead pid shown as `running`.
+    phases = set()
+    while group_alive(pgid) and time.monotonic() - t0 < 1 + 2:
+        slot = shared_slot()
+        if slot.get("run_id") == run_id:
+            phases.add(slot.get("phase"))
+    assert not group_alive(pgid), "the command outlived kill-grace + 2 s"
+    assert time.monotonic() - t0 <= 1 + 2
+    assert phases == {"stopping"}, phases
+    assert nxt.wait() == 0
+    assert nxt.out == b"clean\n"  # the next command started only after the group was gone
+    # The keeper writes the history line after the command is gone.
+    [line] = wait_for(lambda: history_of(state_dir, run_id), what="the killed run's history line")
+    assert line["outcome"] == "caller_gone"
+
+
+@pytest.mark.timeout(40)
+def test_a_killed_supervisor_is_unavailable_not_a_failure_of_the_work(
+        state_dir: Path, tmp_path: Path) -> None:
+    # The command would exit 0 (once the gate opens); its keeper is killed
+    # under it. The runner notices at once, ends the command itself, and
+    # blames the infrastructure.
+    gate = tmp_path / "gate"
+    pidf = tmp_path / "pgid"
+    caller = start_caller(["--budget", "60", "--kill-grace", "1", "--", "sh", "-c",
+                           f'echo $$ > {pidf}; {" ".join(gate_cmd(gate)[:2])} "{gate_cmd(gate)[2]}"; exit 0'],
+                          tmp_path, "run")
+    wait_for(lambda: pidf.exists() and pidf.read_text().strip(), what="command running")
+    pgid = int(pidf.read_text())
+    keeper = holder_record(state_dir)["keeper"]
+    os.kill(keeper, signal.SIGKILL)
+    assert caller.wait(timeout=10) == 121
+    res = json.loads((tmp_path / "run.json").read_text())
+    assert res["outcome"] == "unavailable" and res["blame"] == "infrastructure"
+    assert f"supervisor (slotq keeper, pid {keeper}) was killed after the command started" in res["message"]
+    assert not group_alive(pgid)
+    wait_for(lambda: slot_holder(state_dir) is None, timeout=2, what="slot free")
+
+
+@pytest.mark.timeout(40)
+def test_a_killed_supervisor_of_a_term_ignoring_command_frees_the_slot_within_grace(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    pidf = tmp_path / "pgid"
+    t0 = time.monotonic()
+    caller = start_caller(["--budget", "3", "--kill-grace", "1", "--", "sh", "-c", TERM_IGNORING.format(pidf=pidf)],
+                          tmp_path, "run")
+    wait_for(lambda: pidf.exists() and pidf.read_text().strip(), what="command running")
+    pgid = int(pidf.read_text())
+    nxt = runs("--", sys.executable, str(PGROUP), str(pgid), name="next")
+    wait_for(lambda: len(live_tickets(state_dir)) == 1, what="next in line")
+    os.kill(holder_record(state_dir)["keeper"], signal.SIGKILL)
+    assert caller.wait(timeout=10) == 121
+    assert not group_alive(pgid)
+    assert time.monotonic() - t0 <= 3 + 1 + 2  # budget + grace + 2 s at the very most
+    assert nxt.wait() == 0 and nxt.out == b"clean\n"
+
+
+@pytest.mark.timeout(40)
+def test_a_killed_standby_keeper_ends_the_wait_unavailable_and_the_line_moves_up(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    log = tmp_path / "log"
+    start_holder(runs, state_dir, gate)
+    first = runs("--", "sh", "-c", f"echo first >> {log}", name="first")
+    wait_for(lambda: len(live_tickets(state_dir)) == 1, what="first in line")
+    second = runs("--", "sh", "-c", f"echo second >> {log}", name="second")
+    wait_for(lambda: len(live_tickets(state_dir)) == 2, what="second in line")
+    from test_run_e2e import children
+
+    [keeper] = wait_for(lambda: children(first.proc.pid), what="the first waiter's keeper")
+    os.kill(keeper, signal.SIGKILL)
+    assert first.wait() == 121
+    res = first.result()
+    assert res["outcome"] == "unavailable"
+    assert "was killed before the command started; nothing ran" in res["message"]
+    wait_for(lambda: len(live_tickets(state_dir)) == 1, what="only the second in line")
+    gate.touch()
+    assert second.wait() == 0
+    assert log.read_text().split() == ["second"]
+
+
+def orphan(state_dir: Path, tmp_path: Path, slotq: list[str] | None = None,
+           user: str | None = None) -> tuple[int, str]:
+    """A holder whose runner and keeper are both SIGKILLed by pid, leaving
+    its TERM-ignoring command holding the slot. Returns (pgid, run id)."""
+    pidf = tmp_path / "orphan-pgid"
+    cmd = (slotq or slotq_cmd()) + ["run", "-q", "--budget", "600", "--kill-grace", "1", "--", "sh", "-c",
+                                    TERM_IGNORING.format(pidf=pidf)]
+    # As the other user: setuid in the child itself (runuser would stop
+    # itself when we stop its child, and never exit).
+    who = pwd.getpwnam(user) if user else None
+    caller = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, cwd=tmp_path,
+                              start_new_session=True, user=who.pw_uid if who else None,
+                              group=who.pw_gid if who else None, extra_groups=[] if who else None,
+                              env=dict(os.environ, HOME=who.pw_dir) if who else None)
+    wait_for(lambda: pidf.exists() and pidf.read_text().strip(), what="command running")
+    rec = holder_record(state_dir)
+    runner = int(rec["pid"])
+    os.kill(runner, signal.SIGSTOP)  # it must not see its keeper go
+    os.kill(int(rec["keeper"]), signal.SIGKILL)
+    os.kill(runner, signal.SIGKILL)
+    caller.wait()
+    wait_for(lambda: not alive(int(rec["keeper"])), what="keeper gone")
+    return int(pidf.read_text()), str(rec["run_id"])
+
+
+@pytest.mark.timeout(40)
+def test_when_runner_and_supervisor_both_die_the_next_head_ends_the_orphan(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    pgid, run_id = orphan(state_dir, tmp_path)
+    assert group_alive(pgid)
+    slot = shared_slot()
+    assert slot["phase"] == "orphaned" and slot["orphan_pids"]
+    text = subprocess.run(slotq_cmd() + ["status"], capture_output=True, text=True, timeout=20).stdout
+    assert f"held by orphaned processes of user {pwd.getpwuid(os.getuid()).pw_name}" in text
+    assert group_alive(pgid), "status must only report, never kill"
+    nxt = runs("--report-every", "1", "--", sys.executable, str(PGROUP), str(pgid), name="next")
+    assert nxt.wait(timeout=20) == 0
+    assert nxt.out == b"clean\n"
+    assert not group_alive(pgid)
+    assert f"ended the orphaned command of run {run_id}" in nxt.err
+    [line] = history_of(state_dir, run_id)
+    assert line["outcome"] == "caller_gone" and "ended by the next in line" in str(line["message"])
+
+
+@pytest.fixture
+def shared_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A state dir two users can use (a world-writable temp dir of our own),
+    and the second user's slotq: the ssh test user's (scripts/test)."""
+    home = os.environ.get("SLOTQ_TEST_SSH_USER_HOME")
+    if os.getuid() != 0 or not home or not shutil.which("runuser"):
+        pytest.skip("needs root and the second test user (scripts/test creates it)")
+    root = Path(tempfile.mkdtemp(prefix="slotq-2users-"))
+    try:
+        os.chmod(root, 0o777)
+        state = root / "state"
+        for d in (state, state / "slots", state / "tickets", state / "tickets" / "shared"):
+            d.mkdir()
+            os.chmod(d, 0o1777)
+        monkeypatch.setenv("SLOTQ_STATE_DIR", str(state))
+        monkeypatch.setenv("SLOTQ_LEDGER", str(root / "ledger.sqlite"))
+        yield state
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def second_user_slotq() -> list[str]:
+    return [os.path.join(os.environ["SLOTQ_TEST_SSH_USER_HOME"], "venv", "bin", "slotq")]
+
+
+@pytest.mark.timeout(40)
+def test_another_users_orphan_is_named_not_touched(shared_state: Path, tmp_path: Path) -> None:
+    work = Path(tempfile.mkdtemp(prefix="slotq-orphan-", dir=shared_state.parent))
+    os.chmod(work, 0o777)
+    pgid, _ = orphan(shared_state, work, second_user_slotq(), user="slotqtest")
+    assert group_alive(pgid)
+    err = tmp_path / "next.err"
+    nxt = subprocess.Popen(slotq_cmd() + ["run", "--report-every", "0.5", "--", "true"], stdin=subprocess.DEVNULL,
+                           stderr=open(err, "wb"), cwd=tmp_path)
+    try:
+        wait_for(lambda: "held by orphaned processes of user slotqtest" in err.read_text(), timeout=10,
+                 what="the waiter's status line naming the orphan and its user")
+        wait_for(lambda: err.read_text().count("slotq: waiting") >= 3, timeout=10, what="two more reports")
+        assert group_alive(pgid), "another user's processes must not be touched"
+        assert shared_slot()["orphan_user"] == "slotqtest"
+    finally:
+        for pid in __import__("pgroup").members(pgid):
+            os.kill(pid, signal.SIGKILL)
+    assert nxt.wait(timeout=20) == 0
+
+
+@pytest.mark.timeout(30)
+def test_cancel_a_queued_and_a_running_run(state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    pidf = tmp_path / "pgid"
+    holder = runs("--label", "holder", "--kill-grace", "1", "--", "sh", "-c", f"echo $$ > {pidf}; sleep 300")
+    wait_for(lambda: pidf.exists() and pidf.read_text().strip(), what="holder running")
+    waiter = runs("--label", "waiter", "--", "true", name="waiter")
+    wait_for(lambda: len(live_tickets(state_dir)) == 1, what="waiter in line")
+    text = subprocess.run(slotq_cmd() + ["status"], capture_output=True, text=True, timeout=20).stdout
+    waiting_id = next(w for p in status_json()["pools"] for w in p["waiting"])["run_id"]
+    assert f"run {waiting_id}" in text  # plain status shows run ids
+    proc = subprocess.run(slotq_cmd() + ["cancel", waiting_id], capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 0, proc.stderr
+    assert waiter.wait() == 130
+    res = waiter.result()
+    assert res["outcome"] == "cancelled" and res["blame"] == "caller"
+    me = pwd.getpwuid(os.getuid()).pw_name
+    assert re.search(rf"cancelled by slotq cancel \(pid \d+, user {me}\)", res["message"]), res["message"]
+    proc = subprocess.run(slotq_cmd() + ["cancel", "--label", "hold*"], capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 0, proc.stderr
+    assert holder.wait() == 130
+    assert holder.result()["outcome"] == "cancelled"
+    assert not group_alive(int(pidf.read_text()))
+    proc = subprocess.run(slotq_cmd() + ["cancel", "nosuchrun1"], capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 66 and len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.timeout(30)
+def test_cancel_of_another_users_run_is_refused(shared_state: Path, runs: Start, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    holder = start_holder(runs, shared_state, gate)
+    run_id = slot_holder(shared_state)["run_id"]  # type: ignore[index]
+    proc = subprocess.run(["runuser", "-u", "slotqtest", "--", *second_user_slotq(), "cancel", run_id],
+                          capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 77, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"run {run_id} belongs to user root" in lines[0]
+    assert holder.proc.poll() is None
+    gate.touch()
+    assert holder.wait() == 0
+
+
+@pytest.mark.timeout(30)
+def test_max_wait_ends_not_admitted_and_records_the_wait(state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    start_holder(runs, state_dir, gate)
+    r = runs("--max-wait", "2s", "--", "true", name="impatient")
+    assert r.wait() == 117
+    res = r.result()
+    assert res["outcome"] == "not_admitted" and res["blame"] == "infrastructure"
+    assert "--max-wait 2.0s" in res["message"] and "0 still ahead" in res["message"]
+    assert 2.0 <= res["waited_s"] < 6
+    ledger = Ledger(os.environ["SLOTQ_LEDGER"])
+    credit = ledger.credit(str(tmp_path), 0, time.time() + 1)
+    [wait] = credit.waits
+    assert wait.record.run_id == res["run_id"] and wait.record.kind == "queue" and wait.closed_by == "end"
+    assert wait.seconds >= 2.0
+    gate.touch()
+
+
+@pytest.mark.timeout(30)
+def test_a_host_cap_on_waiting_runs_refuses_the_next_at_once(
+        state_dir: Path, runs: Start, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "host.toml"
+    cfg.write_text("[admission]\nmax_waiting = 2\n")
+    monkeypatch.setenv("SLOTQ_CONFIG", str(cfg))
+    gate = tmp_path / "gate"
+    start_holder(runs, state_dir, gate)
+    waiters = [runs("--", "true", name=f"w{i}") for i in range(2)]
+    wait_for(lambda: len(live_tickets(state_dir)) == 2, what="two waiting")
+    t0 = time.monotonic()
+    third = runs("--", "true", name="third")
+    assert third.wait() == 117
+    assert time.monotonic() - t0 < 5
+    res = third.result()
+    assert res["outcome"] == "not_admitted"
+    assert "max_waiting = 2" in res["message"] and "already has 2 run(s) waiting" in res["message"]
+    gate.touch()
+    assert [w.wait() for w in waiters] == [0, 0]
