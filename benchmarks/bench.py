@@ -22,6 +22,10 @@ Scenarios (see README "Benchmarks"):
               start (`python -c pass`) just before it.
   crash       the holder is SIGKILLed: time until the next waiter starts, and
               whether the dead holder's command was still running then.
+  chaos       slotq alone (the anchors' crash behaviour is the scenario above):
+              200 callers on shared = 2 + landing = 1, a fifth SIGKILLed at
+              random moments (caller pid, caller process group, or the
+              run's supervisor only), some commands hung; tests/chaos.py.
 """
 
 from __future__ import annotations
@@ -354,13 +358,72 @@ def check_targets(results: dict[str, dict[str, dict[str, object]]]) -> list[str]
     ov = val("crash handoff", "slotq", "overlap")
     target("no handoff while a dead holder's command runs", None if ov is None else ov == 0,
            f"slotq overlap in {fmt(ov, 'overlap')} of the runs (median)")
+    ch = results.get("chaos", {}).get("slotq")
+    if ch:
+        holds = ch["longest_hold_s"]
+        assert isinstance(holds, dict)
+        worst = max(holds.values(), default=0.0)
+        bad = sum(int(ch[k]) for k in ("overlaps", "fifo_inversions", "survivors_not_as_expected",  # type: ignore[call-overload]
+                                       "stale_tickets", "orphan_groups", "killed_without_history"))
+        target("chaos: no overlap, FIFO kept, survivors as expected, nothing stale, orphaned or unrecorded", bad == 0,
+               f"{bad} violation(s) over {ch['runs']} runs of {ch['callers']} callers")
+        target("chaos: no slot held past budget + grace + 2 s", worst <= float(ch["hold_limit_s"]),  # type: ignore[arg-type]
+               f"longest hold {worst} s (limit {ch['hold_limit_s']} s)")
     return lines_
+
+
+def chaos(callers: int, reps: int) -> dict[str, object]:
+    """Run tests/chaos.py `reps` times; the worst figure of each kind."""
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    from chaos import run_chaos
+
+    runs = []
+    for seed in range(reps):
+        work = Path(tempfile.mkdtemp(prefix="slotq-bench-chaos-"))
+        try:
+            r = run_chaos(work, callers, seed=seed, spacing=0.02, timeout=900)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        print(f"chaos seed {seed}: {json.dumps(r)}", file=sys.stderr)
+        runs.append(r)
+    holds: dict[str, float] = {}
+    for r in runs:
+        for style, s in r["longest_hold_s"].items():
+            holds[style] = max(holds.get(style, 0.0), s)
+    killed = {s: sum(r["killed"][s] for r in runs) for s in ("pid", "group", "keeper")}
+    return {"runs": reps, "callers": callers, "killed": killed,
+            "overlaps": sum(len(r["overlaps"]) for r in runs),
+            "fifo_inversions": sum(r["fifo_inversions"] for r in runs),
+            "survivors": sum(r["survivors"] for r in runs),
+            "survivors_not_as_expected": sum(len(r["survivors_not_as_expected"]) for r in runs),
+            "stale_tickets": sum(len(r["stale_tickets"]) for r in runs),
+            "orphan_groups": sum(len(r["orphan_groups"]) for r in runs),
+            "killed_without_history": sum(len(r["killed_without_history"]) for r in runs),
+            "longest_hold_s": holds, "hold_limit_s": runs[0]["hold_limit_s"],
+            "elapsed_s": [r["elapsed_s"] for r in runs]}
+
+
+def format_chaos(c: dict[str, object]) -> list[str]:
+    k = c["killed"]
+    h = c["longest_hold_s"]
+    assert isinstance(k, dict) and isinstance(h, dict)
+    return [f"chaos (slotq): {c['runs']} runs x {c['callers']} callers, shared = 2 + landing = 1, "
+            f"budget 2 s, kill-grace 0.5 s; killed: {k['pid']} by pid, {k['group']} by process group, "
+            f"{k['keeper']} supervisor only",
+            "| overlaps | FIFO violations | survivors not as expected | stale tickets | orphans 5 s after | "
+            "killed runs without history | longest hold: not killed / pid / group / supervisor (limit) |",
+            "|---|---|---|---|---|---|---|",
+            f"| {c['overlaps']} | {c['fifo_inversions']} | {c['survivors_not_as_expected']} of {c['survivors']} | "
+            f"{c['stale_tickets']} | {c['orphan_groups']} | {c['killed_without_history']} | "
+            f"{h.get('none', '-')} / {h.get('pid', '-')} / {h.get('group', '-')} / {h.get('keeper', '-')} s "
+            f"({c['hold_limit_s']} s) |"]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer repetitions, no N=500")
-    ap.add_argument("--only", help="comma-separated scenarios: handoff,idle,order,throughput,percall,crash")
+    ap.add_argument("--only", help="comma-separated scenarios: handoff,idle,order,throughput,percall,crash,chaos")
+    ap.add_argument("--chaos-callers", type=int, default=200, help="callers in the chaos scenario (default 200)")
     ap.add_argument("--tools", default="slotq,flock,sem,task-spooler")
     ap.add_argument("--reps", type=int, help="repetitions per scenario (default 5; 2 with --quick)")
     ap.add_argument("--handoff-n", help="comma-separated waiter counts for handoff (default 1,10,50,500)")
@@ -399,10 +462,17 @@ def main() -> int:
     if want("crash"):
         results["crash handoff"] = measure(tools, "crash", crash, 2 if args.quick else 3)
 
+    chaos_text: list[str] = []
+    if want("chaos"):
+        chaos_report = chaos(args.chaos_callers, 2 if args.quick else 3)
+        results["chaos"] = {"slotq": chaos_report}
+        chaos_text = ["", *format_chaos(chaos_report)]
+
     text = [f"slotq benchmarks, {time.strftime('%Y-%m-%d %H:%M')} on {os.uname().nodename} "
             f"({os.cpu_count()} cores), {time.time() - started:.0f} s; medians [min–max] of the repetitions",
             f"bare: `true` {bare['true_ms']:.1f} ms, `{Path(PYTHON).name} -c pass` {bare['python_ms']:.1f} ms", "",
-            table(results, tools), "", "targets:", *check_targets(results)]
+            table({k: v for k, v in results.items() if k != "chaos"}, tools), *chaos_text, "", "targets:",
+            *check_targets(results)]
     notes = [f"- {t} in {s}: {e['note']}" for s, per in results.items() for t, e in per.items() if "note" in e]
     if notes:
         text += ["", "notes:", *notes]
