@@ -143,7 +143,7 @@ def run_chaos(work: Path, callers: int = 60, kill_share: float = 0.2, hung_share
             elif style == "pid":
                 os.kill(proc.pid, signal.SIGKILL)
             else:
-                keeper_end = time.monotonic() + 3
+                keeper_end = time.monotonic() + 20  # a queued run of a 2-slot pool has none yet
                 while not (kids := _children(proc.pid)) and time.monotonic() < keeper_end \
                         and proc.poll() is None:
                     time.sleep(0.01)  # sleep-ok: polling for a keeper to exist
@@ -210,12 +210,14 @@ def run_chaos(work: Path, callers: int = 60, kill_share: float = 0.2, hung_share
     survivors = [i for i in range(callers) if i not in kills]
     bad = {i: results.get(i, {}).get("outcome") for i in survivors
            if results.get(i, {}).get("outcome") != ("exec_timeout" if plan[i][1] else "passed")}
+    # FIFO: in each pool, survivors start in the order of their tickets
+    # (the host's sequence numbers; arrival order differs from it under load
+    # by the callers' own start-up jitter).
     inversions = 0
     for pool in SLOTS:
-        runs = sorted((results[i]["phases"]["queued"] if "queued" in results[i]["phases"] else
-                       results[i]["phases"]["submitted"], results[i]["phases"]["started"])
+        runs = sorted((results[i]["ticket"], results[i]["phases"]["started"])
                       for i in survivors if i in results and plan[i][0] == pool
-                      and results[i]["phases"].get("started"))
+                      and results[i].get("ticket") is not None and results[i]["phases"].get("started"))
         inversions += sum(1 for a, b in zip(runs, runs[1:]) if b[1] < a[1])
     holds: dict[str, float] = {}
     by_id = {ident: g for g, (_, ident) in starts.items()}

@@ -58,6 +58,15 @@ def fd_targets(pid: int) -> set[str]:
     return out
 
 
+def alive(pid: int) -> bool:
+    """Is `pid` a live (non-zombie) process?"""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def group_alive(pgid: int) -> bool:
     """Does any live (non-zombie) process of the group remain?"""
     from pgroup import members

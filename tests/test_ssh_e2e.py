@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from conftest import Run, slotq_cmd, wait_for
+from conftest import Run, alive, slotq_cmd, wait_for
 from slotq.ledger import Ledger
 
 Start = Callable[..., Run]
@@ -156,14 +156,6 @@ def test_sigkill_of_ssh_itself_is_unavailable_and_ends_the_remote_group(remote: 
     wait_for(lambda: remote.group_members(pgid) == 0, timeout=1 + 2, what="remote process group gone")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("victim", ["runner", "keeper", "both"])
 def test_sigkill_of_the_remote_runner_or_supervisor_ends_the_remote_command(
@@ -181,7 +173,7 @@ def test_sigkill_of_the_remote_runner_or_supervisor_ends_the_remote_command(
         os.kill(runner, signal.SIGSTOP)  # it must not see its keeper go
     if victim in ("keeper", "both"):
         os.kill(keeper, signal.SIGKILL)
-        wait_for(lambda: not _alive(keeper), what="keeper gone")
+        wait_for(lambda: not alive(keeper), what="keeper gone")
     if victim in ("runner", "both"):
         os.kill(runner, signal.SIGKILL)
     assert r.wait(timeout=30) == 121
@@ -196,6 +188,22 @@ def test_sigkill_of_the_remote_runner_or_supervisor_ends_the_remote_command(
     }[victim]
     assert expected in res["message"], res["message"]
     wait_for(lambda: not remote.shared()["slots"][0]["held"], timeout=5, what="remote slot free")
+
+
+@pytest.mark.timeout(60)
+def test_cancel_over_ssh_ends_a_remote_run(remote: Remote, runs: Start) -> None:
+    r = runs(*remote.args, "--kill-grace", "1", "--", *remote.gate_cmd(), name="remote-run")
+    wait_for(remote.holder_running, timeout=20, what="remote run holds the slot")
+    run_id = remote.shared()["slots"][0]["run_id"]
+    proc = subprocess.run(slotq_cmd() + ["cancel", *remote.args, run_id], capture_output=True, text=True,
+                          timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert f"cancelled run {run_id}" in proc.stderr
+    assert r.wait(timeout=20) == 130
+    assert r.result()["outcome"] == "cancelled" and "cancelled by slotq cancel (pid" in r.result()["message"]
+    proc = subprocess.run(slotq_cmd() + ["cancel", *remote.args, "nosuchrun1"], capture_output=True, text=True,
+                          timeout=30)
+    assert proc.returncode == 66, proc.stderr
 
 
 HOSTILE = ["a b", "'single'", '"double"', "$(echo pwned)", "`echo pwned`", "; rm -rf /tmp/nope", "a\nb\n",

@@ -19,21 +19,13 @@ from typing import Any
 
 import pytest
 
-from conftest import group_alive, slotq_cmd, wait_for
+from conftest import alive, group_alive, slotq_cmd, wait_for
 from slotq import history
 from slotq.ledger import Ledger
 from test_run_e2e import Start, gate_cmd, live_tickets, slot_holder, start_holder
 
 TERM_IGNORING = "trap '' TERM HUP; echo $$ > {pidf}; sleep 300 & sleep 300"
 PGROUP = Path(__file__).with_name("pgroup.py")
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def start_caller(args: list[str], tmp: Path, name: str) -> subprocess.Popen[bytes]:
@@ -255,25 +247,27 @@ def test_cancel_a_queued_and_a_running_run(state_dir: Path, runs: Start, tmp_pat
     pidf = tmp_path / "pgid"
     holder = runs("--label", "holder", "--kill-grace", "1", "--", "sh", "-c", f"echo $$ > {pidf}; sleep 300")
     wait_for(lambda: pidf.exists() and pidf.read_text().strip(), what="holder running")
-    waiter = runs("--label", "waiter", "--", "true", name="waiter")
-    wait_for(lambda: len(live_tickets(state_dir)) == 1, what="waiter in line")
+    alpha = runs("--label", "alpha", "--", "true", name="alpha")
+    wait_for(lambda: len(live_tickets(state_dir)) == 1, what="alpha in line")
+    beta = runs("--label", "beta-1", "--", "true", name="beta")
+    wait_for(lambda: len(live_tickets(state_dir)) == 2, what="beta in line")
     text = subprocess.run(slotq_cmd() + ["status"], capture_output=True, text=True, timeout=20).stdout
-    waiting_id = next(w for p in status_json()["pools"] for w in p["waiting"])["run_id"]
-    assert f"run {waiting_id}" in text  # plain status shows run ids
-    proc = subprocess.run(slotq_cmd() + ["cancel", waiting_id], capture_output=True, text=True, timeout=20)
-    assert proc.returncode == 0, proc.stderr
-    assert waiter.wait() == 130
-    res = waiter.result()
-    assert res["outcome"] == "cancelled" and res["blame"] == "caller"
+    alpha_id = next(w for p in status_json()["pools"] for w in p["waiting"] if w["label"] == "alpha")["run_id"]
+    assert f"run {alpha_id}" in text  # plain status shows run ids
     me = pwd.getpwuid(os.getuid()).pw_name
-    assert re.search(rf"cancelled by slotq cancel \(pid \d+, user {me}\)", res["message"]), res["message"]
-    proc = subprocess.run(slotq_cmd() + ["cancel", "--label", "hold*"], capture_output=True, text=True, timeout=20)
-    assert proc.returncode == 0, proc.stderr
-    assert holder.wait() == 130
-    assert holder.result()["outcome"] == "cancelled"
+    for how, run in ((["cancel", alpha_id], alpha), (["cancel", "--label", "beta-*"], beta),
+                     (["cancel", "--mine"], holder)):
+        proc = subprocess.run(slotq_cmd() + how, capture_output=True, text=True, timeout=20)
+        assert proc.returncode == 0, proc.stderr
+        assert run.wait() == 130
+        res = run.result()
+        assert res["outcome"] == "cancelled" and res["blame"] == "caller"
+        assert re.search(rf"cancelled by slotq cancel \(pid \d+, user {me}\)", res["message"]), res["message"]
     assert not group_alive(int(pidf.read_text()))
     proc = subprocess.run(slotq_cmd() + ["cancel", "nosuchrun1"], capture_output=True, text=True, timeout=20)
     assert proc.returncode == 66 and len(proc.stderr.strip().splitlines()) == 1
+    proc = subprocess.run(slotq_cmd() + ["cancel", "--mine"], capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 66  # nothing of ours is left
 
 
 @pytest.mark.timeout(30)

@@ -85,6 +85,7 @@ class RunResult:
         self.message = ""
         self.phases: dict[str, float | None] = dict.fromkeys(PHASES)
         self.slot: str | None = None
+        self.ticket: int | None = None  # the host's sequence number: the order its queue keeps
         self.budget = spec.budget
         self.transport: dict[str, object] = {}
         # Measured on the client's monotonic clock: host clocks may differ.
@@ -113,7 +114,7 @@ class RunResult:
         return {
             "outcome": self.outcome.value, "blame": self.blame, "exit_code": self.exit_code,
             "command_exit_code": self.command_code, "run_id": self.run_id, "label": self.label,
-            "class": self.cls, "host": self.host, "slot": self.slot, "budget": self.budget,
+            "class": self.cls, "host": self.host, "slot": self.slot, "ticket": self.ticket, "budget": self.budget,
             "message": self.message, "phases": dict(self.phases),
             "waited_s": self.waited_s, "ran_s": self.ran_s,
             "transfer_s": None if self.transfer_s is None else round(self.transfer_s, 3),
@@ -372,6 +373,8 @@ def _on_event(ev: dict[str, object], result: RunResult, dogs: Watchdogs,
     elif name == protocol.SLOT:
         result.phases["slot"] = at
         result.slot = str(ev.get("slot"))
+        ticket = ev.get("ticket")
+        result.ticket = ticket if isinstance(ticket, int) else None
         budget = _num(ev.get("budget"))
         result.budget = budget
         dogs.on_slot(budget)

@@ -69,14 +69,12 @@ class ControlSocket:
             if request != b"cancel":
                 c.sendall(b"refused: unknown request\n")
                 return None
-            if uid not in (os.getuid(), 0):
-                from .orphans import user_name
+            from .orphans import user_name
 
+            if uid not in (os.getuid(), 0):
                 c.sendall(f"refused: run {self.run_id} belongs to user {user_name(os.getuid())}\n".encode())
                 return None
             c.sendall(b"ok\n")
-            from .orphans import user_name
-
             return f"pid {pid}, user {user_name(uid)}"
         except OSError:
             return None

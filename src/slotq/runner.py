@@ -350,7 +350,7 @@ class HostRunner:
         record = self._holder_record("prepare" if spec.prepare else "running")
         record["since"] = wall
         slot_event = protocol.event_frame(protocol.SLOT, wall, slot=lease.name, waited_s=round(waited, 3),
-                                          budget=self.budget)
+                                          budget=self.budget, ticket=self._ticket_seq())
         try:
             if spec.prepare:
                 lease.record(**record)  # before we leave the line: the next head must not see a stale one
@@ -396,7 +396,7 @@ class HostRunner:
         self._leave_line()
         waited = wall - (self.phases["queued"] or wall)
         self._send(protocol.event_frame(protocol.SLOT, wall, slot=slot, waited_s=round(waited, 3),
-                                        budget=self.budget)
+                                        budget=self.budget, ticket=self._ticket_seq())
                    + protocol.event_frame(protocol.STARTED, wall, budget=self.budget))
         self._close_waiter()
         # The budget counts from the command's start in the keeper.
@@ -404,6 +404,10 @@ class HostRunner:
         end, reason = self._pump(child, streams, self.budget - elapsed)
         outcome, message = self._judge(end, reason)
         return self._finish(outcome, end, None, message)
+
+    def _ticket_seq(self) -> int | None:
+        """Our place in the host's sequence: the order the queue keeps."""
+        return self._waiter.ticket.seq if self._waiter is not None else None
 
     def _close_waiter(self) -> None:
         """Once the command runs and the caller knows: destroying an inotify

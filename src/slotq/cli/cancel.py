@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from slotq.cli.args import FLAG, Opt, Parser, host_options
+from slotq.cli.args import FLAG, Namespace, Opt, Parser, host_options
 from slotq.errors import UsageError
 
 EXIT_REFUSED = 77  # EX_NOPERM: another user's run
@@ -97,18 +97,17 @@ def _matching(label: str | None, mine: bool) -> list[str]:
     return out
 
 
-def _remote(opts: object, args: list[str]) -> int:
+def _remote(opts: Namespace, args: list[str]) -> int:
     """The same on each host named: `slotq cancel` run there over ssh."""
     import shlex
     import subprocess
 
     from slotq.ssh import SshHost
 
-    local = [a for a in _strip_host_options(args)]
+    local = _strip_host_options(args)
     code = 0
-    for host in [h for h in opts.host.split(",") if h]:  # type: ignore[attr-defined]
-        remote = SshHost(host, config=opts.ssh_config, options=opts.ssh_option,  # type: ignore[attr-defined]
-                         remote_slotq=opts.remote_slotq)  # type: ignore[attr-defined]
+    for host in [h for h in opts.host.split(",") if h]:
+        remote = SshHost(host, config=opts.ssh_config, options=opts.ssh_option, remote_slotq=opts.remote_slotq)
         remote.ensure_master()
         proc = subprocess.run(remote.command(f"{remote.remote_slotq} cancel {shlex.join(local)}"),
                               stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
