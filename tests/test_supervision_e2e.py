@@ -40,6 +40,13 @@ def holder_record(state_dir: Path) -> dict[str, Any]:
                     what="the holder record with its command")  # type: ignore[no-any-return]
 
 
+def reachable(run_id: str) -> bool:
+    """Does the run listen for `slotq cancel` yet (its abstract socket)? A
+    running command's run opens it after CONTROL_AFTER."""
+    with open("/proc/net/unix") as f:
+        return any(line.rstrip().endswith(f"@slotq-run/{run_id}") for line in f)
+
+
 def history_of(state_dir: Path, run_id: str) -> list[dict[str, object]]:
     return [h for h in history.recent(str(state_dir), 50) if h.get("run_id") == run_id]
 
@@ -255,6 +262,8 @@ def test_cancel_a_queued_and_a_running_run(state_dir: Path, runs: Start, tmp_pat
     alpha_id = next(w for p in status_json()["pools"] for w in p["waiting"] if w["label"] == "alpha")["run_id"]
     assert f"run {alpha_id}" in text  # plain status shows run ids
     me = pwd.getpwuid(os.getuid()).pw_name
+    holder_id = slot_holder(state_dir)["run_id"]  # type: ignore[index]
+    wait_for(lambda: reachable(holder_id), what="the running holder to listen for cancel")
     for how, run in ((["cancel", alpha_id], alpha), (["cancel", "--label", "beta-*"], beta),
                      (["cancel", "--mine"], holder)):
         proc = subprocess.run(slotq_cmd() + how, capture_output=True, text=True, timeout=20)
@@ -275,6 +284,7 @@ def test_cancel_of_another_users_run_is_refused(shared_state: Path, runs: Start,
     gate = tmp_path / "gate"
     holder = start_holder(runs, shared_state, gate)
     run_id = slot_holder(shared_state)["run_id"]  # type: ignore[index]
+    wait_for(lambda: reachable(run_id), what="the run to listen for cancel")
     proc = subprocess.run(["runuser", "-u", "slotqtest", "--", *second_user_slotq(), "cancel", run_id],
                           capture_output=True, text=True, timeout=20)
     assert proc.returncode == 77, proc.stderr

@@ -20,7 +20,10 @@ from . import __version__, history, orphans, protocol
 from . import signals as signal
 from .clock import INF, Clock
 from .config import HostConfig
-from .control import ControlSocket
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .control import ControlSocket
 from .durations import format_duration
 from .errors import AdmissionRefused, StateDirError
 from .hostqueue import Waiter, ensure_state_dir
@@ -31,6 +34,10 @@ from .spec import RunSpec
 from .ticket import Ticket
 
 _CANCEL_REASONS = {"cancelled": Outcome.CANCELLED, "idle_timeout": Outcome.IDLE_TIMEOUT}
+# A running command becomes reachable by `slotq cancel` after this long:
+# nobody cancels a run by hand sooner, and a run that ends first never pays
+# for the socket module (about 0.5 ms of start-up, on every run).
+CONTROL_AFTER = 0.1
 
 
 class _Ended(Exception):
@@ -75,10 +82,12 @@ class HostRunner:
         self._wakeup_set = False
         self._waiter: Waiter | None = None
         self._control: ControlSocket | None = None  # `slotq cancel` reaches us here
+        self._control_tried = False
         self._cancel_note: str | None = None  # who cancelled us through it
         self._slot_path: str | None = None  # the slot our command holds
         self._lost_message: str | None = None  # set when our keeper was killed
         self._healed: set[str] = set()  # orphaned holders we ended
+        self._next_heal = 0.0  # when a wake-up may look for orphaned holders again
         self._ack_w = -1  # a byte here tells our keeper we wrote the history line
         self._children: list[Child] = []  # keepers to reap at the end
 
@@ -116,6 +125,19 @@ class HostRunner:
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self._signalled = True
+
+    def _listen_for_cancel(self) -> None:
+        """Open the control socket `slotq cancel` reaches us through (once):
+        when the run has to wait, and once its command has run a moment."""
+        if self._control is not None or self._control_tried:
+            return
+        self._control_tried = True
+        from .control import ControlSocket
+
+        try:
+            self._control = ControlSocket(self.spec.run_id)
+        except OSError:
+            self._control = None  # no sockets here, or the name is taken: `slotq cancel` cannot reach us
 
     def _listen_fds(self) -> list[int]:
         fds = [self._sig_r]
@@ -188,12 +210,6 @@ class HostRunner:
             known = ", ".join(sorted(self.config.classes))
             return self._error("usage", f"unknown class {self.spec.cls!r} on host {self.host} (known: {known})")
         try:
-            # Listening before the run id is visible anywhere (our ticket):
-            # nobody else can take its name.
-            self._control = ControlSocket(self.spec.run_id)
-        except OSError:
-            self._control = None  # no sockets here: `slotq cancel` cannot reach this run
-        try:
             ensure_state_dir(self.state_dir)
             got = self._queue(pool)
         except StateDirError as e:
@@ -233,8 +249,11 @@ class HostRunner:
         # Waiting has no limit unless the caller sets one (--max-wait): a
         # policy with its own outcome, never a timeout.
         give_up = start + spec.max_wait if spec.max_wait is not None else INF
+        self._next_heal = start + 1.0  # a head that gets its slot within a second never looks
         try:
             lease = waiter.attempt(watch=not by_keeper)
+            if lease is None:
+                self._listen_for_cancel()
             while lease is None:
                 if standby is not None and standby[0].started is not None:
                     return standby
@@ -286,8 +305,12 @@ class HostRunner:
                     raise _Ended(ended, end)
                 if standby is None:
                     lease = waiter.attempt()
-                    if lease is None and waiter.is_head:
-                        self._heal(pool, waiter.slot_count)  # woken: was it a holder's death?
+                    if lease is None and waiter.is_head and self.clock.monotonic() >= self._next_heal:
+                        # Woken and still no slot: was it a holder's death? At
+                        # most once a second (a line of hundreds wakes the head
+                        # often); the status reports look too.
+                        self._next_heal = self.clock.monotonic() + 1.0
+                        self._heal(pool, waiter.slot_count)
         except BaseException:
             waiter.withdraw()
             raise
@@ -361,6 +384,8 @@ class HostRunner:
                 child, streams = self._start(["/bin/sh", "-c", spec.prepare], lease, last=False)
                 lease.record(keeper=child.keeper_pid, keeper_start=orphans.start_ticks(child.keeper_pid))
                 end, reason = self._pump(child, streams, limit)
+                if end.lost:  # the prepare step's keeper was killed: not the work's failure
+                    return self._finish(Outcome.UNAVAILABLE, None, lease, self._lost_message or "keeper killed")
                 self.phases["prepared"] = self.clock.wall()
                 ok = reason is None and end.exec_errno is None and end.exit_code == 0
                 self._event(protocol.PREPARED, ok=ok, exit_code=end.exit_code)
@@ -527,12 +552,18 @@ class HostRunner:
         timer = self.clock.timer("budget", limit)
         reason: Outcome | None = None
         done = False
+        control_at = self.clock.monotonic() + CONTROL_AFTER
         while not done or streams:
+            now = self.clock.monotonic()
+            if not self._control_tried and now >= control_at:
+                self._listen_for_cancel()
             fds = list(streams)
             if not done:
                 fds.append(child.done_fd)
             fds += self._listen_fds()
-            timeout = None if reason is not None else max(0.0, timer.remaining(self.clock.monotonic()))
+            timeout = None if reason is not None else max(0.0, timer.remaining(now))
+            if not self._control_tried:
+                timeout = max(0.0, control_at - now) if timeout is None else min(timeout, max(0.0, control_at - now))
             ready, _, _ = select.select(fds, [], [], timeout)
             if reason is None and timer.remaining(self.clock.monotonic()) <= 0:
                 reason = Outcome.EXEC_TIMEOUT
@@ -581,9 +612,12 @@ class HostRunner:
             "phases": dict(p), "waited_s": round(self._waited(), 3) if p["slot"] else None,
             "ran_s": round(ended - started, 3) if started and ended else None,
         }
-        # The history line first: once the caller has the result it may exit
-        # (or be killed) at once, and this thread with it. The caller waits
-        # for this thread either way, so the order costs a run nothing.
+        self._event(protocol.EXITED, outcome=outcome.value, exit_code=exit_code,
+                    signal=end.signal if end is not None else None, message=message, phases=dict(p))
+        # The result is out: end the stream now, then the history line. If
+        # we die before it is written (the caller killed just now, and this
+        # thread with it), our keeper, still waiting for our word, writes it.
+        self.close_stream()
         history.append(self.state_dir, record)
         if self._ack_w >= 0:
             try:
@@ -592,8 +626,5 @@ class HostRunner:
                 pass  # the keeper is gone (killed): nobody to tell
             os.close(self._ack_w)
             self._ack_w = -1
-        self._event(protocol.EXITED, outcome=outcome.value, exit_code=exit_code,
-                    signal=end.signal if end is not None else None, message=message, phases=dict(p))
-        self.close_stream()
         self._close_waiter()
         return outcome
