@@ -90,7 +90,9 @@ class Remote:
 def remote(ssh_config: str, state_dir: Path) -> Iterator[Remote]:
     r = Remote(ssh_config)
     yield r
-    r.ssh(f"touch {r.gate()}")
+    # The runs are ended by now (the `runs` fixture, torn down first); open
+    # the gate for any remote holder still polling it, then leave nothing.
+    r.ssh(f"touch {r.gate()}; rm -f {r.gate()} /tmp/slotq-pg-{r.tag}")
 
 
 @pytest.mark.timeout(60)
