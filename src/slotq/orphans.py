@@ -32,12 +32,6 @@ from __future__ import annotations
 import os
 import time
 
-from . import signals as signal
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Callable
-
 MARKER = "SLOTQ_RUN_ID"
 
 
@@ -141,50 +135,6 @@ def _has_marker(pid: int, needle: bytes) -> bool:
     return needle in env + b"\0"
 
 
-def end_processes(find: Callable[[], dict[int, int]], grace: float, *, rescan: float = 0.25,
-                  limit: float = 5.0) -> list[int]:
-    """End processes that are not our children (we cannot wait for them):
-    TERM (+CONT), up to `grace` seconds, then KILL; newcomers found by
-    `find()` (looked up again every `rescan` seconds) get the same. Returns
-    the pids signalled. Gives up `limit` seconds after the KILL (a process
-    stuck in the kernel) -- by then nothing more can be done from here."""
-    signalled: dict[int, int | None] = {}  # pid -> start ticks
-    killed_at: float | None = None
-    end = time.monotonic() + grace
-    next_scan = 0.0
-    delay = 0.002
-    while True:
-        now = time.monotonic()
-        if now >= next_scan:
-            for pid in find():
-                if pid not in signalled:
-                    signalled[pid] = start_ticks(pid)
-                    for sig in (signal.SIGTERM, signal.SIGCONT) if killed_at is None else (signal.SIGKILL,):
-                        _send(pid, sig)
-            next_scan = now + rescan
-        live = [pid for pid, st in signalled.items() if st is not None and start_ticks(pid) == st]
-        if not live:
-            if not find():  # none forked during the TERM either
-                return sorted(signalled)
-            next_scan = 0.0
-            continue
-        if killed_at is None and now >= end:
-            for pid in live:
-                _send(pid, signal.SIGKILL)
-            killed_at = now
-        if killed_at is not None and now - killed_at > limit:
-            return sorted(signalled)
-        time.sleep(delay)  # product code: bounded back-off while processes exit
-        delay = min(delay * 2, 0.05)
-
-
-def _send(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def holder_state(info: dict[str, object]) -> str:
     """What a slot's holder record means now: its recorded phase (`running`,
     `prepare`, `stopping`) while its runner lives; `stopping` while only its
@@ -211,6 +161,8 @@ def end_orphan(state_dir: str, info: dict[str, object], grace: float, by: str) -
     g = info.get("grace")
     if isinstance(g, (int, float)) and not isinstance(g, bool) and 0 <= g <= 3600:
         grace = float(g)
+    from .terminate import end_processes
+
     ended = end_processes(lambda: {p: u for p, u in orphan_processes(info).items() if u == uid}, grace)
     from . import history
 

@@ -27,8 +27,8 @@ A keeper that is itself killed is noticed by its runner (end-of-file with no
 report), which ends the command's processes itself (orphans.py); if the
 runner is gone too, the next in line does (see orphans.py).
 
-Stopping is one policy, `terminate_group`: TERM to the group, `grace`
-seconds, then KILL. The keeper reports how the leader ended through a pipe
+Stopping is one policy, `terminate_group` (terminate.py): TERM to the
+group, `grace` seconds, then KILL. The keeper reports how the leader ended through a pipe
 whose end-of-file also tells the runner that everything is gone.
 """
 
@@ -41,6 +41,7 @@ import os
 import time
 
 from . import signals as signal
+from .terminate import terminate_group
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -570,99 +571,3 @@ def _yield_cpu() -> None:
         os.nice(10)
     except OSError:
         pass
-
-
-def _children() -> list[int]:
-    """Our direct children (re-parented orphans included, as subreaper)."""
-    pid = os.getpid()
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children", "rb") as f:
-            return [int(x) for x in f.read().split()]
-    except OSError:
-        return []
-
-
-def _signal_all(pgid: int, sig: int, skip: set[int] | None = None) -> bool:
-    """Signal the group and every child of ours (but those in `skip`, which
-    then gets them added); True if anything was there."""
-    found = False
-    try:
-        os.killpg(pgid, sig)
-        found = True
-    except (ProcessLookupError, PermissionError):
-        pass
-    for child in _children():
-        if skip is not None:
-            if child in skip:
-                continue
-            skip.add(child)
-        try:
-            os.kill(child, sig)
-            found = True
-        except ProcessLookupError:
-            pass
-    return found
-
-
-def _reap() -> dict[int, int]:
-    reaped: dict[int, int] = {}
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return reaped
-        if pid == 0:
-            return reaped
-        reaped[pid] = status
-
-
-def terminate_group(leader: int, grace: float, *, leader_is_child: bool) -> int:
-    """End the command's group and our other descendants: TERM (+CONT, so a
-    stopped process can act on it), up to `grace` seconds, then KILL.
-
-    Returns the leader's wait status when it is still our child to reap
-    (SIGKILL's status if it vanished unseen), else 0.
-    """
-    status: int | None = None
-    termed: set[int] = set()
-    if _signal_all(leader, signal.SIGTERM, termed):
-        _signal_all(leader, signal.SIGCONT)
-    end = time.monotonic() + grace
-    delay = 0.002
-    while True:
-        reaped = _reap()
-        if leader_is_child and leader in reaped:
-            status = reaped[leader]
-        if not _alive(leader):
-            break
-        if end != float("inf"):
-            # Descendants that left the group (setsid) reach us as orphans
-            # only once their parent is gone: they get their TERM then.
-            for child in _children():
-                if child not in termed:
-                    termed.add(child)
-                    for sig in (signal.SIGTERM, signal.SIGCONT):
-                        try:
-                            os.kill(child, sig)
-                        except ProcessLookupError:
-                            pass
-        if time.monotonic() >= end:
-            _signal_all(leader, signal.SIGKILL)
-            end = float("inf")
-        time.sleep(delay)  # product code: bounded back-off while processes exit
-        delay = min(delay * 2, 0.05)
-    if status is None and leader_is_child:
-        status = signal.SIGKILL  # raw status of a SIGKILLed process
-    return status or 0
-
-
-def _alive(pgid: int) -> bool:
-    """Anything left of the group, or any unreaped child of ours?"""
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        pass
-    except PermissionError:
-        return True
-    return bool(_children())

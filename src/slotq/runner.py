@@ -536,7 +536,9 @@ class HostRunner:
         # The session only if we saw its leader alive: a pid is not reused
         # while it names a session, but one seen never may be another's.
         session = cmd if child.cmd_start is not None else None
-        ended = orphans.end_processes(
+        from .terminate import end_processes
+
+        ended = end_processes(
             lambda: orphans.run_processes(session=session, session_start=child.cmd_start,
                                           marker=self.spec.run_id), self.grace)
         who = f"the command's supervisor (slotq keeper, pid {child.keeper_pid}) was killed"
