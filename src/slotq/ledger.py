@@ -71,19 +71,19 @@ _boot_id: str | None = None
 
 def process_start(pid: int) -> str | None:
     """An identity for process `pid` that a reused pid does not share:
-    boot id + start time (clock ticks since boot). None if unknown/gone."""
+    boot id + start time (clock ticks since boot). None if unknown/gone (a
+    zombie waits for nothing). The boot id: records outlive a reboot."""
     global _boot_id
+    from .orphans import start_ticks
+
     try:
         if _boot_id is None:
             with open("/proc/sys/kernel/random/boot_id") as f:
                 _boot_id = f.read().strip()
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
     except OSError:
         return None
-    if fields[0] == b"Z":
-        return None  # a zombie waits for nothing
-    return f"{_boot_id}:{int(fields[19])}"
+    ticks = start_ticks(pid)
+    return None if ticks is None else f"{_boot_id}:{ticks}"
 
 
 def process_alive(pid: int, pid_start: str | None) -> bool:

@@ -362,7 +362,7 @@ def _keeper(
         # The runner died before PDEATHSIG was armed: nothing was started.
         if ticket is not None:
             _unlink(ticket[1])
-        _orphan_history(history, runner_pid, None, "its keeper found it gone before the command started")
+        _orphan_history(history, None, "its keeper found it gone before the command started")
         return 1
 
     # Everything the command's start needs is ready before the wait below,
@@ -495,7 +495,8 @@ def _last_word(ack_fd: int | None, history: tuple[str, dict[str, object]] | None
     """Make sure the run has a history line: wait for the runner's word that
     it wrote one (a byte on `ack_fd`); if it died first, write it here."""
     if ack_fd is None:
-        _orphan_history(history, runner_pid, status, what)
+        if os.getppid() != runner_pid:  # gone, not merely asking us to stop
+            _orphan_history(history, status, what)
         return
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second stop must not cut this short
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -505,14 +506,13 @@ def _last_word(ack_fd: int | None, history: tuple[str, dict[str, object]] | None
     except OSError:
         acked = False
     if not acked:
-        _orphan_history(history, -1, status, what)
+        _orphan_history(history, status, what)
 
 
-def _orphan_history(history: tuple[str, dict[str, object]] | None, runner_pid: int, status: int | None,
-                    what: str) -> None:
-    """If our runner is gone (not merely asking us to stop), nobody else will
-    record how the run ended: do it (outcome caller_gone)."""
-    if history is None or os.getppid() == runner_pid:
+def _orphan_history(history: tuple[str, dict[str, object]] | None, status: int | None, what: str) -> None:
+    """Our runner is gone: nobody else will record how the run ended. Do it
+    (outcome caller_gone)."""
+    if history is None:
         return
     from . import history as hist
 
