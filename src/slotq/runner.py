@@ -2,9 +2,10 @@
 
     ticket ─► queue (status events) ─► slot ─► prepare ─► started ─► exited
 
-It speaks the framed stream of protocol.py on `out_fd` and listens on
-`in_fd`, the caller's channel: a `cancel <reason>` line, or end-of-file /
-a read error, which means the caller is gone. A queued ticket is then
+It speaks to its caller through a `CallerLink` (callerlink.py): the framed
+stream of protocol.py on `out_fd`, the caller's channel on `in_fd` (a
+`cancel <reason>` line, or end-of-file / a read error: the caller is gone),
+stop signals, and `slotq cancel`. A queued ticket is then
 withdrawn at once; a running command's process group is ended (TERM, grace,
 KILL) and the slot released. Clocks: the queue has no time limit; the
 budget starts when the command starts.
@@ -17,13 +18,9 @@ import select
 import time
 
 from . import __version__, history, orphans, protocol
-from . import signals as signal
+from .callerlink import CallerLink
 from .clock import INF, Clock
 from .config import HostConfig
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from .control import ControlSocket
 from .durations import format_duration
 from .errors import AdmissionRefused, StateDirError
 from .hostqueue import Waiter, ensure_state_dir
@@ -33,7 +30,6 @@ from .slot import SlotLease
 from .spec import RunSpec
 from .ticket import Ticket
 
-_CANCEL_REASONS = {"cancelled": Outcome.CANCELLED, "idle_timeout": Outcome.IDLE_TIMEOUT}
 # A running command becomes reachable by `slotq cancel` after this long:
 # nobody cancels a run by hand sooner, and a run that ends first never pays
 # for the socket module (about 0.5 ms of start-up, on every run).
@@ -66,24 +62,14 @@ class HostRunner:
         self.spec = spec
         self.state_dir = state_dir
         self.config = config
-        self.in_fd = in_fd
-        self.out_fd = out_fd
         self.clock = clock or Clock()
+        self.link = CallerLink(in_fd, out_fd, spec.run_id, self.clock, ctl_buffer)
         self.host = os.uname().nodename
-        self.caller_gone = False
-        self._in_open = True
-        self._ctl_buf = ctl_buffer  # caller-channel bytes read before we started
         self.phases: dict[str, float | None] = dict.fromkeys(
             ("queued", "slot", "prepared", "started", "ended"))
         self.budget = spec.budget if spec.budget is not None else config.budget
         self.grace = spec.kill_grace if spec.kill_grace is not None else config.kill_grace
-        self._sig_r, self._sig_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._signalled = False
-        self._wakeup_set = False
         self._waiter: Waiter | None = None
-        self._control: ControlSocket | None = None  # `slotq cancel` reaches us here
-        self._control_tried = False
-        self._cancel_note: str | None = None  # who cancelled us through it
         self._slot_path: str | None = None  # the slot our command holds
         self._lost_message: str | None = None  # set when our keeper was killed
         self._healed: set[str] = set()  # orphaned holders we ended
@@ -91,88 +77,9 @@ class HostRunner:
         self._ack_w = -1  # a byte here tells our keeper we wrote the history line
         self._children: list[Child] = []  # keepers to reap at the end
 
-    # ------------------------------------------------------------ stream
-    def _send(self, data: bytes) -> None:
-        if self.caller_gone:
-            return
-        view = memoryview(data)
-        try:
-            while view:
-                n = os.write(self.out_fd, view)
-                view = view[n:]
-        except OSError:  # EPIPE, EBADF, EIO: nobody is listening any more
-            self.caller_gone = True
-
-    def _event(self, name: str, **fields: object) -> None:
-        self._send(protocol.event_frame(name, self.clock.wall(), **fields))
-
-    def _read_ctl(self) -> Outcome | None:
-        """Read the caller's channel; an outcome if the run must end."""
-        try:
-            chunk = os.read(self.in_fd, 4096)
-        except OSError:
-            chunk = b""
-        if not chunk:
-            self._in_open = False
-            return Outcome.CALLER_GONE
-        self._ctl_buf += chunk
-        while b"\n" in self._ctl_buf:
-            line, self._ctl_buf = self._ctl_buf.split(b"\n", 1)
-            words = line.decode(errors="replace").split()
-            if len(words) == 2 and words[0] == "cancel":
-                return _CANCEL_REASONS.get(words[1], Outcome.CANCELLED)
-        return None
-
-    def _on_signal(self, signum: int, frame: object) -> None:
-        self._signalled = True
-
-    def _listen_for_cancel(self) -> None:
-        """Open the control socket `slotq cancel` reaches us through (once):
-        when the run has to wait, and once its command has run a moment."""
-        if self._control is not None or self._control_tried:
-            return
-        self._control_tried = True
-        from .control import ControlSocket
-
-        try:
-            self._control = ControlSocket(self.spec.run_id)
-        except OSError:
-            self._control = None  # no sockets here, or the name is taken: `slotq cancel` cannot reach us
-
-    def _listen_fds(self) -> list[int]:
-        fds = [self._sig_r]
-        if self._in_open:
-            fds.append(self.in_fd)
-        if self._control is not None:
-            fds.append(self._control.fileno())
-        return fds
-
-    def _check_listen(self, ready: list[int]) -> Outcome | None:
-        if self._sig_r in ready:
-            try:
-                os.read(self._sig_r, 64)
-            except BlockingIOError:
-                pass
-        if self._signalled:
-            return Outcome.CANCELLED
-        if self._control is not None and self._control.fileno() in ready:
-            note = self._control.accept_cancel()
-            if note is not None:
-                self._cancel_note = f"cancelled by slotq cancel ({note})"
-                return Outcome.CANCELLED
-        if self.in_fd in ready and self._in_open:
-            return self._read_ctl()
-        return None
-
     def close_stream(self) -> None:
         """End the stream to the caller (once)."""
-        self.caller_gone = True
-        if self.out_fd >= 0:
-            try:
-                os.close(self.out_fd)
-            except OSError:
-                pass
-            self.out_fd = -1
+        self.link.close_stream()
 
     # ------------------------------------------------------------ the run
     def run(self) -> Outcome:
@@ -180,12 +87,7 @@ class HostRunner:
         try:
             return self._run()
         finally:
-            if self._wakeup_set:
-                signal.set_wakeup_fd(-1)
-            os.close(self._sig_r)
-            os.close(self._sig_w)
-            if self._control is not None:
-                self._control.close()
+            self.link.close()
             if self._ack_w >= 0:
                 os.close(self._ack_w)  # without a byte: the keeper records the run
                 self._ack_w = -1
@@ -193,16 +95,9 @@ class HostRunner:
                 child.reap()
 
     def _run(self) -> Outcome:
-        try:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # the client relays Ctrl-C as `cancel`
-            signal.set_wakeup_fd(self._sig_w)
-            self._wakeup_set = True
-            signal.signal(signal.SIGTERM, self._on_signal)
-            signal.signal(signal.SIGHUP, self._on_signal)
-        except ValueError:
-            pass  # a thread of the client's process: the client handles signals
-        self._send(protocol.MAGIC)
-        self._event(protocol.HELLO, protocol=protocol.PROTOCOL_VERSION, version=__version__,
+        self.link.take_signals()
+        self.link.send(protocol.MAGIC)
+        self.link.event(protocol.HELLO, protocol=protocol.PROTOCOL_VERSION, version=__version__,
                     host=self.host, pid=os.getpid(), run_id=self.spec.run_id)
         try:
             pool = self.config.pool_for(self.spec.cls)
@@ -218,15 +113,15 @@ class HostRunner:
             return self._finish(Outcome.NOT_ADMITTED, None, None, str(e))
         except _Ended as e:
             message = e.message or "left the queue before getting a slot"
-            if e.outcome is Outcome.CANCELLED and self._cancel_note is not None:
-                message = f"{self._cancel_note}; {message}"
+            if e.outcome is Outcome.CANCELLED and self.link.cancel_note is not None:
+                message = f"{self.link.cancel_note}; {message}"
             return self._finish(e.outcome, e.end, None, message)
         if isinstance(got, SlotLease):
             return self._hold(got)
         return self._run_started(*got, slot=f"{pool}#0")
 
     def _error(self, kind: str, message: str) -> Outcome:
-        self._event(protocol.ERROR, kind=kind, message=message)
+        self.link.event(protocol.ERROR, kind=kind, message=message)
         return Outcome.UNAVAILABLE
 
     def _queue(self, pool: str) -> SlotLease | tuple[Child, dict[int, bytes]]:
@@ -253,7 +148,7 @@ class HostRunner:
         try:
             lease = waiter.attempt(watch=not by_keeper)
             if lease is None:
-                self._listen_for_cancel()
+                self.link.listen_for_cancel()
             while lease is None:
                 if standby is not None and standby[0].started is not None:
                     return standby
@@ -280,7 +175,7 @@ class HostRunner:
                         by_keeper = False
                         lease = waiter.attempt()
                         continue
-                fds = self._listen_fds()
+                fds = self.link.fds()
                 if standby is not None:
                     fds.append(standby[0].done_fd)
                 elif waiter.fileno() >= 0:
@@ -297,7 +192,7 @@ class HostRunner:
                         self._end_lost(child)
                         raise _Ended(Outcome.UNAVAILABLE, None, self._lost_message)
                     return standby
-                ended = self._check_listen(ready)
+                ended = self.link.check(ready)
                 if ended is not None:
                     end = None
                     if standby is not None:
@@ -361,7 +256,7 @@ class HostRunner:
         ahead, total = waiter.position()
         healed = self._heal(pool, waiter.slot_count) if ahead == 0 else []
         wall = self.clock.wall()
-        self._event(protocol.QUEUED, waited_s=round(waited, 3), ahead=ahead, position=ahead + 1,
+        self.link.event(protocol.QUEUED, waited_s=round(waited, 3), ahead=ahead, position=ahead + 1,
                     waiting=total, pool=pool, holders=holders(self.state_dir, pool, waiter.slot_count, wall),
                     notes=healed, **load())
 
@@ -378,7 +273,7 @@ class HostRunner:
             if spec.prepare:
                 lease.record(**record)  # before we leave the line: the next head must not see a stale one
                 self._leave_line()
-                self._send(slot_event)
+                self.link.send(slot_event)
                 self._close_waiter()
                 limit = spec.prepare_timeout if spec.prepare_timeout is not None else self.config.prepare_timeout
                 child, streams = self._start(["/bin/sh", "-c", spec.prepare], lease, last=False)
@@ -388,7 +283,7 @@ class HostRunner:
                     return self._finish(Outcome.UNAVAILABLE, None, lease, self._lost_message or "keeper killed")
                 self.phases["prepared"] = self.clock.wall()
                 ok = reason is None and end.exec_errno is None and end.exit_code == 0
-                self._event(protocol.PREPARED, ok=ok, exit_code=end.exit_code)
+                self.link.event(protocol.PREPARED, ok=ok, exit_code=end.exit_code)
                 if reason is not None and reason is not Outcome.EXEC_TIMEOUT and end.stopped:
                     return self._finish(reason, end, lease, "stopped during the prepare step")
                 if not ok:
@@ -397,7 +292,7 @@ class HostRunner:
                     return self._finish(Outcome.PREPARE_FAILED, end, lease, why)
                 started = self.phases["started"] = self.clock.wall()
                 child, streams = self._start(spec.argv, lease, last=True, record=dict(lease.info, phase="running"))
-                self._event(protocol.STARTED, budget=self.budget)
+                self.link.event(protocol.STARTED, budget=self.budget)
             else:
                 # The hand-over path: start the command first, then the
                 # bookkeeping (times were taken before), so the command
@@ -405,7 +300,7 @@ class HostRunner:
                 started = self.phases["started"] = wall
                 child, streams = self._start(spec.argv, lease, last=True, record=record)
                 self._leave_line()
-                self._send(slot_event + protocol.event_frame(protocol.STARTED, started, budget=self.budget))
+                self.link.send(slot_event + protocol.event_frame(protocol.STARTED, started, budget=self.budget))
                 self._close_waiter()
             end, reason = self._pump(child, streams, self.budget)
         except OSError as e:
@@ -420,7 +315,7 @@ class HostRunner:
         self.phases["slot"] = self.phases["started"] = wall
         self._leave_line()
         waited = wall - (self.phases["queued"] or wall)
-        self._send(protocol.event_frame(protocol.SLOT, wall, slot=slot, waited_s=round(waited, 3),
+        self.link.send(protocol.event_frame(protocol.SLOT, wall, slot=slot, waited_s=round(waited, 3),
                                         budget=self.budget, ticket=self._ticket_seq())
                    + protocol.event_frame(protocol.STARTED, wall, budget=self.budget))
         self._close_waiter()
@@ -449,8 +344,8 @@ class HostRunner:
         slot_at = time.strftime("%H:%M:%S", time.localtime(self.phases["slot"] or 0))
         if end.lost:
             return Outcome.UNAVAILABLE, self._lost_message or "the command's keeper was killed"
-        if reason is Outcome.CANCELLED and self._cancel_note is not None:
-            return reason, self._cancel_note
+        if reason is Outcome.CANCELLED and self.link.cancel_note is not None:
+            return reason, self.link.cancel_note
         if end.exec_errno is not None:
             what = "command not found" if end.exit_code == 127 else "cannot execute"
             return Outcome.FAILED, f"{what}: {self.spec.argv[0]!r} ({os.strerror(end.exec_errno)})"
@@ -557,14 +452,14 @@ class HostRunner:
         control_at = self.clock.monotonic() + CONTROL_AFTER
         while not done or streams:
             now = self.clock.monotonic()
-            if not self._control_tried and now >= control_at:
-                self._listen_for_cancel()
+            if not self.link.control_tried and now >= control_at:
+                self.link.listen_for_cancel()
             fds = list(streams)
             if not done:
                 fds.append(child.done_fd)
-            fds += self._listen_fds()
+            fds += self.link.fds()
             timeout = None if reason is not None else max(0.0, timer.remaining(now))
-            if not self._control_tried:
+            if not self.link.control_tried:
                 timeout = max(0.0, control_at - now) if timeout is None else min(timeout, max(0.0, control_at - now))
             ready, _, _ = select.select(fds, [], [], timeout)
             if reason is None and timer.remaining(self.clock.monotonic()) <= 0:
@@ -574,7 +469,7 @@ class HostRunner:
                 if fd in streams:
                     chunk = os.read(fd, 65536)
                     if chunk:
-                        self._send(protocol.frame(streams[fd], chunk))
+                        self.link.send(protocol.frame(streams[fd], chunk))
                     else:
                         os.close(fd)
                         del streams[fd]
@@ -582,7 +477,7 @@ class HostRunner:
                     done = child.on_readable()
                     if done and child.end is not None and child.end.lost:
                         self._end_lost(child)  # its output pipes close as its processes go
-            ended = self._check_listen(ready)
+            ended = self.link.check(ready)
             if ended is not None and reason is None:
                 reason = ended
                 child.stop()
@@ -602,7 +497,7 @@ class HostRunner:
         self.phases["ended"] = self.clock.wall()
         if lease is not None:
             lease.release()  # (if still ours) the group is gone: the slot is free before we say so
-        if self.caller_gone and outcome not in (Outcome.CALLER_GONE,):
+        if self.link.gone and outcome not in (Outcome.CALLER_GONE,):
             # Nobody heard the result; the history says what happened.
             message = f"{message} (caller gone before the result)"
         p = self.phases
@@ -614,7 +509,7 @@ class HostRunner:
             "phases": dict(p), "waited_s": round(self._waited(), 3) if p["slot"] else None,
             "ran_s": round(ended - started, 3) if started and ended else None,
         }
-        self._event(protocol.EXITED, outcome=outcome.value, exit_code=exit_code,
+        self.link.event(protocol.EXITED, outcome=outcome.value, exit_code=exit_code,
                     signal=end.signal if end is not None else None, message=message, phases=dict(p))
         # The result is out: end the stream now, then the history line. If
         # we die before it is written (the caller killed just now, and this

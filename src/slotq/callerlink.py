@@ -1,0 +1,156 @@
+"""A host runner's link to its caller: everything the run hears and says.
+
+- out: the framed stream (protocol.py) on `out_fd`; a write error means
+  nobody listens any more (`gone`).
+- in: the caller's channel on `in_fd`: `cancel <reason>` lines; end-of-file
+  or a read error means the caller is gone.
+- signals: SIGTERM/SIGHUP to the runner's process (`slotq host run` over
+  ssh, or a forked local runner) cancel the run, through a wake-up pipe;
+  SIGINT is ignored (the client relays Ctrl-C as `cancel`). A runner that is
+  a thread of the client's process leaves signals to the client.
+- `slotq cancel` from another shell: the control socket (control.py),
+  opened only once the run lives long enough to be cancelled by hand.
+
+The runner's loops select on `fds()` and hand what was ready to `check()`,
+which says whether the run must end, and how.
+"""
+
+from __future__ import annotations
+
+import os
+
+from . import protocol
+from . import signals as signal
+from .clock import Clock
+from .outcome import Outcome
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .control import ControlSocket
+
+_CANCEL_REASONS = {"cancelled": Outcome.CANCELLED, "idle_timeout": Outcome.IDLE_TIMEOUT}
+
+
+class CallerLink:
+    def __init__(self, in_fd: int, out_fd: int, run_id: str, clock: Clock, ctl_buffer: bytes = b"") -> None:
+        self.in_fd = in_fd
+        self.out_fd = out_fd
+        self.run_id = run_id
+        self.clock = clock
+        self.gone = False  # nobody reads our stream any more
+        self._in_open = True
+        self._ctl_buf = ctl_buffer  # caller-channel bytes read before we started
+        self._sig_r, self._sig_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._signalled = False
+        self._wakeup_set = False
+        self._control: ControlSocket | None = None
+        self.control_tried = False
+        self.cancel_note: str | None = None  # who cancelled us through `slotq cancel`
+
+    # ------------------------------------------------------------ out
+    def send(self, data: bytes) -> None:
+        if self.gone:
+            return
+        view = memoryview(data)
+        try:
+            while view:
+                n = os.write(self.out_fd, view)
+                view = view[n:]
+        except OSError:  # EPIPE, EBADF, EIO: nobody is listening any more
+            self.gone = True
+
+    def event(self, name: str, **fields: object) -> None:
+        self.send(protocol.event_frame(name, self.clock.wall(), **fields))
+
+    def close_stream(self) -> None:
+        """End the stream to the caller (once)."""
+        self.gone = True
+        if self.out_fd >= 0:
+            try:
+                os.close(self.out_fd)
+            except OSError:
+                pass
+            self.out_fd = -1
+
+    # ------------------------------------------------------------ in
+    def take_signals(self) -> None:
+        """Stop signals to our process cancel the run (not in a thread of
+        the client's process: the client handles signals there)."""
+        try:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # the client relays Ctrl-C as `cancel`
+            signal.set_wakeup_fd(self._sig_w)
+            self._wakeup_set = True
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGHUP, self._on_signal)
+        except ValueError:
+            pass  # a thread of the client's process
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self._signalled = True
+
+    def listen_for_cancel(self) -> None:
+        """Open the control socket `slotq cancel` reaches us through (once):
+        when the run has to wait, and once its command has run a moment."""
+        if self._control is not None or self.control_tried:
+            return
+        self.control_tried = True
+        from .control import ControlSocket
+
+        try:
+            self._control = ControlSocket(self.run_id)
+        except OSError:
+            self._control = None  # no sockets here, or the name is taken: `slotq cancel` cannot reach us
+
+    def fds(self) -> list[int]:
+        """What to select on for the caller's word."""
+        fds = [self._sig_r]
+        if self._in_open:
+            fds.append(self.in_fd)
+        if self._control is not None:
+            fds.append(self._control.fileno())
+        return fds
+
+    def check(self, ready: list[int]) -> Outcome | None:
+        """After a select over (among others) `fds()`: an outcome if the run
+        must end (cancelled, the caller gone, idle timeout relayed)."""
+        if self._sig_r in ready:
+            try:
+                os.read(self._sig_r, 64)
+            except BlockingIOError:
+                pass
+        if self._signalled:
+            return Outcome.CANCELLED
+        if self._control is not None and self._control.fileno() in ready:
+            note = self._control.accept_cancel()
+            if note is not None:
+                self.cancel_note = f"cancelled by slotq cancel ({note})"
+                return Outcome.CANCELLED
+        if self.in_fd in ready and self._in_open:
+            return self._read_ctl()
+        return None
+
+    def _read_ctl(self) -> Outcome | None:
+        try:
+            chunk = os.read(self.in_fd, 4096)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._in_open = False
+            return Outcome.CALLER_GONE
+        self._ctl_buf += chunk
+        while b"\n" in self._ctl_buf:
+            line, self._ctl_buf = self._ctl_buf.split(b"\n", 1)
+            words = line.decode(errors="replace").split()
+            if len(words) == 2 and words[0] == "cancel":
+                return _CANCEL_REASONS.get(words[1], Outcome.CANCELLED)
+        return None
+
+    def close(self) -> None:
+        if self._wakeup_set:
+            signal.set_wakeup_fd(-1)
+            self._wakeup_set = False
+        os.close(self._sig_r)
+        os.close(self._sig_w)
+        if self._control is not None:
+            self._control.close()
+            self._control = None
