@@ -306,8 +306,8 @@ def test_several_hosts_pick_the_shortest_expected_wait_and_say_why(ssh_config: s
     a = Remote(ssh_config, "slotq-a")
     gate = f"/tmp/slotq-gate-multi-{a.tag}"
     common = ["--ssh-config", ssh_config]
-    runs("--host", "slotq-a", *common, "--", "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.01; done",
-         name="holder")
+    holder = runs("--host", "slotq-a", *common, "--", "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.01; done",
+                  name="holder")
     try:
         def a_busy() -> bool:
             proc = subprocess.run(slotq_cmd() + ["status", "--json", "--host", "slotq-a", *common],
@@ -322,6 +322,8 @@ def test_several_hosts_pick_the_shortest_expected_wait_and_say_why(ssh_config: s
         assert "chose host slotq-b" in choice and "slotq-a: ~" in choice and "1 of 1 slot(s) busy" in choice
     finally:
         a.ssh(f"touch {gate}")
+        holder.wait(timeout=20)
+        a.ssh(f"rm -f {gate}")
 
 
 def test_status_over_ssh_shows_the_remote_queue(remote: Remote) -> None:
