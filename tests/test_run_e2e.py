@@ -42,7 +42,10 @@ def gate_cmd(gate: Path) -> list[str]:
 
 def start_holder(runs: Start, state_dir: Path, gate: Path, *extra: str) -> Run:
     h = runs("--label", "placeholder", *extra, "--", *gate_cmd(gate), name="holder")
-    wait_for(lambda: (slot_holder(state_dir) or {}).get("phase") == "running", what="placeholder holds the slot")
+    # Its record says `running` before it has left the line: until its
+    # ticket is gone too, a count of tickets in line would include it.
+    wait_for(lambda: (slot_holder(state_dir) or {}).get("phase") == "running" and not live_tickets(state_dir),
+             what="placeholder holds the slot and has left the line")
     return h
 
 
@@ -445,7 +448,8 @@ def test_runs_without_inotify_instances_keep_order_and_finish(state_dir: Path, t
     helper = Path(__file__).with_name("no_inotify_instances.py")
     holders = [subprocess.Popen(slotq_cmd() + ["run", "-q", "--", *gate_cmd(gate)]) for _ in range(slots)]
     wait_for(lambda: all((read_slot(str(state_dir), "shared", i)[1] or {}).get("phase") == "running"
-                         for i in range(slots)), what="slots held")
+                         for i in range(slots)) and not live_tickets(state_dir),
+             what="slots held, and the holders out of the line")
     waiters = []
     for i in range(4):
         waiters.append(subprocess.Popen([sys.executable, str(helper), "run", "-q", "--", "sh", "-c",

@@ -36,8 +36,10 @@ def start_caller(args: list[str], tmp: Path, name: str) -> subprocess.Popen[byte
 
 
 def holder_record(state_dir: Path) -> dict[str, Any]:
-    return wait_for(lambda: (slot_holder(state_dir) or {}).get("cmd") and slot_holder(state_dir),
-                    what="the holder record with its command")  # type: ignore[no-any-return]
+    """The holder record once its keeper completed it (with the command's
+    pid) and the holder has left the line: later tickets are others'."""
+    return wait_for(lambda: (slot_holder(state_dir) or {}).get("cmd") and not live_tickets(state_dir)
+                    and slot_holder(state_dir), what="the holder record with its command")  # type: ignore[no-any-return]
 
 
 def reachable(run_id: str) -> bool:
@@ -126,9 +128,10 @@ def test_a_killed_supervisor_of_a_term_ignoring_command_frees_the_slot_within_gr
                           tmp_path, "run")
     wait_for(lambda: pidf.exists() and pidf.read_text().strip(), what="command running")
     pgid = int(pidf.read_text())
+    keeper = holder_record(state_dir)["keeper"]
     nxt = runs("--", sys.executable, str(PGROUP), str(pgid), name="next")
     wait_for(lambda: len(live_tickets(state_dir)) == 1, what="next in line")
-    os.kill(holder_record(state_dir)["keeper"], signal.SIGKILL)
+    os.kill(keeper, signal.SIGKILL)
     assert caller.wait(timeout=10) == 121
     assert not group_alive(pgid)
     assert time.monotonic() - t0 <= 3 + 1 + 2  # budget + grace + 2 s at the very most
@@ -254,6 +257,7 @@ def test_cancel_a_queued_and_a_running_run(state_dir: Path, runs: Start, tmp_pat
     pidf = tmp_path / "pgid"
     holder = runs("--label", "holder", "--kill-grace", "1", "--", "sh", "-c", f"echo $$ > {pidf}; sleep 300")
     wait_for(lambda: pidf.exists() and pidf.read_text().strip(), what="holder running")
+    holder_record(state_dir)
     alpha = runs("--label", "alpha", "--", "true", name="alpha")
     wait_for(lambda: len(live_tickets(state_dir)) == 1, what="alpha in line")
     beta = runs("--label", "beta-1", "--", "true", name="beta")
