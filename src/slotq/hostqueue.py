@@ -29,12 +29,14 @@ import os
 
 from . import inotify
 from .config import HostConfig
-from .errors import SlotqError, StateDirError
+from .errors import StateDirError
 from .slot import SlotLease, SlotProbe
-from .ticket import Ticket, list_tickets, live_tickets, pool_dir, probe, take_ticket
+from .ticket import Ticket, ahead_of, list_tickets, live_tickets, pool_dir, probe, take_ticket
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from .lockwait import LockWaits
 
 # With inotify the poll is only a safety net; without it, it is the wake-up.
@@ -59,7 +61,7 @@ class Waiter:
     """One caller's place in a pool's line, until it leases a slot."""
 
     def __init__(self, state_dir: str, config: HostConfig, pool: str, info: dict[str, object],
-                 *, defer_leave: bool = False) -> None:
+                 *, defer_leave: bool = False, wait: Callable[[float], None] | None = None) -> None:
         """Raises StateDirError, or AdmissionRefused when the host's
         [admission] limits leave no place in line."""
         """defer_leave: on success keep the ticket until `leave()` -- the
@@ -81,8 +83,8 @@ class Waiter:
         self._watching: str | None = None  # "slots" once the head watches them
         try:
             self.ticket: Ticket = take_ticket(state_dir, pool, info,
-                                              (config.max_waiting, config.max_waiting_per_user))
-        except SlotqError:
+                                              (config.max_waiting, config.max_waiting_per_user), wait)
+        except BaseException:
             self.close()
             raise
 
@@ -203,9 +205,17 @@ class Waiter:
         granted = self._locks.granted()
         lease = None
         if granted is not None and granted.exclusive:
+            from .slot import still_at_path
+
             index = slot_probe.paths.index(granted.path)
-            lease = SlotLease(granted.path, granted.take(), self.pool, index)
-            slot_probe.close()
+            fd = granted.take()
+            self._locks.watches.pop(granted.path, None)
+            if still_at_path(fd, granted.path):
+                lease = SlotLease(granted.path, fd, self.pool, index)
+                slot_probe.close()
+            else:  # the file we waited on was replaced: wait on the new one
+                os.close(fd)
+                lease = slot_probe.try_lease()
         else:
             lease = slot_probe.try_lease()
         if lease is None:
@@ -222,8 +232,7 @@ class Waiter:
             # No ticket is ever created ahead of ours: one listing serves
             # every later look (in a line of hundreds, a wake-up then costs
             # a probe or two, not a directory listing).
-            mine = self.ticket.seq
-            self._earlier = [path for seq, path in list_tickets(pool_dir(self.state_dir, self.pool)) if seq < mine]
+            self._earlier = ahead_of(pool_dir(self.state_dir, self.pool), self.ticket.path)
         found = None
         gone: set[str] = set()
         for path in reversed(self._earlier):
@@ -247,13 +256,14 @@ class Waiter:
         from .proclocks import held
 
         pdir = pool_dir(self.state_dir, self.pool)
+        mine = self.ticket.path
         live = live_tickets(pdir, held())
         if live is None:  # no /proc/locks: probe each ticket
-            live = [(seq, path) for seq, path in list_tickets(pdir)
-                    if seq == self.ticket.seq or probe(path)]
-        ahead = sum(1 for seq, _ in live if seq < self.ticket.seq)
-        total = len(live) + (0 if any(seq == self.ticket.seq for seq, _ in live) else 1)
-        return ahead, total
+            live = [(seq, path) for seq, path in list_tickets(pdir) if path == mine or probe(path)]
+        paths = [path for _, path in live]
+        if mine not in paths:
+            return len(paths), len(paths) + 1
+        return paths.index(mine), len(paths)
 
     def _drop_probe(self) -> None:
         if self._probe is not None:

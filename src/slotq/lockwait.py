@@ -24,7 +24,9 @@ class LockWatch:
         self.exclusive = exclusive
         # Slot files are opened read-write so that our eventual close raises
         # IN_CLOSE_WRITE for inotify watchers (see slot.py).
-        self.fd = os.open(path, (os.O_RDWR if exclusive else os.O_RDONLY) | os.O_CLOEXEC)
+        from .statefile import open_state
+
+        self.fd, _ = open_state(path, os.O_RDWR if exclusive else os.O_RDONLY)
         self.granted = False
         self._cancelled = False
         self._taken = False
@@ -85,6 +87,8 @@ class LockWaits:
                     self.watches[path] = LockWatch(path, exclusive, self.wake_w)
                 except FileNotFoundError:
                     os.write(self.wake_w, b"!")  # gone already: look again
+                except OSError:
+                    pass  # not a file we may wait on (statefile refused it); the poll looks again
 
     def granted(self) -> LockWatch | None:
         return next((w for w in self.watches.values() if w.granted), None)

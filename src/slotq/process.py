@@ -394,9 +394,10 @@ def _keeper(
     if lock_path is not None:
         from .ticket import wait_turn
 
-        lock_fd = os.open(lock_path, os.O_RDWR)
-        os.set_inheritable(lock_fd, True)  # the command holds the slot (os.open sets O_CLOEXEC)
-        inherit_fds = (*inherit_fds, lock_fd)
+        from .slot import still_at_path
+        from .statefile import open_state
+
+        lock_fd, _ = open_state(lock_path, os.O_RDWR)
         # We are a fork of the runner: every page we write first is copied
         # then (copy-on-write), about 60 page faults on the way from the
         # release to the command. Take them now, while waiting costs nothing:
@@ -407,7 +408,16 @@ def _keeper(
             if ticket is not None:
                 wait_turn(ticket[1], ticket[2])  # first in line: the head's turn
             fcntl.flock(lock_fd, fcntl.LOCK_EX)  # the wait: in the kernel, no CPU
+            while not still_at_path(lock_fd, lock_path):
+                # The slot file was replaced while we waited on it: the lock
+                # we got is on a file nobody else will look at. Wait again,
+                # on the slot's file now.
+                os.close(lock_fd)
+                lock_fd, _ = open_state(lock_path, os.O_RDWR)
+                fcntl.flock(lock_fd, fcntl.LOCK_EX)
             signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+            os.set_inheritable(lock_fd, True)  # the command holds the slot (open_state sets O_CLOEXEC)
+            inherit_fds = (*inherit_fds, lock_fd)
         except _Stop:
             # Never started. The wait is over (the runner asked, or it is
             # gone): our ticket goes too; exiting releases a lock got just now.

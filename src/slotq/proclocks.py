@@ -16,12 +16,20 @@ import os
 def held() -> set[tuple[int, int]] | None:
     """(device, inode) of every file with a granted flock; None if the
     kernel does not say."""
+    table = owners()
+    return None if table is None else set(table)
+
+
+def owners() -> dict[tuple[int, int], list[int]] | None:
+    """(device, inode) -> pids holding a granted flock on it; None if the
+    kernel does not say. The pid is the process that took the lock (a
+    lock inherited across fork is shown under its taker)."""
     try:
         with open("/proc/locks", "rb") as f:
             data = f.read()
     except OSError:
         return None
-    out: set[tuple[int, int]] = set()
+    out: dict[tuple[int, int], list[int]] = {}
     for line in data.splitlines():
         parts = line.split()
         # "1: FLOCK ADVISORY WRITE pid maj:min:inode start end"; a waiter
@@ -30,7 +38,37 @@ def held() -> set[tuple[int, int]] | None:
             continue
         try:
             major, minor, inode = parts[5].split(b":")
-            out.add((os.makedev(int(major, 16), int(minor, 16)), int(inode)))
+            key = (os.makedev(int(major, 16), int(minor, 16)), int(inode))
+            out.setdefault(key, []).append(int(parts[4]))
         except ValueError:
             continue
     return out
+
+
+def holder_pids(dev: int, ino: int, table: dict[tuple[int, int], list[int]] | None = None) -> list[int]:
+    """Pids holding a flock on the file (dev, ino), from the kernel."""
+    table = owners() if table is None else table
+    return sorted(set((table or {}).get((dev, ino), [])))
+
+
+def describe_holders(dev: int, ino: int, table: dict[tuple[int, int], list[int]] | None = None) -> str:
+    """'pid 123 (user alice, flock)' for each process holding a lock on
+    the file: who, from the kernel -- not from any record a user wrote."""
+    from .orphans import uid_of, user_name
+
+    bits = []
+    for pid in holder_pids(dev, ino, table):
+        uid = uid_of(pid)
+        who = user_name(uid) if uid is not None else "?"
+        bits.append(f"pid {pid} (user {who}, {_comm(pid)})")
+    return ", ".join(bits)
+
+
+def _comm(pid: int) -> str:
+    try:
+        from .records import printable
+
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            return printable(f.read(64).decode("utf-8", "replace").strip(), 32) or "?"
+    except OSError:
+        return "?"

@@ -47,10 +47,15 @@ def to_json(value: object) -> str:
     raise TypeError(f"cannot encode {type(value).__name__} as JSON")
 
 
-def from_json(text: str) -> object:
+MAX_DEPTH = 32
+
+
+def from_json(text: str, max_depth: int = MAX_DEPTH) -> object:
     """Parse JSON (what `to_json` writes, and any other plain JSON) without
-    the `json` module. Raises ValueError on malformed input."""
-    value, end = _parse(text, _skip(text, 0))
+    the `json` module. Raises ValueError on malformed input, and on nesting
+    deeper than `max_depth` (state files are flat; a deep one is corrupt or
+    hostile, and must not cost a RecursionError). Callers bound the size."""
+    value, end = _parse(text, _skip(text, 0), max_depth)
     if _skip(text, end) != len(text):
         raise ValueError(f"extra data at {end}")
     return value
@@ -66,10 +71,12 @@ def _skip(s: str, i: int) -> int:
     return i
 
 
-def _parse(s: str, i: int) -> tuple[object, int]:
+def _parse(s: str, i: int, depth: int) -> tuple[object, int]:
     if i >= len(s):
         raise ValueError("unexpected end")
     c = s[i]
+    if c in "{[" and depth <= 0:
+        raise ValueError(f"nested too deeply at {i}")
     if c == "{":
         out: dict[str, object] = {}
         i = _skip(s, i + 1)
@@ -82,7 +89,7 @@ def _parse(s: str, i: int) -> tuple[object, int]:
             i = _skip(s, i)
             if i >= len(s) or s[i] != ":":
                 raise ValueError(f"expected ':' at {i}")
-            out[key], i = _parse(s, _skip(s, i + 1))
+            out[key], i = _parse(s, _skip(s, i + 1), depth - 1)
             i = _skip(s, i)
             if i < len(s) and s[i] == ",":
                 i = _skip(s, i + 1)
@@ -96,7 +103,7 @@ def _parse(s: str, i: int) -> tuple[object, int]:
         if i < len(s) and s[i] == "]":
             return items, i + 1
         while True:
-            item, i = _parse(s, i)
+            item, i = _parse(s, i, depth - 1)
             items.append(item)
             i = _skip(s, i)
             if i < len(s) and s[i] == ",":
@@ -136,10 +143,15 @@ def _string_at(s: str, i: int) -> tuple[str, int]:
             return "".join(out), j + 1
         esc = s[j + 1 : j + 2]
         if esc == "u":
-            code = int(s[j + 2 : j + 6], 16)
+            hexdigits = s[j + 2 : j + 6]
+            if len(hexdigits) != 4 or not all(h in "0123456789abcdefABCDEF" for h in hexdigits):
+                raise ValueError(f"bad \\u escape at {j}")
+            code = int(hexdigits, 16)
             i = j + 6
             if 0xD800 <= code < 0xDC00 and s[i : i + 2] == "\\u":  # a surrogate pair
-                low = int(s[i + 2 : i + 6], 16)
+                lowdigits = s[i + 2 : i + 6]
+                low = int(lowdigits, 16) if len(lowdigits) == 4 and all(
+                    h in "0123456789abcdefABCDEF" for h in lowdigits) else -1
                 if 0xDC00 <= low < 0xE000:
                     code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00)
                     i += 6
@@ -149,3 +161,15 @@ def _string_at(s: str, i: int) -> tuple[str, int]:
             i = j + 2
         else:
             raise ValueError(f"bad escape at {j}")
+
+
+def printable(value: object, limit: int = 200) -> str:
+    """`value` as text safe to print on a terminal: control characters
+    (newlines, escapes, bidi overrides...) become '?', and it is cut at
+    `limit` characters. Labels and names come from other users' files."""
+    text = str(value)
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else "?" for ch in text)

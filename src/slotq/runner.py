@@ -132,7 +132,8 @@ class HostRunner:
         self.phases["queued"] = now_wall
         info = {"run_id": spec.run_id, "label": spec.label, "pid": os.getpid(), "cls": spec.cls,
                 "since": now_wall, "budget": self.budget, "host": self.host}
-        waiter = self._waiter = Waiter(self.state_dir, self.config, pool, info, defer_leave=True)
+        waiter = self._waiter = Waiter(self.state_dir, self.config, pool, info, defer_leave=True,
+                                       wait=self._pass_time)
         start = self.clock.monotonic()
         next_report = start
         standby: tuple[Child, dict[int, bytes]] | None = None
@@ -210,6 +211,14 @@ class HostRunner:
             waiter.withdraw()
             raise
         return lease
+
+    def _pass_time(self, seconds: float) -> None:
+        """Someone holds the ticket counter: wait a moment, still listening
+        to our caller (a cancel or a vanished caller ends the wait)."""
+        ready, _, _ = select.select(self.link.fds(), [], [], seconds)
+        ended = self.link.check(ready)
+        if ended is not None:
+            raise _Ended(ended, None, "left before getting a ticket: the ticket counter was locked")
 
     def _not_admitted(self, waiter: Waiter, pool: str, waited: float) -> str:
         ahead, _ = waiter.position()

@@ -13,6 +13,13 @@ preventing a real failure:
 - The command inherits the lock descriptor: the kernel releases the slot only
   when the last process holding it exits, so a slot is never handed on while
   an orphaned command of a dead holder still runs.
+- After winning the lock, the locked file must still be the file at the
+  slot's path (same device and inode): a slot file replaced while we waited
+  on the old one would otherwise let two callers each "hold" the slot. In a
+  shared directory made by `slotq host init` the slot files are root's, in
+  a sticky directory: nobody can delete or replace them at all.
+- Files are opened through statefile.open_state: never through a link, never
+  blocking on a FIFO.
 """
 
 from __future__ import annotations
@@ -22,6 +29,9 @@ import os
 
 from .errors import StateDirError
 from .records import from_json, to_json
+from .statefile import StateFileError, open_state, share_created
+
+MAX_RECORD = 65536
 
 
 def slot_path(state_dir: str, pool: str, index: int) -> str:
@@ -81,9 +91,10 @@ class SlotProbe:
         try:
             os.makedirs(os.path.join(state_dir, "slots"), exist_ok=True)
             for p in self.paths:
-                fd = os.open(p, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-                self._fds.append(fd)
-                _share(fd)
+                self._fds.append(_open_slot(p))
+        except StateDirError:
+            self.close()
+            raise
         except OSError as e:
             self.close()
             raise StateDirError(f"state directory {state_dir} is not usable: {e.strerror}", state_dir) from None
@@ -91,17 +102,33 @@ class SlotProbe:
     def try_lease(self) -> SlotLease | None:
         """Take the first free slot, or None if all are held."""
         for i, fd in enumerate(self._fds):
-            if fd < 0:
+            if fd < 0 or not self._lock(i):
                 continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue
+            fd = self._fds[i]
             self._fds[i] = -1  # handed over to the lease
             lease = SlotLease(self.paths[i], fd, self.pool, i)
             self.close()
             return lease
         return None
+
+    def _lock(self, i: int) -> bool:
+        """Lock slot `i` if it is free. The locked file must still be the
+        slot's: one deleted or replaced while we held it open is let go and
+        the file now at the path tried instead."""
+        for _ in range(3):
+            try:
+                fcntl.flock(self._fds[i], fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            if still_at_path(self._fds[i], self.paths[i]):
+                return True
+            os.close(self._fds[i])
+            self._fds[i] = -1
+            try:
+                self._fds[i] = _open_slot(self.paths[i])
+            except OSError:
+                return False
+        return False
 
     def close(self) -> None:
         for fd in self._fds:
@@ -110,13 +137,27 @@ class SlotProbe:
         self._fds = [-1] * len(self._fds)
 
 
-def _share(fd: int) -> None:
-    """Make a lock file usable by every user of a shared state directory
-    (the umask would otherwise leave it read-only for them)."""
+def _open_slot(path: str) -> int:
+    """A slot file, read-write (created if missing: then, and only then,
+    made usable by the other users of a shared directory)."""
     try:
-        os.fchmod(fd, 0o666)
+        fd, created = open_state(path, os.O_RDWR, create=True)
+    except PermissionError:
+        raise StateFileError(f"slot file {path} is not writable for you: a shared state dir needs "
+                             "`slotq host init` (see the README)", path) from None
+    if created:
+        share_created(fd, os.path.dirname(path))
+    return fd
+
+
+def still_at_path(fd: int, path: str) -> bool:
+    """Is the file open on `fd` still the one at `path`?"""
+    try:
+        st = os.fstat(fd)
+        at = os.lstat(path)
     except OSError:
-        pass  # not ours: its owner already made it shareable
+        return False
+    return (st.st_dev, st.st_ino) == (at.st_dev, at.st_ino)
 
 
 def read_slot(state_dir: str, pool: str, index: int,
@@ -137,32 +178,39 @@ def read_slot(state_dir: str, pool: str, index: int,
         if (st.st_dev, st.st_ino) not in locked:
             return False, None
         try:
-            with open(path, "rb") as f:
-                raw = f.read(65536)
-        except OSError:
+            fd, _ = open_state(path, os.O_RDONLY)
+        except (FileNotFoundError, PermissionError):
             return True, None
+        try:
+            raw = os.pread(fd, MAX_RECORD + 1, 0)
+        finally:
+            os.close(fd)
         return True, _parse_record(raw)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        fd, _ = open_state(path, os.O_RDWR)
     except FileNotFoundError:
         return False, None
     except PermissionError:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd, _ = open_state(path, os.O_RDONLY)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             held = False
         except BlockingIOError:
             held = True
-        raw = os.pread(fd, 65536, 0)
+        raw = os.pread(fd, MAX_RECORD + 1, 0)
     finally:
         os.close(fd)
     return held, (_parse_record(raw) if held else None)
 
 
 def _parse_record(raw: bytes) -> dict[str, object] | None:
+    """A holder record, or None: being rewritten just now, or corrupt
+    (too large, too deep, not JSON) -- shown as a holder with no record."""
+    if len(raw) > MAX_RECORD:
+        return None
     try:
         parsed = from_json(raw.decode("utf-8", "replace") or "null")
     except ValueError:
-        return None  # being rewritten just now
+        return None
     return parsed if isinstance(parsed, dict) else None

@@ -9,17 +9,45 @@ bugs.
 Sequence numbers come from one counter per host, taken under a lock that is
 held until the ticket is visible under its final name, so tickets appear in
 sequence order and a later caller can never be listed ahead of an earlier one.
+
+Order cannot be changed from outside:
+- A new number is above every ticket already in the pool's line, whatever
+  the counter file says (someone may have rewritten or truncated it).
+- A ticket is given its name with link(2), which never replaces a name that
+  exists (a planted one): the next number is tried instead.
+- A ticket renamed to a lower number is found out by the kernel's change
+  time (ctime), which a rename sets and nobody but root can set back: a
+  ticket created more than `FORGED_SLACK` after a ticket with a higher
+  number is placed at the back of the line (`forged_tickets` names them;
+  status shows them). Ticket files are writable by their owner only, so
+  nobody can touch another's ticket to change its ctime.
+Every file is opened through statefile.open_state (no links, no FIFOs).
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import time
 
 from .errors import AdmissionRefused, StateDirError
 from .records import from_json, to_json
+from .statefile import StateFileError, open_state, read_limited, share_created
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 TICKET_SUFFIX = ".t"
+MAX_INFO = 65536
+# A renamed ticket is found out if it jumped tickets created more than this
+# before the rename (the kernel's ctime is coarse; a wall-clock step back
+# smaller than this never reorders honest tickets).
+FORGED_SLACK_NS = 1_000_000_000
+# The counter lock is held for microseconds by honest runs; held longer than
+# this, someone holds it by hand (`flock seq sleep inf`): refuse, naming them.
+SEQ_LOCK_LIMIT = 10.0
+MAX_SEQ = 10**18
 
 
 def pool_dir(state_dir: str, pool: str) -> str:
@@ -66,46 +94,109 @@ class Ticket:
 
 
 def take_ticket(state_dir: str, pool: str, info: dict[str, object],
-                limits: tuple[int | None, int | None] = (None, None)) -> Ticket:
+                limits: tuple[int | None, int | None] = (None, None),
+                wait: Callable[[float], None] | None = None) -> Ticket:
     """Join the end of `pool`'s line. Raises StateDirError if the state
     directory cannot be written, AdmissionRefused if `limits` (waiting runs
     in the pool, and of this user) are reached -- counted under the
-    sequence lock, so two callers cannot both take the last place."""
+    sequence lock, so two callers cannot both take the last place.
+    `wait(seconds)`: how to pass the time while someone else holds the
+    sequence lock (the runner watches its caller meanwhile, and may raise)."""
     pdir = pool_dir(state_dir, pool)
     seq_path = os.path.join(state_dir, "seq")
     try:
         os.makedirs(pdir, exist_ok=True)
-        seq_fd = os.open(seq_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        seq_fd, created = open_state(seq_path, os.O_RDWR, create=True)
+    except StateDirError:
+        raise
     except OSError as e:
         raise StateDirError(
             f"state directory {state_dir} is not usable: {e.strerror} ({e.filename or state_dir})", state_dir
         ) from None
+    if created:
+        share_created(seq_fd, state_dir)  # every user takes numbers
     try:
-        os.fchmod(seq_fd, 0o666)  # shared state dirs: every user takes numbers
-    except OSError:
-        pass
-    try:
-        fcntl.flock(seq_fd, fcntl.LOCK_EX)
+        _lock_seq(seq_fd, seq_path, wait)
         if limits != (None, None):
             _admit(pdir, pool, *limits)
         raw = os.pread(seq_fd, 32, 0).strip()
-        seq = (int(raw) if raw.isdigit() else _highest_seq(state_dir)) + 1
+        counter = int(raw) if raw.isdigit() and len(raw) <= 18 else 0
+        # Never below a ticket in line: a rewritten counter cannot put us
+        # ahead of anyone.
+        seq = max(counter, _highest(pdir)) + 1
+        fd = -1
+        for _ in range(100):
+            if seq >= MAX_SEQ:
+                raise StateDirError(f"ticket numbers in {pdir} are exhausted (a planted ticket name?)", pdir)
+            final = os.path.join(pdir, f"{seq:016d}{TICKET_SUFFIX}")
+            tmp = os.path.join(pdir, f".{seq:016d}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+            # Writable by its owner only: nobody else can touch it (and its ctime).
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            # Locked before it gets its visible name, so nobody can see an
+            # unlocked live ticket and remove it.
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            full = dict(info, seq=seq, pool=pool)
+            os.write(fd, to_json(full).encode())
+            try:
+                os.link(tmp, final)  # never replaces a name that is there
+            except FileExistsError:
+                os.unlink(tmp)
+                os.close(fd)
+                fd = -1
+                seq += 1
+                continue
+            finally:
+                if fd >= 0:
+                    os.unlink(tmp)
+            break
+        if fd < 0:
+            raise StateDirError(f"cannot name a ticket in {pdir}: every name tried was taken", pdir)
         # Fixed width, written in place: never a truncated, empty counter.
         os.pwrite(seq_fd, b"%020d\n" % seq, 0)
-        final = os.path.join(pdir, f"{seq:016d}{TICKET_SUFFIX}")
-        tmp = os.path.join(pdir, f".{seq:016d}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
-        # Locked before it gets its visible name, so nobody can see an
-        # unlocked live ticket and remove it.
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        full = dict(info, seq=seq, pool=pool)
-        os.write(fd, to_json(full).encode())
-        os.rename(tmp, final)
     except OSError as e:
         raise StateDirError(f"state directory {state_dir} is not usable: {e.strerror}", state_dir) from None
     finally:
         os.close(seq_fd)
     return Ticket(final, fd, seq, pool, full)
+
+
+def _lock_seq(fd: int, path: str, wait: Callable[[float], None] | None) -> None:
+    """Take the sequence lock. Honest holders keep it for microseconds; if
+    it stays taken, pass the time with `wait` (the caller can still cancel)
+    and after SEQ_LOCK_LIMIT give up, naming who holds it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        pass
+    start = time.monotonic()
+    delay = 0.0005
+    while True:
+        if wait is not None:
+            wait(delay)
+        else:
+            time.sleep(delay)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        if time.monotonic() - start >= SEQ_LOCK_LIMIT:
+            from .proclocks import describe_holders
+
+            st = os.fstat(fd)
+            who = describe_holders(st.st_dev, st.st_ino) or "a process slotq cannot see"
+            raise StateDirError(f"cannot join the line: the ticket counter {path} has been locked for "
+                                f"{SEQ_LOCK_LIMIT:g}s by {who} (honest runs hold it for microseconds)", path)
+        delay = min(delay * 2, 0.05)
+
+
+def _highest(pdir: str) -> int:
+    """The highest ticket number in a pool's line (0 for none)."""
+    best = 0
+    for seq, _ in _names(pdir):
+        best = max(best, seq)
+    return best
 
 
 def _admit(pdir: str, pool: str, max_waiting: int | None, per_user: int | None) -> None:
@@ -130,34 +221,87 @@ def _admit(pdir: str, pool: str, max_waiting: int | None, per_user: int | None) 
                                    f"(host policy [admission] max_waiting_per_user = {per_user})")
 
 
-def _highest_seq(state_dir: str) -> int:
-    """Recover the counter from the tickets present if the seq file was lost."""
-    best = 0
-    root = os.path.join(state_dir, "tickets")
-    try:
-        pools = os.listdir(root)
-    except FileNotFoundError:
-        return 0
-    for p in pools:
-        for seq, _ in list_tickets(os.path.join(root, p)):
-            best = max(best, seq)
-    return best
-
-
-def list_tickets(pdir: str) -> list[tuple[int, str]]:
-    """(seq, path) of every ticket file in a pool dir, earliest first,
-    live or not."""
+def _names(pdir: str) -> list[tuple[int, str]]:
+    """(seq, name) of the ticket names in a pool dir, any order."""
     try:
         names = os.listdir(pdir)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return []
     out = []
     for name in names:
         if name.endswith(TICKET_SUFFIX) and not name.startswith("."):
             stem = name[: -len(TICKET_SUFFIX)]
-            if stem.isdigit():
-                out.append((int(stem), os.path.join(pdir, name)))
-    out.sort()
+            if stem.isdigit() and len(stem) <= 18:
+                out.append((int(stem), name))
+    return out
+
+
+class Entry:
+    """A ticket file as listed: number, path, file identity, change time."""
+
+    __slots__ = ("seq", "path", "dev", "ino", "ctime_ns", "uid", "forged")
+
+    def __init__(self, seq: int, path: str, dev: int, ino: int, ctime_ns: int, uid: int) -> None:
+        self.seq = seq
+        self.path = path
+        self.dev = dev
+        self.ino = ino
+        self.ctime_ns = ctime_ns
+        self.uid = uid
+        self.forged = False
+
+
+def scan(pdir: str) -> list[Entry]:
+    """The tickets of a pool dir in line order (see the module doc):
+    regular files only (a link or FIFO under a ticket name is no ticket)."""
+    out: list[Entry] = []
+    try:
+        with os.scandir(pdir) as it:
+            for e in it:
+                name = e.name
+                if not name.endswith(TICKET_SUFFIX) or name.startswith("."):
+                    continue
+                stem = name[: -len(TICKET_SUFFIX)]
+                if not (stem.isdigit() and len(stem) <= 18):
+                    continue
+                try:
+                    if not e.is_file(follow_symlinks=False):
+                        continue
+                    st = e.stat(follow_symlinks=False)
+                except OSError:
+                    continue  # gone meanwhile
+                out.append(Entry(int(stem), e.path, st.st_dev, st.st_ino, st.st_ctime_ns, st.st_uid))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return _in_line_order(out)
+
+
+def _in_line_order(entries: list[Entry]) -> list[Entry]:
+    entries.sort(key=lambda e: e.seq)
+    earliest_after = None
+    for e in reversed(entries):
+        if earliest_after is not None and e.ctime_ns > earliest_after + FORGED_SLACK_NS:
+            e.forged = True  # created after tickets with higher numbers: renamed
+        elif earliest_after is None or e.ctime_ns < earliest_after:
+            earliest_after = e.ctime_ns
+    honest = [e for e in entries if not e.forged]
+    forged = sorted((e for e in entries if e.forged), key=lambda e: (e.ctime_ns, e.seq))
+    return honest + forged
+
+
+def list_tickets(pdir: str) -> list[tuple[int, str]]:
+    """(seq, path) of every ticket file in a pool dir, in line order
+    (earliest first; forged ones last), live or not."""
+    return [(e.seq, e.path) for e in scan(pdir)]
+
+
+def ahead_of(pdir: str, path: str) -> list[str]:
+    """Paths of the tickets ahead of the one at `path` in its line."""
+    out = []
+    for e in scan(pdir):
+        if e.path == path:
+            return out
+        out.append(e.path)
     return out
 
 
@@ -169,9 +313,9 @@ def probe(path: str) -> bool | None:
     and wake the ticket's watcher for nothing.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
+        fd, _ = open_state(path, os.O_RDONLY)
+    except (OSError, StateFileError):
+        return None  # gone, or no ticket (a link, a FIFO): nobody's place
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -188,11 +332,11 @@ def wait_turn(path: str, seq: int) -> None:
     line: wait in flock(2) for each ticket ahead, closest first, to go -- it
     leaves or its holder dies; a dead one is granted at once -- and remove
     it. No ticket is ever created ahead of ours, so one listing serves."""
-    for _, ahead in reversed([t for t in list_tickets(os.path.dirname(path)) if t[0] < seq]):
+    for ahead in reversed(ahead_of(os.path.dirname(path), path)):
         try:
-            fd = os.open(ahead, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            continue
+            fd, _ = open_state(ahead, os.O_RDONLY)
+        except OSError:
+            continue  # gone, or no ticket
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)  # the wait, in the kernel
             bury(ahead, fd)  # dead now (its owner never locks it again)
@@ -206,10 +350,10 @@ def bury(path: str, fd: int) -> None:
     while waiting. Whoever removes it (only one unlink succeeds) writes the
     run's history line, as nobody else will."""
     try:
-        raw = os.pread(fd, 65536, 0)
+        raw = os.pread(fd, MAX_INFO, 0)
         os.unlink(path)
     except OSError:
-        return  # gone already: withdrawn, or buried by another
+        return  # gone already: withdrawn, or buried by another (or not ours to remove)
     try:
         info = from_json(raw.decode("utf-8", "replace") or "null")
     except ValueError:
@@ -232,34 +376,27 @@ def bury(path: str, fd: int) -> None:
 
 
 def read_info(path: str) -> dict[str, object] | None:
+    """A ticket's record; None if it is gone, no regular file, too large,
+    or not a JSON object."""
     try:
-        with open(path, "rb") as f:
-            data = from_json(f.read().decode("utf-8", "replace") or "null")
+        fd, _ = open_state(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        data = from_json(read_limited(fd, MAX_INFO, path).decode("utf-8", "replace") or "null")
     except (OSError, ValueError):
         return None
+    finally:
+        os.close(fd)
     return data if isinstance(data, dict) else None
 
 
 def live_tickets(pdir: str, locked: set[tuple[int, int]] | None) -> list[tuple[int, str]] | None:
-    """(seq, path) of the live tickets, earliest first, read from the
+    """(seq, path) of the live tickets in line order, read from the
     kernel's lock table (no probing); None if `locked` is None."""
     if locked is None:
         return None
-    out = []
-    try:
-        dev = os.stat(pdir).st_dev
-        with os.scandir(pdir) as it:
-            for entry in it:
-                name = entry.name
-                if name.endswith(TICKET_SUFFIX) and not name.startswith(".") \
-                        and (dev, entry.inode()) in locked:
-                    stem = name[: -len(TICKET_SUFFIX)]
-                    if stem.isdigit():
-                        out.append((int(stem), entry.path))
-    except FileNotFoundError:
-        return []
-    out.sort()
-    return out
+    return [(e.seq, e.path) for e in scan(pdir) if (e.dev, e.ino) in locked]
 
 
 def remove_stale_temps(pdir: str) -> None:

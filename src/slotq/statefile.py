@@ -1,0 +1,122 @@
+"""Opening state files safely in a directory other users can write.
+
+In a shared state directory anyone in the group can put a name there: a
+symbolic link to a victim's file, a FIFO that blocks every reader, a
+directory. Every state file slotq opens goes through `open_state`:
+
+- `O_NOFOLLOW`: a link is refused (ELOOP), never written through;
+- `O_NONBLOCK`: opening a FIFO returns at once instead of hanging; it is
+  then refused by the type check (no effect on regular files);
+- `fstat` after the open: anything but a regular file is refused, and with
+  `owners` a file of another owner is refused too;
+- `O_CREAT` first tries `O_EXCL`, so slotq knows whether it created the
+  file itself -- the only case in which it may `chmod` it.
+
+A refusal is a `StateFileError` (exit 73) whose message names the path and
+what is wrong with it, in one line.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from .errors import StateDirError
+
+_SAFE = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+class StateFileError(StateDirError):
+    """A state file is not what slotq expects (a link, a FIFO, a directory,
+    another user's file) or cannot be opened."""
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def describe_error(path: str, e: OSError) -> str:
+    import errno
+
+    if e.errno == errno.ELOOP:
+        return f"state file {path} is a symbolic link: refused (someone may be trying to redirect slotq's writes)"
+    if e.errno == errno.ENOSPC:
+        return f"state file {path}: no space left on the device"
+    return f"state file {path}: {e.strerror}"
+
+
+def open_state(path: str, flags: int, *, create: bool = False, mode: int = 0o644,
+               owners: tuple[int, ...] | None = None) -> tuple[int, bool]:
+    """Open `path` safely; returns (fd, created). `flags`: O_RDONLY,
+    O_RDWR, O_WRONLY | O_APPEND ... (never O_CREAT: say `create=True`).
+    Raises StateFileError naming the path; FileNotFoundError and
+    PermissionError as they are."""
+    created = False
+    try:
+        if create:
+            try:
+                fd = os.open(path, flags | _SAFE | os.O_CREAT | os.O_EXCL, mode)
+                created = True
+            except FileExistsError:
+                fd = os.open(path, flags | _SAFE)
+        else:
+            fd = os.open(path, flags | _SAFE)
+    except (FileNotFoundError, PermissionError):
+        raise  # the caller knows what a missing or forbidden file means to it
+    except OSError as e:
+        raise StateFileError(describe_error(path, e), path) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise StateFileError(f"state file {path} is {_kind(st.st_mode)}, not a regular file: refused", path)
+        if owners is not None and st.st_uid not in owners:
+            raise StateFileError(f"state file {path} belongs to {user_name(st.st_uid)}, not to "
+                                 f"{' or '.join(user_name(u) for u in owners)}: refused", path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, created
+
+
+def share_created(fd: int, dir_path: str) -> None:
+    """A file we have just created in a directory other users write to:
+    make it usable by them (the lock files every run opens read-write).
+    Only ever called on a file this process created (open_state's
+    `created`)."""
+    try:
+        dmode = os.stat(dir_path).st_mode
+    except OSError:
+        return
+    if dmode & stat.S_IWOTH:
+        want = 0o666
+    elif dmode & stat.S_IWGRP:
+        want = 0o660
+    else:
+        return  # a private directory: the umask's mode is right
+    try:
+        os.fchmod(fd, want)
+    except OSError:
+        pass
+
+
+def read_limited(fd: int, limit: int, path: str) -> bytes:
+    """Read a whole small state file; StateFileError if it is larger than
+    `limit` (a corrupt or planted file, never slotq's own)."""
+    data = os.pread(fd, limit + 1, 0)
+    if len(data) > limit:
+        raise StateFileError(f"state file {path} is larger than {limit} bytes: refused as corrupt", path)
+    return data
+
+
+def user_name(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (KeyError, ImportError):
+        return f"uid {uid}"
