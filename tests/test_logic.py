@@ -141,7 +141,7 @@ def test_config_defaults_and_class_mapping(tmp_path: os.PathLike[str]) -> None:
     path = os.path.join(tmp_path, "h.toml")
     with open(path, "w") as f:
         f.write('[pools]\nshared = 2\nlanding = 1\n[classes]\nmerge = "landing"\n[defaults]\nbudget = "5m"\n')
-    cfg = HostConfig.load(path=path)
+    cfg = HostConfig.load(path=path, state_dir=str(tmp_path))
     assert cfg.pools["shared"] == 2 and cfg.pool_for("merge") == "landing" and cfg.budget == 300
 
 
@@ -227,7 +227,7 @@ def test_config_is_parsed_once_and_reread_when_it_changes(tmp_path: os.PathLike[
     with open(path, "w") as f:
         f.write("[pools]\nshared = 2\n")
     assert HostConfig.load(path=path, state_dir=str(tmp_path)).pools["shared"] == 2
-    assert os.path.exists(os.path.join(tmp_path, ".host-config.cache"))
+    assert os.path.exists(os.path.join(tmp_path, f".host-config.cache.{os.getuid()}"))
     sys.modules.pop("tomllib", None)
     assert HostConfig.load(path=path, state_dir=str(tmp_path)).pools["shared"] == 2
     assert "tomllib" not in sys.modules  # served from the cache

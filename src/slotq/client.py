@@ -129,22 +129,28 @@ class RunResult:
 
 def format_queued(ev: dict[str, object]) -> str:
     """One status line for a `queued` event."""
+    from .records import printable
+
     parts = [f"waiting {format_duration(_num(ev.get('waited_s')))}",
-             f"position {ev.get('position')} in pool {ev.get('pool')} ({ev.get('ahead')} ahead)"]
+             f"position {printable(ev.get('position'))} in pool {printable(ev.get('pool'))} "
+             f"({printable(ev.get('ahead'))} ahead)"]
     held = [h for h in ev.get("holders") or [] if isinstance(h, dict) and h.get("held")]  # type: ignore[attr-defined]
     live = [h for h in held if h.get("phase") != "orphaned"]
     if live:
-        desc = ", ".join(f"{h.get('label') or '?'} for {format_duration(_num(h.get('held_s')))}"
-                         + (" (stopping)" if h.get("phase") == "stopping" else "") for h in live)
+        desc = ", ".join(
+            (f"{printable(h.get('label') or '?')} (user {printable(h.get('user') or '?')}) "
+             f"for {format_duration(_num(h.get('held_s')))}" if h.get("phase") != "no record"
+             else f"{printable(h.get('lock_holders') or '?')} with no slotq record")
+            + (" (stopping)" if h.get("phase") == "stopping" else "") for h in live)
         parts.append(f"slot held by {desc}")
     if len(live) < len(held):
         from .status import describe_orphan
 
         parts += [describe_orphan(h) for h in held if h.get("phase") == "orphaned"]
-    parts.append(f"load {ev.get('load1')}/{ev.get('cores')} cores")
+    parts.append(f"load {printable(ev.get('load1'))}/{printable(ev.get('cores'))} cores")
     notes = ev.get("notes")
     if isinstance(notes, list):
-        parts += [str(n) for n in notes]
+        parts += [printable(n, 500) for n in notes]
     return "slotq: " + "; ".join(parts)
 
 

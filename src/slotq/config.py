@@ -23,6 +23,7 @@ State directory: `$SLOTQ_STATE_DIR`, else `$XDG_STATE_HOME/slotq/host`, else
 
 from __future__ import annotations
 
+import errno
 import os
 
 from .durations import parse_duration
@@ -47,7 +48,7 @@ class HostConfig:
     """Pools, class -> pool mapping and host defaults."""
 
     __slots__ = ("pools", "classes", "budget", "kill_grace", "prepare_timeout", "path", "max_waiting",
-                 "max_waiting_per_user")
+                 "max_waiting_per_user", "warnings")
 
     def __init__(
         self,
@@ -69,6 +70,7 @@ class HostConfig:
         self.path = path
         self.max_waiting = max_waiting
         self.max_waiting_per_user = max_waiting_per_user
+        self.warnings: list[str] = []  # e.g. a config file ignored as untrusted
         for cls, pool in self.classes.items():
             if pool not in self.pools:
                 raise ConfigError(f"class {cls!r} maps to unknown pool {pool!r}", path)
@@ -81,22 +83,43 @@ class HostConfig:
     def load(cls, path: str | None = None, state_dir: str | None = None) -> "HostConfig":
         """Read the host config; the defaults when no file exists.
 
+        Only a trusted file is used: a regular file owned by root or by the
+        state directory's owner (or, for `$SLOTQ_CONFIG` or an explicit
+        path, by you), writable by nobody else. Anything else is ignored,
+        with a warning in `.warnings` naming the file and why.
+
         Raises ConfigError (with `.path`) for unreadable or invalid files.
         """
         state_dir = state_dir or state_dir_from_env()
+        explicit = path is not None or bool(os.environ.get("SLOTQ_CONFIG"))
         if path is None:
             path = os.environ.get("SLOTQ_CONFIG") or os.path.join(state_dir, "host.toml")
-            if not os.path.exists(path):
-                return cls()
         try:
-            with open(path, "rb") as f:
-                st = os.fstat(f.fileno())
-                key = (os.path.abspath(path), st.st_ino, st.st_size, st.st_mtime_ns)
-                data = _cached(state_dir, key)
-                if data is None:
-                    raw = f.read()
+            # A link is followed only where you named the file yourself.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if explicit else os.O_NOFOLLOW))
+        except FileNotFoundError:
+            if explicit:
+                raise ConfigError(f"cannot read host config {path}: no such file", path) from None
+            return cls()
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                return cls._ignored(path, "it is a symbolic link (the state dir's host.toml must be a plain file)")
+            raise ConfigError(f"cannot read host config {path}: {e.strerror}", path) from None
+        try:
+            st = os.fstat(fd)
+            why = _untrusted(st, state_dir, explicit)
+            if why:
+                return cls._ignored(path, why)
+            if st.st_size > MAX_CONFIG:
+                raise ConfigError(f"host config {path} is larger than {MAX_CONFIG} bytes", path)
+            key = [os.path.abspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+            data = _cached(state_dir, key)
+            if data is None:
+                raw = os.read(fd, MAX_CONFIG + 1)
         except OSError as e:
             raise ConfigError(f"cannot read host config {path}: {e.strerror}", path) from None
+        finally:
+            os.close(fd)
         if data is None:
             # tomllib (and the `re` it imports) costs milliseconds on every
             # run; parse once, then read the parsed form back (see _cached).
@@ -104,12 +127,18 @@ class HostConfig:
 
             try:
                 data = tomllib.loads(raw.decode("utf-8"))
-            except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as e:
                 raise ConfigError(f"host config {path} is not valid TOML: {e}", path) from None
             config = cls._from_dict(data, path)  # validate before caching
             _store(state_dir, key, data)
             return config
         return cls._from_dict(data, path)
+
+    @classmethod
+    def _ignored(cls, path: str, why: str) -> "HostConfig":
+        config = cls()
+        config.warnings.append(f"ignoring host config {path}: {why}; using the defaults")
+        return config
 
     @classmethod
     def _from_dict(cls, data: dict[str, object], path: str | None) -> "HostConfig":
@@ -165,34 +194,92 @@ def _is_name(name: str) -> bool:
     return bool(name) and all(c.isalnum() or c in "-_" for c in name)
 
 
+MAX_CONFIG = 256 * 1024
+
+
+def _untrusted(st: os.stat_result, state_dir: str, explicit: bool) -> str | None:
+    """Why a config file may not be used, or None if it may."""
+    import stat
+
+    from .statefile import user_name
+
+    if not stat.S_ISREG(st.st_mode):
+        return "it is not a regular file"
+    me = os.getuid()
+    try:
+        dir_owner: int | None = os.stat(state_dir).st_uid
+    except OSError:
+        dir_owner = None
+    trusted = {0, me} if explicit or dir_owner is None else {0, dir_owner}
+    if st.st_uid not in trusted:
+        return (f"it belongs to {user_name(st.st_uid)}, not to root or the state dir's owner "
+                "(anyone could have planted it)")
+    if st.st_mode & stat.S_IWOTH or (st.st_mode & stat.S_IWGRP and st.st_uid != me):
+        return f"it is writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
 _CACHE = ".host-config.cache"
+MAX_CACHE = 256 * 1024
 
 
-def _cached(state_dir: str, key: tuple[object, ...]) -> dict[str, object] | None:
-    """The parsed config if the cache was made from this very file (path,
-    inode, size, mtime); else None."""
-    import marshal
+def _cache_path(state_dir: str) -> str:
+    # One per user: a cache another user wrote is not trusted.
+    return os.path.join(state_dir, f"{_CACHE}.{os.getuid()}")
 
+
+def _cached(state_dir: str, key: list[object]) -> dict[str, object] | None:
+    """The parsed config if this user's cache was made from this very file
+    (path, device, inode, size, mtime, ctime); else None. The cache must be
+    this user's own regular file, writable by nobody else; it is JSON, read
+    with limits (size, depth)."""
+    import stat
+
+    from .records import from_json
+
+    path = _cache_path(state_dir)
     try:
-        with open(os.path.join(state_dir, _CACHE), "rb") as f:
-            cached_key, data = marshal.loads(f.read())
-    except (OSError, ValueError, EOFError, TypeError):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
         return None
-    if tuple(cached_key) != key or not isinstance(data, dict):
-        return None
-    return data
-
-
-def _store(state_dir: str, key: tuple[object, ...], data: dict[str, object]) -> None:
-    import marshal
-
-    target = os.path.join(state_dir, _CACHE)
-    tmp = f"{target}.{os.getpid()}.tmp"
     try:
-        with open(tmp, "wb") as f:
-            f.write(marshal.dumps((key, data)))  # type: ignore[arg-type]
-        os.replace(tmp, target)  # atomic: readers see the old or the new whole
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+            return None
+        raw = os.read(fd, MAX_CACHE + 1)
+        if len(raw) > MAX_CACHE:
+            return None
+        cached = from_json(raw.decode("utf-8"))
     except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    if not isinstance(cached, dict) or cached.get("key") != key:
+        return None
+    data = cached.get("data")
+    return data if isinstance(data, dict) else None
+
+
+def _store(state_dir: str, key: list[object], data: dict[str, object]) -> None:
+    from .records import to_json
+
+    target = _cache_path(state_dir)
+    tmp = f"{target}.{os.urandom(6).hex()}.tmp"
+    try:
+        text = to_json({"key": key, "data": data})
+    except TypeError:
+        return  # a value JSON cannot hold (a TOML date): no cache, parse each time
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return
+    try:
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)  # atomic: readers see the old or the new whole
+    except OSError:
         try:
             os.unlink(tmp)
         except OSError:

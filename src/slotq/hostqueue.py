@@ -48,9 +48,14 @@ RECHECKS = (0.002, 0.02, 0.2)
 
 def ensure_state_dir(state_dir: str) -> None:
     """Create the state directory tree, or raise StateDirError naming it."""
+    from .statefile import make_dirs
+
     try:
-        os.makedirs(os.path.join(state_dir, "slots"), exist_ok=True)
-        os.makedirs(os.path.join(state_dir, "tickets"), exist_ok=True)
+        os.makedirs(state_dir, exist_ok=True)
+        make_dirs(os.path.join(state_dir, "slots"), state_dir)
+        make_dirs(os.path.join(state_dir, "tickets"), state_dir)
+    except StateDirError:
+        raise
     except OSError as e:
         raise StateDirError(f"cannot create state directory {state_dir}: {e.strerror}", state_dir) from None
     if not os.access(state_dir, os.W_OK | os.X_OK):

@@ -184,7 +184,14 @@ def orphan_processes(info: dict[str, object]) -> dict[int, int]:
     cmd = info.get("cmd")
     cmd_start = info.get("cmd_start")
     run_id = info.get("run_id")
-    return run_processes(
-        session=cmd if isinstance(cmd, int) and not isinstance(cmd, bool) and cmd > 1 else None,
-        session_start=cmd_start if isinstance(cmd_start, int) else None,
-        marker=run_id if isinstance(run_id, str) and run_id.isalnum() else None)
+    marker = run_id if isinstance(run_id, str) and run_id.isalnum() and len(run_id) <= 64 else None
+    if marker is None:
+        return {}  # a record anyone could have written names no processes of ours
+    session = cmd if isinstance(cmd, int) and not isinstance(cmd, bool) and cmd > 1 else None
+    # The record is only a hint (in a shared state dir others can write the
+    # slot file): a session counts only if its leader carries the run's
+    # marker, so a forged record cannot point at someone's login session.
+    if session is not None and not _has_marker(session, f"\0{MARKER}={marker}\0".encode()):
+        session = None
+    return run_processes(session=session, session_start=cmd_start if isinstance(cmd_start, int) else None,
+                         marker=marker)

@@ -29,7 +29,7 @@ import os
 
 from .errors import StateDirError
 from .records import from_json, to_json
-from .statefile import StateFileError, open_state, share_created
+from .statefile import StateFileError, make_dirs, open_state, share_created
 
 MAX_RECORD = 65536
 
@@ -89,7 +89,7 @@ class SlotProbe:
         self.paths = [slot_path(state_dir, pool, i) for i in range(count)]
         self._fds: list[int] = []
         try:
-            os.makedirs(os.path.join(state_dir, "slots"), exist_ok=True)
+            make_dirs(os.path.join(state_dir, "slots"), state_dir)
             for p in self.paths:
                 self._fds.append(_open_slot(p))
         except StateDirError:

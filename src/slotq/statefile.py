@@ -120,3 +120,43 @@ def user_name(uid: int) -> str:
         return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
     except (KeyError, ImportError):
         return f"uid {uid}"
+
+
+def make_dirs(path: str, top: str) -> None:
+    """Make `path` and its missing parents up to `top` (the state dir),
+    refusing a link or a non-directory on the way. A directory created in
+    a directory other users write to gets that directory's mode (sticky
+    and setgid bits included), so a pool added to the config later is as
+    safe to share as those `slotq host init` made."""
+    rel = os.path.relpath(path, top)
+    if rel == "." or rel.startswith(".."):
+        parts: list[str] = []
+    else:
+        parts = rel.split(os.sep)
+    current = top
+    _check_dir(current)
+    for part in parts:
+        parent = current
+        current = os.path.join(current, part)
+        try:
+            os.mkdir(current, 0o755)
+        except FileExistsError:
+            _check_dir(current)
+            continue
+        pmode = os.stat(parent).st_mode
+        if pmode & (stat.S_IWGRP | stat.S_IWOTH):
+            try:
+                os.chmod(current, stat.S_IMODE(pmode))  # ours: we just made it
+            except OSError:
+                pass
+
+
+def _check_dir(path: str) -> None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise StateFileError(describe_error(path, e), path) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise StateFileError(f"state path {path} is {_kind(st.st_mode)}, not a directory: refused", path)

@@ -4,14 +4,18 @@ tickets in order with their wait so far, machine load, recent history."""
 from __future__ import annotations
 
 import os
-
+import stat
 
 from . import history, orphans
 from .config import HostConfig
 from .durations import format_duration
-from .slot import read_slot, slot_name
-from .proclocks import held as held_locks
-from .ticket import list_tickets, live_tickets, pool_dir, probe, read_info, remove_stale_temps
+from .proclocks import describe_holders, holder_pids, owners
+from .records import printable
+from .slot import read_slot, slot_name, slot_path
+from .statefile import StateFileError
+from .ticket import list_tickets, pool_dir, probe, read_info, remove_stale_temps, scan
+
+Table = dict[tuple[int, int], list[int]]
 
 
 def load() -> dict[str, object]:
@@ -33,12 +37,25 @@ def holders(state_dir: str, pool: str, count: int, now: float,
     `stopping` while only its keeper does (it is ending the command),
     `orphaned` when both are gone and the command still holds the slot --
     then with the orphan's pids and user. Nothing is signalled here."""
+    table = owners()
     if locked is None:
-        locked = held_locks()
+        locked = None if table is None else set(table)
     out: list[dict[str, object]] = []
     for i in range(count):
-        held, info = read_slot(state_dir, pool, i, locked)
-        entry: dict[str, object] = {"slot": slot_name(pool, i), "held": held}
+        entry: dict[str, object] = {"slot": slot_name(pool, i), "held": False}
+        try:
+            held, info = read_slot(state_dir, pool, i, locked)
+        except StateFileError as e:
+            entry["error"] = str(e)
+            out.append(entry)
+            continue
+        entry["held"] = held
+        if held:
+            # Who, from the kernel: the processes holding the lock and their
+            # user -- not a label anyone could have written.
+            _lock_holders(entry, slot_path(state_dir, pool, i), table)
+        if held and not info:
+            entry["phase"] = "no record"
         if held and info:
             entry.update({k: info.get(k) for k in ("run_id", "label", "pid", "pid_start", "keeper", "cmd", "since",
                                                    "budget", "cls")})
@@ -54,37 +71,58 @@ def holders(state_dir: str, pool: str, count: int, now: float,
     return out
 
 
+def _lock_holders(entry: dict[str, object], path: str, table: Table | None) -> None:
+    if table is None:
+        return
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    pids = holder_pids(st.st_dev, st.st_ino, table)
+    if pids:
+        entry["lock_pids"] = pids
+        entry["user"] = ", ".join(sorted({orphans.user_name(orphans.uid_of(p)) for p in pids}))
+        entry["lock_holders"] = describe_holders(st.st_dev, st.st_ino, table)
+
+
 def waiting(state_dir: str, pool: str, now: float,
             locked: set[tuple[int, int]] | None = None) -> list[dict[str, object]]:
-    """Live tickets of `pool`, earliest first (dead ones are skipped)."""
+    """Live tickets of `pool` in line order (dead ones are skipped). Each
+    names its user: the ticket file's owner, set by the kernel."""
     pdir = pool_dir(state_dir, pool)
     remove_stale_temps(pdir)
     out: list[dict[str, object]] = []
-    live = live_tickets(pdir, locked)
-    if live is not None:
+    entries = scan(pdir)
+    if locked is not None:
         # Tickets whose holder died and nobody has looked at since (the last
         # in a line): removed, with their run's history line (ticket.bury).
-        listed = {path for _, path in live}
-        for _, path in list_tickets(pdir):
-            if path not in listed:
-                probe(path)
-    for seq, path in list_tickets(pdir) if live is None else live:
-        info = read_info(path)  # read first: a dead ticket is removed by probe
-        if live is None and not probe(path):
+        for e in entries:
+            if (e.dev, e.ino) not in locked:
+                probe(e.path)
+        entries = [e for e in entries if (e.dev, e.ino) in locked]
+    for e in entries:
+        info = read_info(e.path)  # read first: a dead ticket is removed by probe
+        if locked is None and not probe(e.path):
             continue
-        entry: dict[str, object] = {"seq": seq}
+        entry: dict[str, object] = {"seq": e.seq, "user": orphans.user_name(e.uid)}
+        if e.forged:
+            entry["forged"] = True
         if info:
             entry.update({k: info.get(k) for k in ("run_id", "label", "pid", "since", "budget", "cls")})
             since = info.get("since")
-            if isinstance(since, (int, float)):
+            if isinstance(since, (int, float)) and not isinstance(since, bool):
                 entry["waited_s"] = round(max(0.0, now - since), 3)
+        else:
+            entry["no_record"] = True
         out.append(entry)
     return out
 
 
 def snapshot(state_dir: str, config: HostConfig, now: float, history_n: int = 10) -> dict[str, object]:
     pools = []
-    locked = held_locks()
+    table = owners()
+    locked = None if table is None else set(table)
+    warnings = list(config.warnings)
     for pool, count in config.pools.items():
         pools.append({
             "pool": pool,
@@ -92,18 +130,116 @@ def snapshot(state_dir: str, config: HostConfig, now: float, history_n: int = 10
             "waiting": waiting(state_dir, pool, now, locked),
             "classes": sorted(c for c, p in config.classes.items() if p == pool),
         })
+    warnings += problems(state_dir, config, pools, table)
     return {
         "host": os.uname().nodename,
         "state_dir": state_dir,
         "at": now,
         **load(),
         "pools": pools,
+        "warnings": warnings,
         "history": history.recent(state_dir, history_n),
     }
 
 
+def problems(state_dir: str, config: HostConfig, pools: list[dict[str, object]], table: Table | None) -> list[str]:
+    """What is wrong with the state dir, in one line each: a ticket counter
+    held or rewritten, tickets out of order, odd files, and a directory
+    several users share that `slotq host init` did not set up."""
+    out: list[str] = []
+    seq = os.path.join(state_dir, "seq")
+    try:
+        st = os.lstat(seq)
+    except OSError:
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        out.append(f"the ticket counter {seq} is not a regular file: no run can join the line")
+    elif st is not None:
+        who = describe_holders(st.st_dev, st.st_ino, table) if table is not None else ""
+        if who:
+            out.append(f"the ticket counter {seq} is locked by {who}: new runs cannot join the line while "
+                       "it is held (honest runs hold it for microseconds)")
+        try:
+            with open(seq, "rb", opener=_nofollow) as f:
+                raw = f.read(32).strip()
+        except OSError:
+            raw = b""
+        highest = max((w["seq"] for p in pools for w in p["waiting"]), default=0)  # type: ignore[index,attr-defined]
+        if raw.isdigit() and int(raw) < highest:  # type: ignore[operator]
+            out.append(f"the ticket counter {seq} says {int(raw)}, below ticket {highest} in line: it was "
+                       "rewritten (new tickets are numbered above the line anyway)")
+    for p in pools:
+        for s in p["slots"]:  # type: ignore[attr-defined]
+            if s.get("error"):
+                out.append(str(s["error"]))
+            elif s.get("held") and s.get("phase") == "no record":
+                out.append(f"{s['slot']} is held with no slotq record by {s.get('lock_holders') or '?'}")
+        for w in p["waiting"]:  # type: ignore[attr-defined]
+            if w.get("forged"):
+                out.append(f"ticket {w['seq']} of user {w.get('user')} in pool {p['pool']} was renamed or "
+                           "numbered out of order: it is placed at the back of the line")
+            elif w.get("no_record"):
+                out.append(f"ticket {w['seq']} in pool {p['pool']} is held by user {w.get('user')} with no "
+                           "readable slotq record")
+    out += setup_problems(state_dir)
+    return out
+
+
+def _nofollow(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK)
+
+
+def setup_problems(state_dir: str) -> list[str]:
+    """A state dir that several users share must be made by `slotq host
+    init` (see the README): sticky directories, and files nobody but root
+    can replace. Say what is missing, if it is shared."""
+    try:
+        top = os.stat(state_dir)
+    except OSError:
+        return []
+    shared_mode = bool(top.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+    dirs = [state_dir, os.path.join(state_dir, "slots"), os.path.join(state_dir, "tickets")]
+    uids: set[int] = {top.st_uid}
+    for d in dirs[1:]:
+        try:
+            with os.scandir(d) as it:
+                for e in it:
+                    try:
+                        uids.add(e.stat(follow_symlinks=False).st_uid)
+                    except OSError:
+                        pass
+        except OSError:
+            pass
+    if not shared_mode and len(uids) <= 1:
+        return []  # private: one user's
+    missing = []
+    for d in dirs:
+        try:
+            st = os.lstat(d)
+        except OSError:
+            continue
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+            missing.append(f"{d} is writable by others but not sticky (anyone can delete or replace "
+                           "another user's files there)")
+    try:
+        with os.scandir(dirs[1]) as it:
+            foreign = sorted(e.name for e in it if e.stat(follow_symlinks=False).st_uid not in (0, top.st_uid))
+    except OSError:
+        foreign = []
+    if foreign:
+        missing.append(f"slot files not made by `slotq host init`: {', '.join(foreign[:5])}")
+    if not missing:
+        return []
+    return [f"state dir {state_dir} is shared by several users but not set up for it "
+            f"(run `slotq host init --shared {state_dir} --group GROUP` as root): " + "; ".join(missing)]
+
+
 def describe_orphan(s: dict[str, object]) -> str:
     """One line for a slot held by an orphaned command."""
+    return printable(_describe_orphan(s), 500)
+
+
+def _describe_orphan(s: dict[str, object]) -> str:
     pids: list[object] = s.get("orphan_pids") or []  # type: ignore[assignment]
     if not pids:
         return (f"{s.get('slot')} held by processes with no live slotq runner or keeper (run {s.get('run_id')}, "
@@ -121,22 +257,33 @@ def format_snapshot(snap: dict[str, object]) -> str:
                 held = format_duration(float(s.get("held_s") or 0))
                 budget = s.get("budget")
                 b = f", budget {format_duration(float(budget))}" if isinstance(budget, (int, float)) else ""
-                lines.append(f"  {s['slot']}: {s.get('label') or '?'} (run {s.get('run_id')}, pid {s.get('pid')}, "
-                             f"{s.get('phase') or '?'}, held {held}{b})")
+                if s.get("phase") == "no record":
+                    lines.append(f"  {s['slot']}: held with no slotq record by {s.get('lock_holders') or '?'}")
+                    continue
+                lines.append(f"  {s['slot']}: {printable(s.get('label') or '?')} (user {s.get('user') or '?'}, "
+                             f"run {printable(s.get('run_id'))}, pid {s.get('pid')}, "
+                             f"{printable(s.get('phase') or '?')}, held {held}{b})")
                 if s.get("phase") == "orphaned":
                     lines.append("    " + describe_orphan(s))
+            elif s.get("error"):
+                lines.append(f"  {s['slot']}: unusable ({printable(s['error'])})")
             else:
                 lines.append(f"  {s['slot']}: free")
         if p["waiting"]:
             for n, w in enumerate(p["waiting"], 1):
-                lines.append(f"  waiting {n}: {w.get('label') or '?'} (run {w.get('run_id')}, pid {w.get('pid')}, "
-                             f"waited {format_duration(float(w.get('waited_s') or 0))})")
+                lines.append(f"  waiting {n}: {printable(w.get('label') or '?')} (user {w.get('user') or '?'}, "
+                             f"run {printable(w.get('run_id'))}, pid {printable(w.get('pid'))}, "
+                             f"waited {format_duration(float(w.get('waited_s') or 0))})"
+                             + (" [out of order: placed last]" if w.get("forged") else ""))
         else:
             lines.append("  nobody waiting")
     hist = snap.get("history") or []
     if hist:
         lines.append("recent runs:")
         for h in hist:  # type: ignore[attr-defined]
-            lines.append(f"  {h.get('outcome', '?'):14} waited {format_duration(float(h.get('waited_s') or 0)):>7} "
-                         f"ran {format_duration(float(h.get('ran_s') or 0)):>7}  {h.get('label', '')}")
+            lines.append(f"  {printable(h.get('outcome') or '?', 20):14} "
+                         f"waited {format_duration(float(h.get('waited_s') or 0)):>7} "
+                         f"ran {format_duration(float(h.get('ran_s') or 0)):>7}  {printable(h.get('label') or '')}")
+    for w in snap.get("warnings") or []:  # type: ignore[attr-defined]
+        lines.append(f"warning: {printable(w, 1000)}")
     return "\n".join(lines)

@@ -32,7 +32,7 @@ import time
 
 from .errors import AdmissionRefused, StateDirError
 from .records import from_json, to_json
-from .statefile import StateFileError, open_state, read_limited, share_created
+from .statefile import StateFileError, make_dirs, open_state, read_limited, share_created
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -105,7 +105,7 @@ def take_ticket(state_dir: str, pool: str, info: dict[str, object],
     pdir = pool_dir(state_dir, pool)
     seq_path = os.path.join(state_dir, "seq")
     try:
-        os.makedirs(pdir, exist_ok=True)
+        make_dirs(pdir, state_dir)
         seq_fd, created = open_state(seq_path, os.O_RDWR, create=True)
     except StateDirError:
         raise
