@@ -101,7 +101,9 @@ def test_waiting_is_visible_with_position_holder_and_load(state_dir: Path, runs:
     err = q.err
     line = next(l for l in err.splitlines() if l.startswith("slotq: waiting"))
     assert "position 1 in pool shared (0 ahead)" in line
-    assert "slot held by placeholder for" in line
+    import pwd
+
+    assert f"slot held by placeholder (user {pwd.getpwuid(os.getuid()).pw_name}) for" in line
     assert f"/{os.cpu_count()} cores" in line and "load " in line
     assert "slotq: slot shared#0 acquired after" in err
 

@@ -278,6 +278,7 @@ def run(
     to_fd, from_fd = transport.start(spec)
     decoder = protocol.Decoder()
     exited = False
+    seen: set[str] = set()  # event names seen so far
 
     def cancel(outcome: Outcome) -> None:
         try:
@@ -316,7 +317,11 @@ def run(
                 break
             try:
                 frames = decoder.feed(data)
+                for kind, payload in frames:
+                    if kind == protocol.EVENT:
+                        _check_sequence(payload, seen)  # type: ignore[arg-type]
             except ProtocolError as e:
+                result.outcome = Outcome.UNAVAILABLE
                 result.message = f"host {transport.host}: {e}"
                 transport.kill()
                 break
@@ -368,6 +373,25 @@ def run(
     return result
 
 
+# Outcomes that say the command ran: never believed unless the host showed
+# the command starting.
+_RAN = {Outcome.PASSED, Outcome.FAILED, Outcome.EXEC_TIMEOUT, Outcome.IDLE_TIMEOUT}
+
+
+def _check_sequence(ev: dict[str, object], seen: set[str]) -> None:
+    """The order of events: hello first, nothing after exited; an outcome
+    that says the command ran only after `started` (a host cannot report
+    `passed` for a command it never started)."""
+    name = str(ev.get("event"))
+    if not seen and name != protocol.HELLO:
+        raise ProtocolError(f"the host runner's stream began with {name!r}, not hello")
+    if protocol.EXITED in seen:
+        raise ProtocolError("the host runner sent more after its final event")
+    if name == protocol.EXITED and Outcome(str(ev["outcome"])) in _RAN and protocol.STARTED not in seen:
+        raise ProtocolError(f"the host runner reported {ev['outcome']!r} for a command it never showed starting")
+    seen.add(name)
+
+
 def _on_event(ev: dict[str, object], result: RunResult, dogs: Watchdogs,
               say: Callable[[str], None], spec: RunSpec) -> bool:
     """Apply one event; True when it is the final `exited`."""
@@ -406,11 +430,24 @@ def _on_event(ev: dict[str, object], result: RunResult, dogs: Watchdogs,
                     result.phases[k] = float(phases[k])
         return True
     elif name == protocol.ERROR:
-        message = str(ev.get("message") or "error")
+        from .records import printable
+
+        message = printable(ev.get("message") or "error", 2000)
         if ev.get("kind") == "usage":
             raise UsageError(message)
+        if ev.get("kind") == "state":
+            # The host's state directory is unusable (missing, full, read-only,
+            # an odd file in it): exit 73, as documented.
+            from .errors import StateDirError
+
+            raise StateDirError(f"host {result.host}: {message}", result.host)
         result.outcome = Outcome.UNAVAILABLE
         result.message = f"host {result.host}: {message}"
+    elif name == protocol.HELLO:
+        from .records import printable
+
+        for w in ev.get("warnings") or []:  # type: ignore[attr-defined]
+            say(f"slotq: warning: {printable(w, 1000)}")
     return False
 
 
@@ -424,5 +461,7 @@ def summary_line(result: RunResult) -> str:
     bits.append(f"ran {format_duration(ran) if ran is not None else '-'}")
     line = ", ".join(bits)
     if result.outcome not in (Outcome.PASSED,) and result.message:
-        line += f" — {result.message}"
+        from .records import printable
+
+        line += f" — {printable(result.message, 4000)}"
     return line

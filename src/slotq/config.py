@@ -97,10 +97,10 @@ class HostConfig:
         try:
             # A link is followed only where you named the file yourself.
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if explicit else os.O_NOFOLLOW))
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             if explicit:
                 raise ConfigError(f"cannot read host config {path}: no such file", path) from None
-            return cls()
+            return cls()  # (no state dir yet, or an unusable one: the run says so, exit 73)
         except OSError as e:
             if e.errno == errno.ELOOP:
                 return cls._ignored(path, "it is a symbolic link (the state dir's host.toml must be a plain file)")

@@ -3,12 +3,13 @@
     MAGIC  then frames:  kind (1 byte) | length (4 bytes, big-endian) | payload
 
 kinds: `O` command stdout bytes, `E` command stderr bytes, `V` an event: a
-dict with at least "event" and "at" (wall-clock seconds on the host), in
-`marshal` format version 4 (str keys; str, int, float, bool, None, list and
-dict values). marshal rather than JSON because it is built in: `json` pulls
-in `re`, a real share of a run's start-up. Both ends are slotq; the version
-in MAGIC names the format. marshal is not hardened against malicious input:
-the peer is the test host the caller chose to run its code on.
+JSON object with at least "event" and "at" (wall-clock seconds on the host),
+written and read by records.py (no `json` import: it pulls in `re`, a real
+share of a run's start-up). The client trusts nothing it reads: frames and
+events have size limits, events a depth limit and a schema (`check_event`:
+every known field's type, the outcome one slotq knows), bytes before the
+header are capped, and anything else is a ProtocolError -- reported as
+`unavailable`, naming the host.
 The command's output only ever travels inside O/E frames, so nothing it
 prints -- "slot acquired", a fake frame header, binary garbage -- can be read
 as an event, and bytes pass through unchanged.
@@ -22,16 +23,20 @@ The other direction, client to runner, is the runner's stdin: text lines
 
 from __future__ import annotations
 
-import marshal
+import math
 
 from .errors import ProtocolError
+from .records import from_json, printable, to_json
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 MAGIC = b"\x00SLOTQ-STREAM %d\n" % PROTOCOL_VERSION
 MAGIC_PREFIX = b"\x00SLOTQ-STREAM "
 STDOUT, STDERR, EVENT = b"O", b"E", b"V"
 HEADER_SIZE = 5
-MAX_FRAME = 16 * 1024 * 1024
+MAX_FRAME = 16 * 1024 * 1024  # output chunks are at most 64 KiB; this is a sanity bound
+MAX_EVENT = 1024 * 1024
+MAX_NOISE = 64 * 1024  # bytes before the header (a login shell's greeting)
+EVENT_DEPTH = 6
 
 # Event names.
 HELLO = "hello"
@@ -50,7 +55,63 @@ def frame(kind: bytes, payload: bytes) -> bytes:
 def event_frame(name: str, at: float, **fields: object) -> bytes:
     body: dict[str, object] = {"event": name, "at": at}
     body.update(fields)
-    return frame(EVENT, marshal.dumps(body, 4))
+    return frame(EVENT, to_json(body).encode())
+
+
+_NUM = (int, float)
+_OPT_NUM = (int, float, type(None))
+_OPT_INT = (int, type(None))
+_OPT_STR = (str, type(None))
+# Per event: field -> the types it may have. Required fields are listed in
+# _REQUIRED; other known fields are optional; unknown fields are ignored.
+_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
+    HELLO: {"protocol": (int,), "version": (str,), "host": (str,), "pid": (int,), "run_id": (str,),
+            "warnings": (list,)},
+    QUEUED: {"waited_s": _NUM, "ahead": (int,), "position": (int,), "waiting": (int,), "pool": (str,),
+             "holders": (list,), "notes": (list,), "load1": _NUM, "load5": _NUM, "load15": _NUM, "cores": (int,)},
+    SLOT: {"slot": (str,), "waited_s": _NUM, "budget": _NUM, "ticket": _OPT_INT},
+    PREPARED: {"ok": (bool,), "exit_code": _OPT_INT},
+    STARTED: {"budget": _NUM},
+    EXITED: {"outcome": (str,), "exit_code": _OPT_INT, "signal": _OPT_INT, "message": (str,), "phases": (dict,)},
+    ERROR: {"kind": (str,), "message": (str,)},
+}
+_REQUIRED = {HELLO: ("protocol",), QUEUED: (), SLOT: ("slot",), PREPARED: ("ok",), STARTED: (),
+             EXITED: ("outcome",), ERROR: ("message",)}
+
+
+def check_event(ev: object) -> dict[str, object]:
+    """`ev` if it is a well-formed event; ProtocolError naming what is wrong."""
+    if not isinstance(ev, dict):
+        raise ProtocolError("malformed event from the host runner (not an object)")
+    name = ev.get("event")
+    if name not in _FIELDS:
+        raise ProtocolError(f"unknown event {str(name)[:40]!r} from the host runner")
+    at = ev.get("at")
+    if not isinstance(at, _NUM) or isinstance(at, bool) or not math.isfinite(at):
+        raise ProtocolError(f"malformed {name} event from the host runner (no time)")
+    fields = _FIELDS[name]
+    for key in _REQUIRED[name]:
+        if key not in ev:
+            raise ProtocolError(f"malformed {name} event from the host runner (no {key})")
+    for key, types in fields.items():
+        if key not in ev:
+            continue
+        value = ev[key]
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types) or \
+                (isinstance(value, float) and not math.isfinite(value)):
+            raise ProtocolError(f"malformed {name} event from the host runner ({key} is {type(value).__name__})")
+    if name == EXITED:
+        from .outcome import Outcome
+
+        try:
+            Outcome(str(ev["outcome"]))
+        except ValueError:
+            raise ProtocolError(f"the host runner reported an outcome this slotq does not know: "
+                                f"{str(ev['outcome'])[:40]!r}") from None
+        phases = ev.get("phases") or {}
+        if not all(isinstance(v, _OPT_NUM) and not isinstance(v, bool) for v in phases.values()):  # type: ignore[attr-defined]
+            raise ProtocolError("malformed exited event from the host runner (phases)")
+    return ev
 
 
 class Decoder:
@@ -72,7 +133,7 @@ class Decoder:
         while len(buf) - pos >= HEADER_SIZE:
             kind = bytes(buf[pos : pos + 1])
             length = int.from_bytes(buf[pos + 1 : pos + HEADER_SIZE], "big")
-            if kind not in (STDOUT, STDERR, EVENT) or length > MAX_FRAME:
+            if kind not in (STDOUT, STDERR, EVENT) or length > MAX_FRAME or (kind == EVENT and length > MAX_EVENT):
                 raise ProtocolError(f"corrupt frame from the host runner (kind {kind!r}, length {length})")
             if len(buf) - pos - HEADER_SIZE < length:
                 break
@@ -81,12 +142,10 @@ class Decoder:
             pos = start + length
             if kind == EVENT:
                 try:
-                    ev = marshal.loads(payload)
-                except (ValueError, EOFError, TypeError):
+                    ev = from_json(payload.decode("utf-8"), EVENT_DEPTH)
+                except (ValueError, UnicodeDecodeError):
                     raise ProtocolError("undecodable event from the host runner") from None
-                if not isinstance(ev, dict) or "event" not in ev or not all(isinstance(k, str) for k in ev):
-                    raise ProtocolError("malformed event from the host runner")
-                out.append((kind, ev))
+                out.append((kind, check_event(ev)))
             else:
                 out.append((kind, payload))
         del buf[:pos]
@@ -100,20 +159,29 @@ class Decoder:
             if len(self._buf) > keep:
                 self.noise += self._buf[:-keep]
                 del self._buf[:-keep]
+            self._check_noise()
             return False
         nl = self._buf.find(b"\n", i)
         if nl < 0:
+            if len(self._buf) - i > 64:
+                raise ProtocolError("corrupt stream header from the host runner")
             return False
         version = bytes(self._buf[i + len(MAGIC_PREFIX) : nl])
         if version != str(PROTOCOL_VERSION).encode():
             raise ProtocolError(
-                f"the host runner speaks stream protocol {version.decode(errors='replace')}, "
+                f"the host runner speaks stream protocol {printable(version.decode(errors='replace'), 20)}, "
                 f"this slotq speaks {PROTOCOL_VERSION}"
             )
         self.noise += self._buf[:i]
+        self._check_noise()
         del self._buf[: nl + 1]
         self._synced = True
         return True
+
+    def _check_noise(self) -> None:
+        if len(self.noise) > MAX_NOISE:
+            raise ProtocolError(f"the host sent more than {MAX_NOISE // 1024} KiB before slotq's stream "
+                                "(a login script printing? slotq not running?)")
 
     @property
     def pending(self) -> int:

@@ -98,7 +98,8 @@ class HostRunner:
         self.link.take_signals()
         self.link.send(protocol.MAGIC)
         self.link.event(protocol.HELLO, protocol=protocol.PROTOCOL_VERSION, version=__version__,
-                    host=self.host, pid=os.getpid(), run_id=self.spec.run_id)
+                    host=self.host, pid=os.getpid(), run_id=self.spec.run_id,
+                    **({"warnings": self.config.warnings} if self.config.warnings else {}))
         try:
             pool = self.config.pool_for(self.spec.cls)
         except KeyError:

@@ -120,7 +120,9 @@ def take_ticket(state_dir: str, pool: str, info: dict[str, object],
         if limits != (None, None):
             _admit(pdir, pool, *limits)
         raw = os.pread(seq_fd, 32, 0).strip()
-        counter = int(raw) if raw.isdigit() and len(raw) <= 18 else 0
+        counter = int(raw) if raw.isdigit() and len(raw) <= 20 else 0
+        if counter >= MAX_SEQ:
+            counter = 0  # garbage: the tickets in line decide
         # Never below a ticket in line: a rewritten counter cannot put us
         # ahead of anyone.
         seq = max(counter, _highest(pdir)) + 1
