@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 _UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+# No slotq duration is longer: a budget, a grace or a wait of more than
+# 30 days is a typo (or an attack on the arithmetic), not a plan.
+MAX_DURATION = 30 * 24 * 3600.0
 
 
 def parse_duration(text: str, *, what: str = "", allow_zero: bool = False) -> float:
@@ -52,7 +55,22 @@ def parse_duration(text: str, *, what: str = "", allow_zero: bool = False) -> fl
         i = k
     if total == 0 and not allow_zero:
         raise ValueError(f"{prefix}must be more than zero, got {text!r}")
+    if not total <= MAX_DURATION:  # also catches inf and nan
+        raise ValueError(f"{prefix}{text!r} is longer than the limit of 30 days")
     return total
+
+
+def check_seconds(value: object, what: str, *, allow_zero: bool = False) -> float:
+    """A duration in seconds from a request or a file: a finite number,
+    more than zero (or zero with `allow_zero`), at most MAX_DURATION.
+    Raises ValueError naming `what`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{what} must be a number of seconds, got {type(value).__name__}")
+    v = float(value)
+    if not (v > 0 or (allow_zero and v == 0)) or not v <= MAX_DURATION:
+        low = "at least 0" if allow_zero else "more than 0"
+        raise ValueError(f"{what} must be {low} and at most {MAX_DURATION:.0f} seconds (30 days), got {value!r}")
+    return v
 
 
 def format_duration(seconds: float) -> str:

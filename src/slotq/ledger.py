@@ -220,27 +220,48 @@ class Ledger:
                     data = f.read()
             except FileNotFoundError:
                 return 0
-            events = []
+            events: list[dict[str, object]] = []
+            bad: list[bytes] = []
             for line in data.splitlines():
+                if not line.strip():
+                    continue
                 try:
-                    ev = from_json(line.decode("utf-8", "replace"))
+                    ev = from_json(line.decode("utf-8", "replace")) if len(line) <= MAX_SPOOL_LINE else None
                 except ValueError:
-                    continue  # a torn line from a crashed writer: nothing to recover
-                if isinstance(ev, dict):
+                    ev = None
+                if isinstance(ev, dict) and _valid_event(ev):
                     events.append(ev)
+                else:
+                    bad.append(line[:MAX_SPOOL_LINE])  # torn, corrupt or hostile: set aside, never a jam
+            import sqlite3
+
             db = self._db
             db.execute("BEGIN IMMEDIATE")
             try:
                 for ev in events:
-                    self._apply(ev)
+                    try:
+                        self._apply(ev)
+                    except sqlite3.IntegrityError:
+                        bad.append(to_json(ev).encode()[:MAX_SPOOL_LINE])
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
+            if bad:
+                _set_aside(spool, bad)
             os.truncate(spool, 0)
             return len(events)
         finally:
             os.close(lock_fd)
+
+    def set_aside(self) -> int:
+        """How many spool lines were set aside as unreadable (in
+        `<ledger>.spool.bad`, for a person to look at)."""
+        try:
+            with open(spool_path(self.path) + ".bad", "rb") as f:
+                return f.read(64 * 1024 * 1024).count(b"\n")
+        except OSError:
+            return 0
 
     def _apply(self, ev: dict[str, object]) -> None:
         op, key = ev.get("op"), ev.get("key")
@@ -309,6 +330,40 @@ class Ledger:
             if e > s:
                 waits.append(CreditedWait(r, s, e, closed_by))
         return Credit(os.path.realpath(workdir), since, until, waits, in_progress)
+
+
+MAX_SPOOL_LINE = 64 * 1024
+_EVENT_TYPES: dict[str, dict[str, tuple[type, ...]]] = {
+    "open": {"key": (str,), "run_id": (str,), "pid": (int,), "workdir": (str,), "host": (str,),
+             "kind": (str,), "start": (int, float)},
+    "beat": {"key": (str,), "at": (int, float)},
+    "close": {"key": (str,), "end": (int, float)},
+}
+
+
+def _valid_event(ev: dict[str, object]) -> bool:
+    types = _EVENT_TYPES.get(ev.get("op"))  # type: ignore[arg-type]
+    if types is None:
+        return False
+    for k, t in types.items():
+        v = ev.get(k)
+        if not isinstance(v, t) or isinstance(v, bool):
+            return False
+        if isinstance(v, float) and not (v == v and abs(v) < 1e12):
+            return False
+    ps = ev.get("pid_start")
+    return ev.get("op") != "open" or ps is None or isinstance(ps, str)
+
+
+def _set_aside(spool: str, lines: list[bytes]) -> None:
+    try:
+        fd = os.open(spool + ".bad", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, b"".join(line.replace(b"\n", b" ") + b"\n" for line in lines))
+        finally:
+            os.close(fd)
+    except OSError:
+        pass  # could not keep them: they are dropped, never a jam
 
 
 def spool_path(ledger_path: str) -> str:

@@ -41,6 +41,7 @@ import os
 import time
 
 from . import signals as signal
+from .errors import SlotqError
 from .terminate import terminate_group
 
 TYPE_CHECKING = False
@@ -113,13 +114,17 @@ class ChildEnd:
     is set when it could not be started at all, or `lost`: the keeper died
     without a word (killed), and how the command ended is unknown."""
 
-    __slots__ = ("status", "exec_errno", "stopped", "lost")
+    __slots__ = ("status", "exec_errno", "stopped", "lost", "setup_error")
 
-    def __init__(self, status: int | None, exec_errno: int | None, stopped: bool, lost: bool = False) -> None:
+    def __init__(self, status: int | None, exec_errno: int | None, stopped: bool, lost: bool = False,
+                 setup_error: str | None = None) -> None:
         self.status = status
         self.exec_errno = exec_errno
         self.stopped = stopped  # ended by terminate_group on request
         self.lost = lost
+        # The keeper could not set the command up (work dir, slot file):
+        # nothing ran; slotq's own failure, never the command's.
+        self.setup_error = setup_error
 
     @property
     def exit_code(self) -> int:
@@ -214,6 +219,12 @@ def _reap_one(pid: int) -> None:
 def _parse_report(raw: bytes) -> ChildEnd:
     fields = dict(part.split(b"=", 1) for part in raw.split() if b"=" in part)
     stopped = fields.get(b"stopped") == b"1"
+    if b"setup" in fields:
+        try:
+            why = bytes.fromhex(fields[b"setup"].decode()).decode("utf-8", "replace")
+        except ValueError:
+            why = "the keeper could not set the command up"
+        return ChildEnd(None, None, stopped, setup_error=why)
     if b"execfail" in fields:
         return ChildEnd(None, int(fields[b"execfail"]), stopped)
     if b"status" in fields:
@@ -372,7 +383,10 @@ def _keeper(
     for fd in inherit_fds:
         os.set_inheritable(fd, True)  # the slot lock: the command holds it too
     if cwd:
-        os.chdir(cwd)
+        try:
+            os.chdir(cwd)
+        except OSError as e:
+            return _setup_failed(done_w, ticket, f"cannot enter the work dir {cwd}: {e.strerror}")
     if env is not None and "PATH" in env:
         os.environ["PATH"] = env["PATH"]  # posix_spawnp searches our PATH
     actions = [(os.POSIX_SPAWN_DUP2, devnull if stdin_fd is None else stdin_fd, 0),
@@ -397,7 +411,10 @@ def _keeper(
         from .slot import still_at_path
         from .statefile import open_state
 
-        lock_fd, _ = open_state(lock_path, os.O_RDWR)
+        try:
+            lock_fd, _ = open_state(lock_path, os.O_RDWR)
+        except (OSError, SlotqError) as e:
+            return _setup_failed(done_w, ticket, f"cannot open the slot file: {e}")
         # We are a fork of the runner: every page we write first is copied
         # then (copy-on-write), about 60 page faults on the way from the
         # release to the command. Take them now, while waiting costs nothing:
@@ -491,6 +508,16 @@ def _keeper(
                "the command's group was ended by its keeper" if stopped
                else "the command ended, but its runner vanished before recording the run")
     return 0
+
+
+def _setup_failed(done_w: int, ticket: tuple[int, str, int] | None, why: str) -> int:
+    """The keeper cannot set the command up: say so (the runner reports it
+    as slotq's failure, `unavailable`), leave the line, start nothing."""
+    if ticket is not None:
+        _unlink(ticket[1])
+    _tell(done_w, b"setup=" + why.encode("utf-8", "replace").hex().encode())
+    os.close(done_w)
+    return 1
 
 
 def _tell(fd: int, report: bytes) -> None:

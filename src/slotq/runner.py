@@ -105,6 +105,9 @@ class HostRunner:
         except KeyError:
             known = ", ".join(sorted(self.config.classes))
             return self._error("usage", f"unknown class {self.spec.cls!r} on host {self.host} (known: {known})")
+        cwd = self.spec.cwd
+        if cwd is not None and not os.path.isdir(cwd):
+            return self._error("usage", f"work dir {cwd} is not a directory on host {self.host}")
         try:
             ensure_state_dir(self.state_dir)
             got = self._queue(pool)
@@ -190,6 +193,10 @@ class HostRunner:
                     # stray kill). If it had started the command just now,
                     # that is ended too; the run is `unavailable` either way.
                     child = standby[0]
+                    if child.started is None and child.end is not None and child.end.setup_error:
+                        raise _Ended(Outcome.UNAVAILABLE, None,
+                                     f"slotq could not set the command up on host {self.host}: "
+                                     f"{child.end.setup_error}; nothing ran")
                     if child.started is None:
                         self._end_lost(child)
                         raise _Ended(Outcome.UNAVAILABLE, None, self._lost_message)
@@ -291,6 +298,8 @@ class HostRunner:
                 end, reason = self._pump(child, streams, limit)
                 if end.lost:  # the prepare step's keeper was killed: not the work's failure
                     return self._finish(Outcome.UNAVAILABLE, None, lease, self._lost_message or "keeper killed")
+                if end.setup_error:
+                    return self._finish(Outcome.UNAVAILABLE, None, lease, self._judge(end, None)[1])
                 self.phases["prepared"] = self.clock.wall()
                 ok = reason is None and end.exec_errno is None and end.exit_code == 0
                 self.link.event(protocol.PREPARED, ok=ok, exit_code=end.exit_code)
@@ -352,6 +361,9 @@ class HostRunner:
 
     def _judge(self, end: ChildEnd, reason: Outcome | None) -> tuple[Outcome, str]:
         slot_at = time.strftime("%H:%M:%S", time.localtime(self.phases["slot"] or 0))
+        if end.setup_error:
+            return Outcome.UNAVAILABLE, (f"slotq could not set the command up on host {self.host}: "
+                                         f"{end.setup_error}; nothing ran")
         if end.lost:
             return Outcome.UNAVAILABLE, self._lost_message or "the command's keeper was killed"
         if reason is Outcome.CANCELLED and self.link.cancel_note is not None:
@@ -512,7 +524,7 @@ class HostRunner:
             message = f"{message} (caller gone before the result)"
         p = self.phases
         started, ended = p["started"], p["ended"]
-        exit_code = end.exit_code if end is not None and not end.lost else None
+        exit_code = end.exit_code if end is not None and not end.lost and not end.setup_error else None
         record: dict[str, object] = {
             "run_id": spec.run_id, "label": spec.label, "cls": spec.cls, "host": self.host,
             "outcome": outcome.value, "exit_code": exit_code, "message": message,

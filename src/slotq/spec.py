@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from .durations import check_seconds
+
 
 def new_run_id() -> str:
     return os.urandom(6).hex()
@@ -68,18 +70,58 @@ class RunSpec:
 
     @classmethod
     def from_request(cls, line: bytes) -> "RunSpec":
-        """Parse `to_request`'s line; ValueError if it is not one."""
-        import json
+        """Parse `to_request`'s line; ValueError naming the field if it is
+        not one: every field's type and range is checked (a host takes
+        requests from any caller that can reach it)."""
+        from .records import from_json
 
-        data = json.loads(line)
-        if not isinstance(data, dict) or not isinstance(data.get("argv"), list) or not data["argv"] \
-                or not all(isinstance(a, str) for a in data["argv"]):
-            raise ValueError("a run request needs a non-empty argv of strings")
+        if len(line) > MAX_REQUEST:
+            raise ValueError(f"the request is longer than {MAX_REQUEST} bytes")
+        try:
+            data = from_json(line.decode("utf-8"), 4)
+        except UnicodeDecodeError:
+            raise ValueError("the request is not UTF-8") from None
+        if not isinstance(data, dict):
+            raise ValueError("a run request is a JSON object")
         unknown = set(data) - set(cls._REQUEST)
         if unknown:
-            raise ValueError(f"unknown request field(s) {sorted(unknown)}")
-        argv = data.pop("argv")
+            raise ValueError(f"unknown request field(s) {sorted(unknown)[:5]}")
+        argv = data.pop("argv", None)
+        if not isinstance(argv, list) or not argv or len(argv) > 100_000 or argv[0] == "" \
+                or not all(isinstance(a, str) and "\0" not in a for a in argv):
+            raise ValueError("argv must be a non-empty list of strings without NUL bytes")
+        for key in ("budget", "prepare_timeout", "max_wait", "report_every"):
+            if data.get(key) is not None:
+                data[key] = check_seconds(data[key], key)
+        if data.get("kill_grace") is not None:
+            data["kill_grace"] = check_seconds(data["kill_grace"], "kill_grace", allow_zero=True)
+        if data.get("report_every") is not None and data["report_every"] < 0.01:
+            raise ValueError("report_every must be at least 0.01 seconds")
+        if "report_every" in data and data["report_every"] is None:
+            del data["report_every"]
+        cls_name = data.get("cls", "shared")
+        if not isinstance(cls_name, str) or not 0 < len(cls_name) <= 64 \
+                or not all(c.isalnum() or c in "-_" for c in cls_name):
+            raise ValueError("cls must be a class name (letters, digits, - or _)")
+        for key, limit in (("prepare", 65536), ("label", 1000)):
+            v = data.get(key)
+            if v is not None and (not isinstance(v, str) or len(v) > limit or "\0" in v):
+                raise ValueError(f"{key} must be a string of at most {limit} characters without NUL bytes")
+        for key, low in (("run_id", 1), ("work_id", 8)):
+            v = data.get(key)
+            if v is not None and (not isinstance(v, str) or not (v.isascii() and v.isalnum())
+                                  or not low <= len(v) <= 64):
+                raise ValueError(f"{key} must be {low}..64 letters and digits")
+        cwd = data.get("cwd")
+        if cwd is not None:
+            if not isinstance(cwd, str) or not cwd.startswith("/") or "\0" in cwd or len(cwd) > 4096:
+                raise ValueError("cwd must be an absolute path")
+            if data.get("work_id") is not None:
+                raise ValueError("a request names a work_id or a cwd, not both")
         return cls(argv, **data)
+
+
+MAX_REQUEST = 4 * 1024 * 1024
 
 
 def _default_label(argv: list[str]) -> str:

@@ -206,28 +206,87 @@ def ssh_transport(opts: Namespace, host: str, sync: str = "rsync") -> "SshTransp
 
 
 class JsonResult:
-    """Where `--json FILE|-` goes. The file is opened when the options are
-    read, so a bad path is a usage error before the run, not a result lost
-    after it."""
+    """Where `--json FILE|-` goes. Checked when the options are read, so a
+    bad path is a usage error before the run, not a result lost after it.
+    A regular file is written whole or not at all: into a temporary file
+    beside it (made now, which proves the directory writable), renamed over
+    FILE at the end; an existing FILE is untouched until then. A device or
+    FIFO (`/dev/stderr`) is opened now and written at the end."""
 
     def __init__(self, dest: str | None) -> None:
+        import stat
+
         self.dest = dest
-        self._file = None
-        if dest and dest != "-":
-            try:
-                self._file = open(dest, "w")
-            except OSError as e:
-                raise UsageError(f"cannot write --json file {dest}: {e.strerror}") from None
+        self._fd = -1
+        self._tmp: str | None = None
+        if not dest or dest == "-":
+            return
+        try:
+            st: os.stat_result | None = os.stat(dest)
+        except FileNotFoundError:
+            st = None
+        except OSError as e:
+            raise UsageError(f"cannot write --json file {dest}: {e.strerror}") from None
+        try:
+            if st is not None and stat.S_ISDIR(st.st_mode):
+                raise UsageError(f"cannot write --json file {dest}: it is a directory")
+            if st is not None and not stat.S_ISREG(st.st_mode):
+                self._fd = os.open(dest, os.O_WRONLY | os.O_CLOEXEC)
+                return
+            if st is not None and not os.access(dest, os.W_OK):
+                raise UsageError(f"cannot write --json file {dest}: permission denied")
+            base = os.path.join(os.path.dirname(os.path.abspath(dest)), "." + os.path.basename(dest))
+            self._tmp = f"{base}.{os.getpid()}.{os.urandom(3).hex()}.tmp"
+            self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                               0o666 if st is None else stat.S_IMODE(st.st_mode))
+        except OSError as e:
+            raise UsageError(f"cannot write --json file {dest}: {e.strerror}") from None
 
     def write(self, render: Callable[[], str]) -> None:
         """Write `render()` if --json was given. A callable, so a run without
         --json never renders (rendering imports `json`, which imports `re`:
-        about 6 ms, a third of a run's own cost)."""
+        about 6 ms, a third of a run's own cost). A result that cannot be
+        written is one line on stderr; no partial file is left."""
         if not self.dest:
             return
-        text = render()
-        if self._file is not None:
-            self._file.write(text + "\n")
-            self._file.close()
-        else:
-            os.write(1, (text + "\n").encode())
+        data = (render() + "\n").encode()
+        if self.dest == "-":
+            try:
+                os.write(1, data)
+            except OSError as e:
+                _warn(f"slotq: could not write the --json result to stdout: {e.strerror}")
+            return
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view):]
+            if self._tmp is not None:
+                os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = -1
+            if self._tmp is not None:
+                os.replace(self._tmp, self.dest)
+                self._tmp = None
+        except OSError as e:
+            _warn(f"slotq: could not write the --json result to {self.dest}: {e.strerror}")
+        finally:
+            self.discard()
+
+    def discard(self) -> None:
+        """Drop the temporary file (a run that ended before its result)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        if self._tmp is not None:
+            try:
+                os.unlink(self._tmp)
+            except OSError:
+                pass
+            self._tmp = None
+
+
+def _warn(line: str) -> None:
+    try:
+        os.write(2, (line + "\n").encode())
+    except OSError:
+        pass

@@ -52,11 +52,12 @@ def main(args: list[str]) -> int:
         try:
             spec = RunSpec.from_request(line)
         except (ValueError, TypeError) as e:
-            raise UsageError(f"bad run request on stdin: {e}") from None
+            from slotq.records import printable
+
+            raise UsageError(f"bad run request on stdin: {printable(e, 300)}") from None
         if spec.work_id is not None:
-            if not (spec.work_id.isalnum() and 8 <= len(spec.work_id) <= 64):
-                raise UsageError(f"bad work id {spec.work_id!r}")
-            spec.cwd = os.path.join(state_dir, "work", spec.work_id)
+            spec.cwd = os.path.join(work_root(state_dir), spec.work_id)
+            _check_own_dir(spec.cwd, private=False)
     else:
         if not command:
             raise PARSER.error("no command given (or --request-stdin)")
@@ -69,12 +70,16 @@ def main(args: list[str]) -> int:
 
 
 def _read_line(fd: int) -> tuple[bytes, bytes]:
+    from slotq.spec import MAX_REQUEST
+
     buf = b""
     while b"\n" not in buf:
         chunk = os.read(fd, 65536)
         if not chunk:
             raise UsageError("no run request on stdin")
         buf += chunk
+        if len(buf) > MAX_REQUEST and b"\n" not in buf:
+            raise UsageError(f"bad run request on stdin: longer than {MAX_REQUEST} bytes")
     line, rest = buf.split(b"\n", 1)
     return line, rest
 
@@ -133,9 +138,51 @@ def hello() -> int:
 
     state_dir = state_dir_from_env()
     ensure_state_dir(state_dir)
-    work_root = os.path.join(state_dir, "work")
-    os.makedirs(work_root, exist_ok=True)
+    root = work_root(state_dir)
     sys.stdout.write(to_json({"slotq": __version__, "protocol": protocol.PROTOCOL_VERSION,
                               "host": os.uname().nodename, "state_dir": state_dir,
-                              "work_root": work_root}) + "\n")
+                              "work_root": root}) + "\n")
     return 0
+
+
+def work_root(state_dir: str) -> str:
+    """The caller's own directory for synced work trees: `work/<uid>`,
+    made here (mode 0700), and refused unless it is a real directory of
+    ours that nobody else can enter -- in a shared state dir, another user
+    could otherwise have planted a link there and had our rsync --delete
+    run into their choice of directory."""
+    from slotq.errors import StateDirError
+    from slotq.statefile import make_dirs
+
+    shared = os.path.join(state_dir, "work")
+    root = os.path.join(shared, str(os.getuid()))
+    try:
+        make_dirs(shared, state_dir)
+        try:
+            os.mkdir(root, 0o700)
+        except FileExistsError:
+            pass
+    except OSError as e:
+        raise StateDirError(f"cannot make the work dir root {root}: {e.strerror}", root) from None
+    _check_own_dir(root, private=True)
+    return root
+
+
+def _check_own_dir(path: str, private: bool) -> None:
+    import stat
+
+    from slotq.errors import StateDirError
+
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return  # not synced yet: the runner says so
+    except OSError as e:
+        raise StateDirError(f"work dir {path}: {e.strerror}", path) from None
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise StateDirError(f"work dir {path} is not a plain directory (a planted link?): refused", path)
+    if st.st_uid != os.getuid():
+        raise StateDirError(f"work dir {path} belongs to uid {st.st_uid}, not to you: refused", path)
+    if private and st.st_mode & 0o077:
+        raise StateDirError(f"work dir root {path} can be entered by others (mode "
+                            f"{stat.S_IMODE(st.st_mode):04o}): refused", path)

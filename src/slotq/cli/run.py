@@ -78,9 +78,12 @@ def main(args: list[str]) -> int:
                    prepare_timeout=opts.prepare_timeout, label=opts.label,
                    report_every=opts.report_every, kill_grace=opts.kill_grace, cwd=cwd, max_wait=opts.max_wait)
     json_result = JsonResult(opts.json)
-    result = run(spec, transport, idle=opts.idle, status=say, handle_sigint=True,
-                 credit_dir=opts.credit_dir or cwd)
-    json_result.write(result.to_json)
+    try:
+        result = run(spec, transport, idle=opts.idle, status=say, handle_sigint=True,
+                     credit_dir=opts.credit_dir or cwd)
+        json_result.write(result.to_json)
+    finally:
+        json_result.discard()  # no result (an error escaped): no file, and the old one untouched
     return result.exit_code
 
 

@@ -54,9 +54,12 @@ def main(args: list[str]) -> int:
             sys.stderr.write(line + "\n")
             sys.stderr.flush()
 
-    deadline = Deadline(opts.budget, deadline=opts.deadline, credit_dir=opts.credit_dir, credit=opts.credit,
-                        recheck=opts.recheck, on_extend=lambda ext: say(describe_extension(ext)))
-    result = run_task(command, deadline, grace=opts.kill_grace, say=say)
-    say(f"slotq task: {result.outcome.value} after {result.elapsed:.1f}s — {result.message}")
-    json_result.write(result.to_json)
+    try:
+        deadline = Deadline(opts.budget, deadline=opts.deadline, credit_dir=opts.credit_dir, credit=opts.credit,
+                            recheck=opts.recheck, on_extend=lambda ext: say(describe_extension(ext)))
+        result = run_task(command, deadline, grace=opts.kill_grace, say=say)
+        say(f"slotq task: {result.outcome.value} after {result.elapsed:.1f}s — {result.message}")
+        json_result.write(result.to_json)
+    finally:
+        json_result.discard()
     return result.exit_code

@@ -50,6 +50,7 @@ def main(args: list[str]) -> int:
         try:
             ledger = Ledger(path)
             credit_dict = ledger.credit(opts.dir, since, until).to_dict()
+            credit_dict["set_aside"] = ledger.set_aside()
             ledger.close()
         except Exception as e:
             from slotq.errors import StateDirError
@@ -59,6 +60,9 @@ def main(args: list[str]) -> int:
         json.dump(credit_dict, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
+    if credit_dict.get("set_aside"):
+        print(f"note: {credit_dict['set_aside']} unreadable line(s) of the wait ledger's spool were set aside "
+              f"in {spool_path(path)}.bad (not counted)")
 
     def stamp(t: float) -> str:
         return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
