@@ -31,7 +31,8 @@ class StateFileError(StateDirError):
     another user's file) or cannot be opened."""
 
 
-def _kind(mode: int) -> str:
+def kind(mode: int) -> str:
+    """'a FIFO', 'a symbolic link', ... for a file mode."""
     for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"),
                        (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
                        (stat.S_ISBLK, "a block device")):
@@ -73,7 +74,7 @@ def open_state(path: str, flags: int, *, create: bool = False, mode: int = 0o644
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise StateFileError(f"state file {path} is {_kind(st.st_mode)}, not a regular file: refused", path)
+            raise StateFileError(f"state file {path} is {kind(st.st_mode)}, not a regular file: refused", path)
         if owners is not None and st.st_uid not in owners:
             raise StateFileError(f"state file {path} belongs to {user_name(st.st_uid)}, not to "
                                  f"{' or '.join(user_name(u) for u in owners)}: refused", path)
@@ -159,4 +160,4 @@ def _check_dir(path: str) -> None:
     except OSError as e:
         raise StateFileError(describe_error(path, e), path) from None
     if not stat.S_ISDIR(st.st_mode):
-        raise StateFileError(f"state path {path} is {_kind(st.st_mode)}, not a directory: refused", path)
+        raise StateFileError(f"state path {path} is {kind(st.st_mode)}, not a directory: refused", path)

@@ -12,7 +12,7 @@ from .durations import format_duration
 from .proclocks import describe_holders, holder_pids, owners
 from .records import printable
 from .slot import read_slot, slot_name, slot_path
-from .statefile import StateFileError
+from .statefile import StateFileError, kind
 from .ticket import list_tickets, pool_dir, probe, read_info, remove_stale_temps, scan
 
 Table = dict[tuple[int, int], list[int]]
@@ -43,6 +43,18 @@ def holders(state_dir: str, pool: str, count: int, now: float,
     out: list[dict[str, object]] = []
     for i in range(count):
         entry: dict[str, object] = {"slot": slot_name(pool, i), "held": False}
+        path = slot_path(state_dir, pool, i)
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode):
+                raise StateFileError(f"slot file {path} is {kind(st.st_mode)}, not a regular file: "
+                                     "no run can take this slot", path)
+        except FileNotFoundError:
+            pass
+        except StateFileError as e:
+            entry["error"] = str(e)
+            out.append(entry)
+            continue
         try:
             held, info = read_slot(state_dir, pool, i, locked)
         except StateFileError as e:

@@ -1,5 +1,7 @@
 """`slotq host ...`: the host side, as transports launch it.
 
+  slotq host init --shared DIR --group G
+                                 as root: a state dir the members of G share safely
   slotq host hello               one JSON line: version, protocol, state dir, work root
   slotq host reap RUN_ID         after a runner vanished: what became of its command,
                                  and its orphaned processes ended (same user)
@@ -31,6 +33,10 @@ PARSER = Parser(
 
 
 def main(args: list[str]) -> int:
+    if args[:1] == ["init"]:
+        from slotq.cli.hostinit import main as init
+
+        return init(args[1:])
     if args[:1] == ["hello"]:
         return hello()
     if args[:1] == ["reap"]:
@@ -38,7 +44,8 @@ def main(args: list[str]) -> int:
             raise UsageError("usage: slotq host reap RUN_ID")
         return reap(args[1])
     if not args or args[0] != "run":
-        raise UsageError("usage: slotq host hello | slotq host run [options] -- CMD [ARGS...]")
+        raise UsageError("usage: slotq host init --shared DIR --group G | slotq host hello | "
+                         "slotq host reap RUN_ID | slotq host run [options] -- CMD [ARGS...]")
     opts, command = PARSER.parse(args[1:])
     from slotq.config import HostConfig, state_dir_from_env
     from slotq.runner import HostRunner

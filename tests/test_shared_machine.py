@@ -1,0 +1,574 @@
+"""A shared test machine is safe to share (issue 11): two ordinary users,
+`slotqa` (A, the victim) and `slotqb` (B, the attacker), members of one
+group (scripts/test-users makes them), share a state dir made by
+`slotq host init` -- or, where an attack needs a directory B can write
+names into, the old group-writable layout the README used to document.
+
+Every attack from the issue is a test: links planted where slotq opens
+files leave A's files byte-for-byte unchanged, FIFOs give an error and
+never a hang, a config B wrote is ignored, the ticket order survives a
+rewritten counter and a renamed ticket, whoever holds a lock by hand is
+named with their user, and corrupt state is survived."""
+
+from __future__ import annotations
+
+import grp
+import json
+import os
+import pwd
+import shutil
+import signal
+import stat
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import slotq_cmd, wait_for
+
+USERS = [u for u in os.environ.get("SLOTQ_TEST_USERS", "").split(",") if u]
+GROUP = os.environ.get("SLOTQ_TEST_GROUP", "")
+
+pytestmark = pytest.mark.skipif(os.getuid() != 0 or len(USERS) < 2 or not GROUP,
+                                reason="needs root and the test users (scripts/test-users)")
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+
+
+class World:
+    """A temp root (removed at the end) with a copy of slotq's code the test
+    users can read, a home and a victim dir per user, and a state dir."""
+
+    def __init__(self, root: Path, state: Path) -> None:
+        self.root = root
+        self.state = state
+        self.gid = grp.getgrnam(GROUP).gr_gid
+        self.a, self.b = USERS[0], USERS[1]
+
+    def uid(self, user: str) -> int:
+        return pwd.getpwnam(user).pw_uid
+
+    def home(self, user: str) -> Path:
+        return self.root / f"home-{user}"
+
+    def env(self, user: str, **extra: str) -> dict[str, str]:
+        home = self.home(user)
+        return {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(self.root / "code"), "HOME": str(home),
+                "XDG_STATE_HOME": str(home / "state"), "SLOTQ_STATE_DIR": str(self.state),
+                "PYTHONDONTWRITEBYTECODE": "1", "LANG": "C.UTF-8", **extra}
+
+    def cmd(self, *args: str) -> list[str]:
+        return ["/usr/bin/python3", "-m", "slotq", *args]
+
+    def _as(self, user: str) -> dict[str, object]:
+        pw = pwd.getpwnam(user)
+        return {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": [self.gid], "umask": 0o002}
+
+    def run(self, user: str, *args: str, timeout: float = 30, input: bytes | None = None,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(self.cmd(*args), capture_output=True, timeout=timeout, cwd=self.home(user),
+                              env=env or self.env(user), text=input is None, input=input,
+                              **self._as(user))  # type: ignore[call-overload,no-any-return]
+
+    def popen(self, user: str, *args: str, **kw: object) -> subprocess.Popen[bytes]:
+        kw.setdefault("stdin", subprocess.DEVNULL)
+        kw.setdefault("stdout", subprocess.DEVNULL)
+        kw.setdefault("stderr", subprocess.DEVNULL)
+        return subprocess.Popen(self.cmd(*args), cwd=self.home(user), env=self.env(user),  # type: ignore[call-overload]
+                                start_new_session=True, **self._as(user), **kw)
+
+    def py(self, user: str, code: str, timeout: float = 20) -> subprocess.CompletedProcess[str]:
+        """Run a bit of Python as `user` (B's attacks)."""
+        return subprocess.run(["/usr/bin/python3", "-c", code], capture_output=True, text=True, timeout=timeout,
+                              cwd=self.home(user), env=self.env(user), **self._as(user))  # type: ignore[call-overload]
+
+    def victim(self) -> tuple[Path, dict[str, tuple[bytes, int, int]]]:
+        """A's private files (what B would love to overwrite), and their
+        bytes, mode and mtime now."""
+        d = self.home(self.a) / "precious"
+        d.mkdir(exist_ok=True)
+        (d / "bashrc").write_text("echo hello\n")
+        (d / "notes.txt").write_text("do not lose\n")
+        for p in [d, *d.iterdir()]:
+            os.chown(p, self.uid(self.a), -1)
+        return d, snapshot_files(d)
+
+
+def snapshot_files(d: Path) -> dict[str, tuple[bytes, int, int]]:
+    return {p.name: (p.read_bytes(), p.stat().st_mode, p.stat().st_mtime_ns) for p in sorted(d.iterdir())}
+
+
+def _make_root() -> Path:
+    root = Path(tempfile.mkdtemp(prefix="slotq-share-"))
+    os.chmod(root, 0o755)
+    shutil.copytree(SRC / "slotq", root / "code" / "slotq", ignore=shutil.ignore_patterns("__pycache__"))
+    for dirpath, dirnames, filenames in os.walk(root / "code"):
+        os.chmod(dirpath, 0o755)
+        for f in filenames:
+            os.chmod(os.path.join(dirpath, f), 0o644)
+    for user in USERS:
+        home = root / f"home-{user}"
+        home.mkdir()
+        pw = pwd.getpwnam(user)
+        os.chown(home, pw.pw_uid, pw.pw_gid)
+        os.chmod(home, 0o700)
+    return root
+
+
+@pytest.fixture
+def world() -> Iterator[World]:
+    """The shared state dir made by `slotq host init` (as root)."""
+    root = _make_root()
+    try:
+        state = root / "state"
+        proc = subprocess.run(slotq_cmd() + ["host", "init", "--shared", str(state), "--group", GROUP],
+                              capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 0, proc.stderr
+        yield World(root, state)
+    finally:
+        _stop_users_processes(root)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def legacy() -> Iterator[World]:
+    """The layout the README used to document: a group-owned 2775 dir, no
+    sticky bit, nothing made in advance -- B can put any name in it."""
+    root = _make_root()
+    try:
+        state = root / "state"
+        state.mkdir()
+        os.chown(state, 0, grp.getgrnam(GROUP).gr_gid)
+        os.chmod(state, 0o2775)
+        yield World(root, state)
+    finally:
+        _stop_users_processes(root)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _stop_users_processes(root: Path) -> None:
+    """Kill what a test left running as the test users (by pid)."""
+    uids = {pwd.getpwnam(u).pw_uid for u in USERS}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            st = os.stat(f"/proc/{name}")
+            if st.st_uid in uids:
+                os.kill(int(name), signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def one_line(proc: subprocess.CompletedProcess[str]) -> str:
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    return lines[0]
+
+
+# ---------------------------------------------------------------- host init
+
+@pytest.mark.timeout(60)
+def test_host_init_makes_a_dir_where_nobody_can_remove_or_replace_anothers_files(world: World) -> None:
+    st = world.state.stat()
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, world.gid, 0o3775)
+    for rel in ("slots", "tickets", "tickets/shared", "tickets/landing", "work"):
+        s = (world.state / rel).stat()
+        assert s.st_uid == 0 and s.st_mode & stat.S_ISVTX, rel
+    for rel in ("seq", "slots/shared.0", "slots/landing.0", "history.jsonl"):
+        s = (world.state / rel).lstat()
+        assert stat.S_ISREG(s.st_mode) and s.st_uid == 0 and stat.S_IMODE(s.st_mode) == 0o660, rel
+    cfg = (world.state / "host.toml").stat()
+    assert cfg.st_uid == 0 and stat.S_IMODE(cfg.st_mode) == 0o644
+    # B tries to delete, replace or rename each: refused by the kernel.
+    code = f"""
+import os, errno
+out = []
+for rel in ("seq", "slots/shared.0", "history.jsonl", "host.toml"):
+    p = os.path.join({str(world.state)!r}, rel)
+    for what, fn in (("unlink", lambda: os.unlink(p)), ("rename", lambda: os.rename(p, p + ".x"))):
+        try:
+            fn()
+            out.append(what + " " + rel + " WORKED")
+        except OSError as e:
+            out.append(what + " " + rel + " " + errno.errorcode[e.errno])
+    open(p + ".planted", "w").close()
+    try:
+        os.rename(p + ".planted", p)
+        out.append("replace " + rel + " WORKED")
+    except OSError as e:
+        out.append("replace " + rel + " " + errno.errorcode[e.errno])
+        os.unlink(p + ".planted")
+print("\\n".join(out))
+"""
+    res = world.py(world.b, code)
+    assert res.returncode == 0, res.stderr
+    assert "WORKED" not in res.stdout, res.stdout
+    # Both users can run, one after the other, and status is clean.
+    assert world.run(world.a, "run", "-q", "--", "true").returncode == 0
+    assert world.run(world.b, "run", "-q", "--", "true").returncode == 0
+    status = world.run(world.a, "status")
+    assert status.returncode == 0 and "warning" not in status.stdout, status.stdout
+
+
+@pytest.mark.timeout(30)
+def test_host_init_needs_root_and_a_known_group(tmp_path: Path) -> None:
+    w = World(_make_root(), tmp_path)
+    try:
+        proc = w.run(w.a, "host", "init", "--shared", str(w.root / "x"), "--group", GROUP)
+        assert proc.returncode == 77 and "must run as root" in one_line(proc)
+    finally:
+        shutil.rmtree(w.root, ignore_errors=True)
+    proc = subprocess.run(slotq_cmd() + ["host", "init", "--shared", str(tmp_path / "s"), "--group", "no-such-grp"],
+                          capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 2 and "no group named" in one_line(proc)
+
+
+@pytest.mark.timeout(60)
+def test_status_warns_about_a_shared_dir_not_made_by_host_init(legacy: World) -> None:
+    assert legacy.run(legacy.a, "run", "-q", "--", "true").returncode == 0
+    status = legacy.run(legacy.b, "status")
+    assert status.returncode == 0
+    assert "is shared by several users but not set up for it" in status.stdout
+    assert "slotq host init --shared" in status.stdout
+
+
+# ---------------------------------------------------------------- planted links
+
+# (".host-config.cache" is where slotq kept one shared cache before: the
+# attack the issue reproduced through it.)
+LEGACY_TARGETS = ["seq", "slots/shared.0", "history.jsonl", "host.toml", "tickets/shared", "work/{uid}",
+                  ".host-config.cache.{uid}", ".host-config.cache"]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("rel", LEGACY_TARGETS)
+def test_a_link_planted_at_a_state_path_never_writes_through(legacy: World, rel: str) -> None:
+    w = legacy
+    victim, before = w.victim()
+    target = victim / "bashrc" if rel not in ("tickets/shared", "work/{uid}") else victim
+    rel = rel.format(uid=w.uid(w.a))
+    for sub in ("slots", "tickets", "work"):
+        if rel.startswith(sub + "/"):
+            (w.state / sub).mkdir(exist_ok=True)
+            os.chown(w.state / sub, w.uid(w.b), w.gid)
+            os.chmod(w.state / sub, 0o2775)
+    plant = w.py(w.b, f"import os; os.symlink({str(target)!r}, {str(w.state / rel)!r})")
+    assert plant.returncode == 0, plant.stderr
+    run = w.run(w.a, "run", "--", "sh", "-c", "echo ran")
+    status = w.run(w.a, "status")
+    hello = w.run(w.a, "host", "hello")
+    assert snapshot_files(victim) == before, "A's files were changed through B's link"
+    assert sorted(p.name for p in victim.iterdir()) == sorted(before)
+    assert status.returncode == 0 and "Traceback" not in status.stderr, status.stderr
+    if rel in ("seq", "slots/shared.0", "tickets/shared"):
+        # Nothing slotq can do without them: a one-line error naming the path.
+        assert run.returncode == 73, run.stderr
+        assert str(w.state / rel) in one_line(run) and "symbolic link" in run.stderr
+    elif rel.startswith("work/"):
+        assert run.returncode == 0  # a local run has no work dir; the remote host side refuses:
+        assert hello.returncode == 73 and "not a plain directory" in one_line(hello)
+    else:
+        assert run.returncode == 0 and "ran" in run.stdout, run.stderr
+        if rel == "host.toml":
+            assert "ignoring host config" in run.stderr and "symbolic link" in run.stderr
+
+
+@pytest.mark.timeout(60)
+def test_links_at_the_names_b_can_still_create_in_an_init_dir_are_harmless(world: World) -> None:
+    w = world
+    victim, before = w.victim()
+    uid = w.uid(w.a)
+    code = f"""
+import os
+s = {str(w.state)!r}
+os.symlink({str(victim / 'bashrc')!r}, os.path.join(s, ".host-config.cache.{uid}"))
+os.symlink({str(victim)!r}, os.path.join(s, "work", "{uid}"))
+for seq in range(1, 30):  # the next ticket names
+    os.symlink({str(victim / 'notes.txt')!r}, os.path.join(s, "tickets", "shared", "%016d.t" % seq))
+"""
+    assert w.py(w.b, code).returncode == 0
+    run = w.run(w.a, "run", "--json", str(w.home(w.a) / "r.json"), "--", "true")
+    assert run.returncode == 0, run.stderr
+    result = json.loads((w.home(w.a) / "r.json").read_text())
+    assert result["ticket"] >= 30  # numbered past the planted names, never through them
+    hello = w.run(w.a, "host", "hello")
+    assert hello.returncode == 73 and "not a plain directory" in one_line(hello)
+    assert snapshot_files(victim) == before
+
+
+# ---------------------------------------------------------------- FIFOs and odd files
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("rel", ["seq", "history.jsonl", "host.toml", ".host-config.cache.{uid}", ".host-config.cache",
+                                 "slots/shared.0"])
+def test_a_fifo_at_a_state_path_is_an_error_not_a_hang(legacy: World, rel: str) -> None:
+    w = legacy
+    rel = rel.format(uid=w.uid(w.a))
+    if rel.startswith("slots/"):
+        (w.state / "slots").mkdir()
+        os.chmod(w.state / "slots", 0o2777)
+    assert w.py(w.b, f"import os; os.mkfifo({str(w.state / rel)!r}, 0o666)").returncode == 0
+    run = w.run(w.a, "run", "--", "true", timeout=20)
+    status = w.run(w.a, "status", timeout=20)
+    assert status.returncode == 0 and "Traceback" not in status.stderr, status.stderr
+    if rel in ("seq", "slots/shared.0"):
+        assert run.returncode == 73 and "is a FIFO" in one_line(run)
+        assert "is a FIFO" in status.stdout or "not a regular file" in status.stdout
+    else:
+        assert run.returncode == 0, run.stderr
+
+
+# ---------------------------------------------------------------- trusted config
+
+@pytest.mark.timeout(60)
+def test_a_config_written_by_another_user_is_ignored_with_a_warning(legacy: World) -> None:
+    w = legacy
+    cfg = w.state / "host.toml"
+    assert w.py(w.b, f"open({str(cfg)!r}, 'w').write('[pools]\\nshared = 8\\n[defaults]\\nbudget = \"1s\"\\n')"
+                ).returncode == 0
+    run = w.run(w.a, "run", "--", "python3", "-c", "import time; time.sleep(1.5)")
+    assert run.returncode == 0, run.stderr  # the planted budget of 1s was not applied
+    assert f"ignoring host config {cfg}" in run.stderr and "slotqb" in run.stderr
+    status = w.run(w.a, "status", "--json")
+    snap = json.loads(status.stdout)
+    assert [len(p["slots"]) for p in snap["pools"] if p["pool"] == "shared"] == [1]
+    assert any("ignoring host config" in x for x in snap["warnings"])
+
+
+@pytest.mark.timeout(60)
+def test_a_forged_config_cache_is_not_used(world: World) -> None:
+    """B cannot write A's cache (per user, A's own 0600 file); a cache of
+    B's own forging with matching keys is never read by A."""
+    w = world
+    assert w.run(w.b, "run", "-q", "--", "true").returncode == 0
+    b_cache = w.state / f".host-config.cache.{w.uid(w.b)}"
+    text = b_cache.read_text()
+    data = json.loads(text)
+    data["data"] = {"pools": {"shared": 8, "landing": 1}}
+    assert w.py(w.b, f"open({str(b_cache)!r}, 'w').write({json.dumps(data)!r})").returncode == 0
+    # A uses only its own cache: plant B's forged one under A's name? B cannot
+    # (sticky dir, A's file) -- once A has run; before, B could create it:
+    a_cache = w.state / f".host-config.cache.{w.uid(w.a)}"
+    assert w.py(w.b, f"open({str(a_cache)!r}, 'w').write({json.dumps(data)!r})").returncode == 0
+    snap = json.loads(w.run(w.a, "status", "--json").stdout)
+    assert [len(p["slots"]) for p in snap["pools"] if p["pool"] == "shared"] == [1]
+
+
+# ---------------------------------------------------------------- order and exclusivity
+
+def _hold(w: World, user: str, gate: Path, *extra: str) -> subprocess.Popen[bytes]:
+    p = w.popen(user, "run", "-q", *extra, "--", "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done")
+    wait_for(lambda: _holder(w) is not None, what="the holder running")
+    return p
+
+
+def _holder(w: World) -> dict[str, object] | None:
+    snap = json.loads(w.run(w.a, "status", "--json").stdout)
+    for p in snap["pools"]:
+        if p["pool"] == "shared":
+            held = [s for s in p["slots"] if s["held"] and s.get("phase") == "running"]
+            return held[0] if held else None
+    return None
+
+
+def _waiting(w: World) -> list[dict[str, object]]:
+    snap = json.loads(w.run(w.a, "status", "--json").stdout)
+    return [x for p in snap["pools"] if p["pool"] == "shared" for x in p["waiting"]]
+
+
+@pytest.mark.timeout(90)
+def test_a_rewritten_counter_never_lets_a_newcomer_jump_the_line(world: World) -> None:
+    w = world
+    gate = w.root / "gate"
+    holder = _hold(w, w.a, gate)
+    first = w.popen(w.a, "run", "-q", "--json", str(w.home(w.a) / "first.json"), "--", "true")
+    wait_for(lambda: len(_waiting(w)) == 1, what="the first waiter in line")
+    ticket = _waiting(w)[0]["seq"]
+    assert w.py(w.b, f"open({str(w.state / 'seq')!r}, 'w').write('0\\n')").returncode == 0
+    status = w.run(w.a, "status")
+    assert "the ticket counter" in status.stdout and "was rewritten" in status.stdout, status.stdout
+    late = w.popen(w.b, "run", "-q", "--json", str(w.home(w.b) / "late.json"), "--", "true")
+    wait_for(lambda: len(_waiting(w)) == 2, what="the newcomer in line")
+    assert [x["seq"] for x in _waiting(w)][0] == ticket  # the first is still first
+    gate.touch()
+    assert holder.wait(timeout=30) == 0 and first.wait(timeout=30) == 0 and late.wait(timeout=30) == 0
+    r1 = json.loads((w.home(w.a) / "first.json").read_text())
+    r2 = json.loads((w.home(w.b) / "late.json").read_text())
+    assert r2["ticket"] > r1["ticket"] == ticket
+    assert r1["phases"]["started"] <= r2["phases"]["started"]
+
+
+@pytest.mark.timeout(90)
+def test_a_renamed_ticket_is_placed_last_and_named(world: World) -> None:
+    w = world
+    gate = w.root / "gate"
+    holder = _hold(w, w.a, gate)
+    a_wait = w.popen(w.a, "run", "-q", "--", "true")
+    wait_for(lambda: len(_waiting(w)) == 1, what="A's waiter")
+    b_wait = w.popen(w.b, "run", "-q", "--", "true")
+    wait_for(lambda: len(_waiting(w)) == 2, what="B's waiter")
+    line = _waiting(w)
+    a_seq, b_seq = line[0]["seq"], line[1]["seq"]
+    pdir = w.state / "tickets" / "shared"
+    b_ticket = pdir / f"{b_seq:016d}.t"
+    forged = pdir / f"{1:016d}.t"
+    # The kernel's clock moves on; then B renames its ticket to number 1.
+    start = time.monotonic()
+    wait_for(lambda: time.monotonic() - start > 1.2, timeout=5, what="a second and more")
+    assert w.py(w.b, f"import os; os.rename({str(b_ticket)!r}, {str(forged)!r})").returncode == 0
+    line = _waiting(w)
+    assert [x["seq"] for x in line] == [a_seq, 1], line  # A still first; B's forged ticket last
+    assert line[1].get("forged") is True and line[1]["user"] == w.b
+    text = w.run(w.a, "status").stdout
+    assert "was renamed or numbered out of order" in text and w.b in text
+    gate.touch()
+    for p in (holder, a_wait, b_wait):
+        p.wait(timeout=30)
+
+
+@pytest.mark.timeout(60)
+def test_runs_of_two_users_never_overlap_in_one_slot(world: World) -> None:
+    w = world
+    log = w.root / "log"
+    log.touch()
+    os.chmod(log, 0o666)
+    script = f"echo start >> {log}; sleep 0.2; echo end >> {log}"
+    procs = [w.popen(u, "run", "-q", "--", "sh", "-c", script) for u in (w.a, w.b, w.a, w.b)]
+    assert [p.wait(timeout=40) for p in procs] == [0, 0, 0, 0]
+    assert log.read_text().split() == ["start", "end"] * 4
+
+
+# ---------------------------------------------------------------- naming people
+
+@pytest.mark.timeout(60)
+def test_a_lock_held_by_hand_is_named_with_its_user(world: World) -> None:
+    w = world
+    hold = ("import fcntl, os, sys, time\n"
+            "fd = os.open(sys.argv[1], os.O_RDWR)\nfcntl.flock(fd, fcntl.LOCK_EX)\n"
+            "print('held', flush=True)\nsys.stdin.read()\n")
+    blocker = subprocess.Popen(["/usr/bin/python3", "-c", hold, str(w.state / "slots" / "shared.0")],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=w.env(w.b), **w._as(w.b))  # type: ignore[call-overload]
+    try:
+        assert blocker.stdout is not None and blocker.stdout.readline() == b"held\n"
+        text = w.run(w.a, "status").stdout
+        assert f"shared#0: held with no slotq record by pid {blocker.pid} (user {w.b}" in text, text
+        waiter = w.popen(w.a, "run", "--report-every", "0.2", "--", "true", stderr=subprocess.PIPE)
+        assert waiter.stderr is not None
+        line = waiter.stderr.readline().decode()
+        assert f"(user {w.b}" in line and "no slotq record" in line, line
+        waiter.send_signal(signal.SIGTERM)
+        assert waiter.wait(timeout=20) == 130
+    finally:
+        blocker.kill()
+        blocker.wait()
+
+
+@pytest.mark.timeout(60)
+def test_a_held_ticket_counter_is_named_and_a_waiting_run_can_still_be_stopped(world: World) -> None:
+    w = world
+    hold = ("import fcntl, os, sys\nfd = os.open(sys.argv[1], os.O_RDWR)\nfcntl.flock(fd, fcntl.LOCK_EX)\n"
+            "print('held', flush=True)\nsys.stdin.read()\n")
+    blocker = subprocess.Popen(["/usr/bin/python3", "-c", hold, str(w.state / "seq")], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, env=w.env(w.b), **w._as(w.b))  # type: ignore[call-overload]
+    try:
+        assert blocker.stdout is not None and blocker.stdout.readline() == b"held\n"
+        stuck = w.popen(w.a, "run", "--", "true")
+        text = w.run(w.a, "status").stdout
+        assert f"the ticket counter {w.state / 'seq'} is locked by pid {blocker.pid} (user {w.b}" in text, text
+        t0 = time.monotonic()
+        stuck.send_signal(signal.SIGTERM)
+        assert stuck.wait(timeout=10) == 130
+        assert time.monotonic() - t0 < 5
+        # Left alone, a run gives up after the limit, naming the holder.
+        proc = w.run(w.a, "run", "--", "true", timeout=40)
+        assert proc.returncode == 73
+        assert f"locked for 10s by pid {blocker.pid} (user {w.b}" in one_line(proc)
+    finally:
+        blocker.kill()
+        blocker.wait()
+
+
+@pytest.mark.timeout(60)
+def test_labels_and_forged_records_cannot_hide_a_holder(world: World) -> None:
+    w = world
+    gate = w.root / "gate"
+    holder = _hold(w, w.b, gate, "--label", "x\n\x1b[8mhidden\x1b[0m\rboo")
+    text = w.run(w.a, "status").stdout
+    assert "\x1b" not in text and "\r" not in text
+    line = next(x for x in text.splitlines() if "shared#0" in x)
+    assert f"(user {w.b}," in line and "x?" in line
+    # B rewrites its holder record to claim to be A: status still says B.
+    forged = json.dumps({"label": "slotqa: pytest", "pid": 1, "run_id": "abc", "phase": "running"})
+    assert w.py(w.b, f"import os; fd = os.open({str(w.state / 'slots' / 'shared.0')!r}, os.O_WRONLY); "
+                     f"os.ftruncate(fd, 0); os.write(fd, {forged!r}.encode())").returncode == 0
+    snap = json.loads(w.run(w.a, "status", "--json").stdout)
+    slot = snap["pools"][0]["slots"][0]
+    assert slot["user"] == w.b and slot["lock_pids"]
+    gate.touch()
+    holder.wait(timeout=30)
+
+
+# ---------------------------------------------------------------- corrupt state
+
+@pytest.mark.timeout(90)
+def test_corrupt_state_is_survived(world: World) -> None:
+    w = world
+    gate = w.root / "gate"
+    holder = _hold(w, w.b, gate)
+    # A deeply nested holder record, a waiting run, a poisoned history line.
+    assert w.py(w.b, f"import os; fd = os.open({str(w.state / 'slots' / 'shared.0')!r}, os.O_WRONLY); "
+                     "os.ftruncate(fd, 0); os.write(fd, b'[' * 5000)").returncode == 0
+    with open(w.state / "history.jsonl", "a") as f:
+        f.write('{"outcome": null, "waited_s": "x", "label": ["a"]}\n' + "[" * 5000 + "\n")
+    waiter = w.popen(w.a, "run", "--report-every", "0.2", "--", "true", stderr=subprocess.PIPE)
+    assert waiter.stderr is not None
+    assert waiter.stderr.readline().startswith(b"slotq: waiting")
+    status = w.run(w.a, "status")
+    assert status.returncode == 0 and "Traceback" not in status.stderr, status.stderr
+    assert w.run(w.a, "status", "--json").returncode == 0
+    gate.touch()
+    assert waiter.wait(timeout=30) == 0
+    holder.wait(timeout=30)
+    # A's own cache full of '[': ignored, never a hang or MemoryError.
+    (w.state / f".host-config.cache.{w.uid(w.a)}").unlink(missing_ok=True)
+    assert w.py(w.a, f"open({str(w.state / f'.host-config.cache.{w.uid(w.a)}')!r}, 'w').write('[' * 64)"
+                ).returncode == 0
+    assert w.run(w.a, "run", "-q", "--", "true", timeout=20).returncode == 0
+
+
+# ---------------------------------------------------------------- remote work dirs
+
+@pytest.mark.timeout(60)
+def test_the_remote_work_root_is_private_to_its_user(world: World) -> None:
+    w = world
+    hello = w.run(w.a, "host", "hello")
+    assert hello.returncode == 0, hello.stderr
+    root = Path(json.loads(hello.stdout)["work_root"])
+    st = root.lstat()
+    assert root.parent == w.state / "work" and stat.S_ISDIR(st.st_mode)
+    assert st.st_uid == w.uid(w.a) and stat.S_IMODE(st.st_mode) & 0o777 == 0o700
+    # B cannot plant a work tree in it, nor a link in its place.
+    res = w.py(w.b, f"import os; os.symlink('/', {str(root / 'deadbeef00')!r})")
+    assert res.returncode != 0 and "Permission denied" in res.stderr
+    res = w.py(w.b, f"import os; os.rename({str(root)!r}, {str(root)!r} + 'x')")
+    assert res.returncode != 0
+
+
+@pytest.mark.timeout(60)
+def test_a_request_naming_a_work_dir_it_cannot_enter_is_unavailable_not_a_signal(world: World) -> None:
+    w = world
+    closed = w.root / "closed"
+    closed.mkdir(mode=0o700)  # root's: A may see it exists, not enter it
+    req = json.dumps({"argv": ["true"], "cwd": str(closed), "budget": 10}).encode() + b"\n"
+    proc = w.run(w.a, "host", "run", "--request-stdin", input=req)
+    assert proc.returncode == 0
+    from slotq import protocol
+
+    events = [p for k, p in protocol.Decoder().feed(proc.stdout) if k == protocol.EVENT]
+    exited = [e for e in events if isinstance(e, dict) and e["event"] == "exited"][-1]
+    assert exited["outcome"] == "unavailable", exited
+    assert "cannot enter the work dir" in str(exited["message"]) and "signal" not in str(exited["message"])
