@@ -342,7 +342,7 @@ _EVENT_TYPES: dict[str, dict[str, tuple[type, ...]]] = {
 
 
 def _valid_event(ev: dict[str, object]) -> bool:
-    types = _EVENT_TYPES.get(ev.get("op"))  # type: ignore[arg-type]
+    types = _EVENT_TYPES.get(str(ev.get("op")))
     if types is None:
         return False
     for k, t in types.items():

@@ -108,8 +108,8 @@ def check_event(ev: object) -> dict[str, object]:
         except ValueError:
             raise ProtocolError(f"the host runner reported an outcome this slotq does not know: "
                                 f"{str(ev['outcome'])[:40]!r}") from None
-        phases = ev.get("phases") or {}
-        if not all(isinstance(v, _OPT_NUM) and not isinstance(v, bool) for v in phases.values()):  # type: ignore[attr-defined]
+        phases: dict[str, object] = ev.get("phases") or {}
+        if not all(isinstance(v, _OPT_NUM) and not isinstance(v, bool) for v in phases.values()):
             raise ProtocolError("malformed exited event from the host runner (phases)")
     return ev
 

@@ -131,7 +131,7 @@ def waiting(state_dir: str, pool: str, now: float,
 
 
 def snapshot(state_dir: str, config: HostConfig, now: float, history_n: int = 10) -> dict[str, object]:
-    pools = []
+    pools: list[dict[str, object]] = []
     table = owners()
     locked = None if table is None else set(table)
     warnings = list(config.warnings)
@@ -176,8 +176,8 @@ def problems(state_dir: str, config: HostConfig, pools: list[dict[str, object]],
                 raw = f.read(32).strip()
         except OSError:
             raw = b""
-        highest = max((w["seq"] for p in pools for w in p["waiting"]), default=0)  # type: ignore[index,attr-defined]
-        if raw.isdigit() and int(raw) < highest:  # type: ignore[operator]
+        highest = max((int(w["seq"]) for p in pools for w in p["waiting"]), default=0)  # type: ignore[attr-defined]
+        if raw.isdigit() and int(raw) < highest:
             out.append(f"the ticket counter {seq} says {int(raw)}, below ticket {highest} in line: it was "
                        "rewritten (new tickets are numbered above the line anyway)")
     for p in pools:

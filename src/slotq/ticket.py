@@ -299,7 +299,7 @@ def list_tickets(pdir: str) -> list[tuple[int, str]]:
 
 def ahead_of(pdir: str, path: str) -> list[str]:
     """Paths of the tickets ahead of the one at `path` in its line."""
-    out = []
+    out: list[str] = []
     for e in scan(pdir):
         if e.path == path:
             return out

@@ -53,3 +53,11 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except KeyboardInterrupt:
         return 130
+    except OSError as e:
+        # Nothing slotq expected: still one line, never a traceback. A full,
+        # read-only or over-quota disk is the state dir's problem (73).
+        import errno
+
+        where = f" ({e.filename})" if e.filename else ""
+        sys.stderr.write(f"slotq {args[0]}: error: {e.strerror or e}{where}\n")
+        return 73 if e.errno in (errno.ENOSPC, errno.EROFS, errno.EDQUOT) else 71

@@ -73,7 +73,10 @@ def main(args: list[str]) -> int:
             raise UsageError(f"unknown class {opts.cls!r} (this host knows: {known})")
         ensure_state_dir(local.state_dir)
         transport = local
-    cwd = os.getcwd()
+    try:
+        cwd = os.getcwd()
+    except FileNotFoundError:
+        raise UsageError("the current directory no longer exists: cd somewhere that does") from None
     spec = RunSpec(command, cls=opts.cls, budget=opts.budget, prepare=opts.prepare,
                    prepare_timeout=opts.prepare_timeout, label=opts.label,
                    report_every=opts.report_every, kill_grace=opts.kill_grace, cwd=cwd, max_wait=opts.max_wait)

@@ -1,0 +1,286 @@
+"""Strict inputs (issue 11): the host's stream, run requests and options,
+slot files replaced under a waiter, the ticket counter, the wait ledger's
+spool, a full disk and the --json file. One user; the attacks that need a
+second are in test_shared_machine.py."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import slotq_cmd
+from slotq import protocol
+from slotq.client import run
+from slotq.outcome import Outcome
+from slotq.slot import SlotProbe, slot_path
+from slotq.spec import RunSpec
+from slotq.ticket import take_ticket
+from strict_fuzz import HELLO, StreamTransport, ev
+
+HERE = Path(__file__).resolve().parent
+
+
+def one_line(proc: subprocess.CompletedProcess[str]) -> str:
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    return lines[0]
+
+
+# ---------------------------------------------------------------- the host's stream
+
+@pytest.mark.timeout(120)
+def test_two_thousand_hostile_streams_and_requests_end_in_bounded_time_and_memory(tmp_path: Path) -> None:
+    env = dict(os.environ, SLOTQ_LEDGER=str(tmp_path / "ledger.sqlite"), SLOTQ_STATE_DIR=str(tmp_path / "state"),
+               PYTHONPATH=str(HERE))
+    proc = subprocess.run([sys.executable, str(HERE / "strict_fuzz.py"), "2000", "11"], capture_output=True,
+                          text=True, timeout=110, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["stream_outcomes"].get("unavailable", 0) >= 1900, report
+    assert report["max_rss_mb"] < 100, report
+    assert report["slowest_case_s"] < 5, report
+    assert report["requests_refused"] > 0 and report["requests_accepted"] > 0, report
+
+
+def _run_stream(data: bytes, tmp_path: Path) -> tuple[Outcome, int, str]:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        result = run(RunSpec(["true"]), StreamTransport(data), stdout_fd=devnull, stderr_fd=devnull,
+                     ledger_path=str(tmp_path / "ledger.sqlite"))
+    finally:
+        os.close(devnull)
+    return result.outcome, result.exit_code, result.message
+
+
+@pytest.mark.timeout(30)
+def test_a_five_byte_frame_claiming_gigabytes_is_unavailable_without_allocating(tmp_path: Path) -> None:
+    outcome, code, message = _run_stream(protocol.MAGIC + HELLO + b"V\x7f\xff\xff\xff", tmp_path)
+    assert (outcome, code) == (Outcome.UNAVAILABLE, 121) and "corrupt frame" in message
+
+
+@pytest.mark.timeout(30)
+def test_megabytes_before_the_header_are_not_kept(tmp_path: Path) -> None:
+    outcome, code, message = _run_stream(b"login banner\n" * 400_000 + protocol.MAGIC + HELLO, tmp_path)
+    assert outcome is Outcome.UNAVAILABLE and "before slotq's stream" in message
+
+
+@pytest.mark.timeout(30)
+def test_an_unknown_outcome_or_wrong_types_are_unavailable_naming_the_host(tmp_path: Path) -> None:
+    outcome, _, message = _run_stream(protocol.MAGIC + HELLO + ev("started", budget=1.0)
+                                      + ev("exited", outcome="pwned", message="", phases={}), tmp_path)
+    assert outcome is Outcome.UNAVAILABLE and message.startswith("host localhost:") and "pwned" in message
+    outcome, _, message = _run_stream(protocol.MAGIC + HELLO + ev("slot", slot=["x"], waited_s=0, budget=1),
+                                      tmp_path)
+    assert outcome is Outcome.UNAVAILABLE and "slot is list" in message
+
+
+@pytest.mark.timeout(30)
+def test_passed_for_a_command_never_shown_starting_is_not_believed(tmp_path: Path) -> None:
+    data = protocol.MAGIC + HELLO + ev("exited", outcome="passed", exit_code=0, message="ok", phases={})
+    outcome, code, message = _run_stream(data, tmp_path)
+    assert (outcome, code) == (Outcome.UNAVAILABLE, 121) and "never showed starting" in message
+    honest = protocol.MAGIC + HELLO + ev("started", budget=1.0) + ev("exited", outcome="passed", exit_code=0,
+                                                                     message="ok", phases={})
+    assert _run_stream(honest, tmp_path)[:2] == (Outcome.PASSED, 0)  # the check refuses only the lie
+
+
+# ---------------------------------------------------------------- requests and options
+
+BAD_REQUESTS = [
+    ('{"argv": ["true"], "budget": NaN}', "unexpected 'N'"),
+    ('{"argv": ["true"], "budget": Infinity}', "unexpected 'I'"),
+    ('{"argv": ["true"], "budget": 1e999}', "at most 2592000 seconds"),
+    ('{"argv": ["true"], "budget": "10"}', "budget must be a number"),
+    ('{"argv": ["true"], "kill_grace": -1}', "kill_grace must be at least 0"),
+    ('{"argv": ["true"], "cwd": "/etc", "work_id": "abcdefgh12"}', "not both"),
+    ('{"argv": ["true"], "cwd": "relative"}', "absolute path"),
+    ('{"argv": ["tr\\u0000ue"]}', "without NUL"),
+    ('{"argv": ["true"], "cls": "../x"}', "class name"),
+    ('{"argv": ["true"], "run_id": "a b"}', "run_id must be"),
+    ('[' * 5000, "nested too deeply"),
+    ('{"argv": []}', "non-empty list"),
+]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("line,needle", BAD_REQUESTS)
+def test_a_bad_request_is_one_line_and_exit_2(state_dir: Path, line: str, needle: str) -> None:
+    proc = subprocess.run(slotq_cmd() + ["host", "run", "--request-stdin"], input=line + "\n", capture_output=True,
+                          text=True, timeout=20)
+    assert proc.returncode == 2, proc.stderr
+    assert needle in one_line(proc) and "bad run request" in proc.stderr
+    assert proc.stdout == ""  # nothing was queued, nothing ran
+
+
+@pytest.mark.timeout(30)
+def test_a_request_naming_a_missing_work_dir_is_a_usage_error_before_the_line(state_dir: Path,
+                                                                               tmp_path: Path) -> None:
+    req = json.dumps({"argv": ["true"], "cwd": str(tmp_path / "nope")}) + "\n"
+    proc = subprocess.run(slotq_cmd() + ["host", "run", "--request-stdin"], input=req.encode(),
+                          capture_output=True, timeout=20)
+    events = [p for k, p in protocol.Decoder().feed(proc.stdout) if k == protocol.EVENT]
+    errors = [e for e in events if isinstance(e, dict) and e["event"] == "error"]
+    assert errors and errors[0]["kind"] == "usage" and "is not a directory" in str(errors[0]["message"])
+    assert not (state_dir / "tickets" / "shared").exists() or not os.listdir(state_dir / "tickets" / "shared")
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("opt", ["--budget=3000000h", "--max-wait=99999999", "--kill-grace=99999999h",
+                                 "--report-every=" + "9" * 400])
+def test_out_of_range_options_are_one_line_and_exit_2(state_dir: Path, opt: str) -> None:
+    proc = subprocess.run(slotq_cmd() + ["run", opt, "--", "true"], capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 2
+    assert "30 days" in one_line(proc) or "cannot read" in proc.stderr
+
+
+@pytest.mark.timeout(30)
+def test_a_vanished_current_directory_is_one_line(state_dir: Path, tmp_path: Path) -> None:
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    proc = subprocess.Popen(["sh", "-c", f'cd {gone} && rmdir {gone} && exec "$@"', "sh", *slotq_cmd(), "run",
+                             "--", "true"], stderr=subprocess.PIPE, text=True)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 2 and "current directory no longer exists" in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------- slots and tickets
+
+def test_a_slot_file_replaced_under_a_waiter_is_not_leased_stale(tmp_path: Path) -> None:
+    """The waiter holds its probe descriptors open; the file at the path is
+    replaced and the new one is held: the stale inode is free, but leasing
+    it would let two runs hold one slot."""
+    probe = SlotProbe(str(tmp_path), "shared", 1)
+    path = slot_path(str(tmp_path), "shared", 0)
+    os.rename(path, path + ".old")  # what `rm` + a new file would do
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # the slot's new holder
+    try:
+        assert probe.try_lease() is None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        lease = probe.try_lease()
+        assert lease is not None and os.fstat(lease.fd).st_ino == os.stat(path).st_ino
+        lease.release()
+    finally:
+        os.close(fd)
+        probe.close()
+
+
+def test_ticket_numbers_keep_rising_when_a_line_empties(tmp_path: Path) -> None:
+    seqs = []
+    for _ in range(3):
+        t = take_ticket(str(tmp_path), "shared", {})
+        seqs.append(t.seq)
+        t.withdraw()  # the line is empty again
+    assert seqs == [1, 2, 3]
+    (tmp_path / "seq").write_text("garbage")
+    t = take_ticket(str(tmp_path), "shared", {})
+    keep = take_ticket(str(tmp_path), "shared", {})
+    (tmp_path / "seq").write_text("0\n")  # rewritten while a ticket waits
+    late = take_ticket(str(tmp_path), "shared", {})
+    assert late.seq > keep.seq > t.seq
+    for x in (t, keep, late):
+        x.withdraw()
+
+
+# ---------------------------------------------------------------- the wait ledger's spool
+
+@pytest.mark.timeout(30)
+def test_a_bad_spool_line_is_set_aside_and_counted_never_a_jam(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from slotq.ledger import Ledger, spool_path
+
+    path = str(tmp_path / "ledger.sqlite")
+    monkeypatch.setenv("SLOTQ_LEDGER", path)
+    good = {"op": "open", "key": "k1", "run_id": "r", "pid": 1, "pid_start": None, "workdir": str(tmp_path),
+            "host": "h", "kind": "queue", "start": 100.0}
+    with open(spool_path(path), "w") as f:
+        f.write("[" * 5000 + "\n")
+        f.write(json.dumps({"op": "open", "key": "k2", "kind": "queue", "start": "x"}) + "\n")
+        f.write(json.dumps(good) + "\n")
+    ledger = Ledger(path)
+    assert ledger.ingest() == 1
+    assert ledger.set_aside() == 2
+    assert [r.run_id for r in ledger.records(str(tmp_path))] == ["r"]
+    assert os.path.getsize(spool_path(path)) == 0  # emptied: the next ingest is not jammed
+    ledger.close()
+    proc = subprocess.run(slotq_cmd() + ["waits", "--dir", str(tmp_path), "--since", "1970-01-02T00:00"],
+                          capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 0 and "2 unreadable line(s)" in proc.stdout, proc.stdout + proc.stderr
+
+
+# ---------------------------------------------------------------- full disks and --json
+
+@pytest.fixture
+def tiny_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 512 KiB tmpfs of our own (unmounted at the end)."""
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k,mode=0755", "tmpfs", str(mnt)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=True)
+
+
+def _fill(d: Path) -> None:
+    with open(d / "filler", "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+
+
+@pytest.mark.timeout(60)
+def test_a_full_state_dir_is_exit_73_in_one_line(tiny_fs: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLOTQ_STATE_DIR", str(tiny_fs / "state"))
+    _fill(tiny_fs)
+    marker = tmp_path / "ran"
+    proc = subprocess.run(slotq_cmd() + ["run", "--", "touch", str(marker)], capture_output=True, text=True,
+                          timeout=20)
+    assert proc.returncode == 73, proc.stderr
+    assert "No space left on device" in one_line(proc)
+    assert not marker.exists()
+
+
+@pytest.mark.timeout(60)
+def test_a_json_result_that_cannot_be_written_leaves_no_partial_file(state_dir: Path, tiny_fs: Path,
+                                                                      tmp_path: Path) -> None:
+    # An unwritable place: a usage error before the run, nothing runs.
+    marker = tmp_path / "ran"
+    proc = subprocess.run(slotq_cmd() + ["run", "--json", str(tmp_path / "no" / "r.json"), "--", "touch",
+                                         str(marker)], capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 2 and "cannot write --json file" in one_line(proc) and not marker.exists()
+    # A disk that fills up during the run: one line, the old result untouched.
+    result = tiny_fs / "r.json"
+    result.write_text('{"old": true}\n')
+    proc = subprocess.run(slotq_cmd() + ["run", "--json", str(result), "--", "python3", "-c",
+                                         f"""
+f = open({str(tiny_fs / 'filler')!r}, 'wb')
+try:
+    while True:
+        f.write(b'\\0' * 65536); f.flush()
+except OSError:
+    pass
+"""], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert "could not write the --json result" in proc.stderr and "Traceback" not in proc.stderr
+    assert result.read_text() == '{"old": true}\n'
+    assert sorted(p.name for p in tiny_fs.iterdir()) == ["filler", "r.json"]  # no temp file left
+    # /dev/full: the same one line.
+    proc = subprocess.run(slotq_cmd() + ["run", "--json", "/dev/full", "--", "true"], capture_output=True,
+                          text=True, timeout=20)
+    assert proc.returncode == 0 and "could not write the --json result to /dev/full" in proc.stderr
+    assert "Traceback" not in proc.stderr
