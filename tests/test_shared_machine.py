@@ -572,3 +572,43 @@ def test_a_request_naming_a_work_dir_it_cannot_enter_is_unavailable_not_a_signal
     exited = [e for e in events if isinstance(e, dict) and e["event"] == "exited"][-1]
     assert exited["outcome"] == "unavailable", exited
     assert "cannot enter the work dir" in str(exited["message"]) and "signal" not in str(exited["message"])
+
+
+@pytest.mark.timeout(60)
+def test_cancel_does_not_talk_to_a_socket_squatting_a_runs_name(world: World) -> None:
+    """B binds the control socket name of A's run (as if first): `slotq
+    cancel` sees from the kernel that the socket is B's while the run is
+    A's, sends nothing and says so -- it never reports a cancel that did not
+    happen."""
+    w = world
+    run_id = "deadbeef0123"
+    ticket = w.state / "tickets" / "shared" / f"{99:016d}.t"
+    waiter = ("import fcntl, json, os, sys\n"
+              f"fd = os.open({str(ticket)!r}, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)\n"
+              "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+              f"os.write(fd, json.dumps({{'run_id': {run_id!r}, 'pid': os.getpid(), 'label': 'a'}}).encode())\n"
+              "print('ready', flush=True)\nsys.stdin.read()\n")
+    squatter = ("import socket, sys\n"
+                "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+                f"s.bind(b'\\0slotq-run/{run_id}')\ns.listen(1)\nprint('ready', flush=True)\n"
+                "c, _ = s.accept()\nc.settimeout(2)\n"
+                "try:\n    got = c.recv(64)\nexcept OSError:\n    got = b''\n"
+                "print('got', got, flush=True)\n"
+                "try:\n    c.sendall(b'ok\\n')\nexcept OSError:\n    pass\n")
+    procs = []
+    try:
+        for user, code in ((w.a, waiter), (w.b, squatter)):
+            p = subprocess.Popen(["/usr/bin/python3", "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 env=w.env(user), **w._as(user))  # type: ignore[call-overload]
+            procs.append(p)
+            assert p.stdout is not None and p.stdout.readline() == b"ready\n"
+        proc = subprocess.run(slotq_cmd() + ["cancel", run_id], capture_output=True, text=True, timeout=20,
+                              env=dict(os.environ, SLOTQ_STATE_DIR=str(w.state)))
+        assert proc.returncode == 1, proc.stderr
+        assert f"held by pid {procs[1].pid} (user {w.b})" in one_line(proc) and "nothing sent" in proc.stderr
+        out, _ = procs[1].communicate(timeout=10)
+        assert out.strip() == b"got b''"  # the squatter heard no cancel
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

@@ -97,14 +97,21 @@ class CancelReply:
         self.runner_uid = runner_uid
 
 
-def send_cancel(run_id: str, timeout: float = 5.0) -> CancelReply:
+def send_cancel(run_id: str, timeout: float = 5.0, expect_uid: int | None = None) -> CancelReply:
     """Ask run `run_id`'s runner to cancel it. Raises OSError when no
-    runner listens (ConnectionRefusedError: the run has ended)."""
+    runner listens (ConnectionRefusedError: the run has ended).
+
+    `expect_uid`: the run's user, as the kernel says (its ticket's or slot
+    lock's owner). A socket under the run's name held by another user is
+    an impostor (someone bound the name first): nothing is sent, and the
+    reply says so (`impostor`)."""
     s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
     try:
         s.settimeout(timeout)
         s.connect(address(run_id))
         pid, uid = peer(s)
+        if expect_uid is not None and uid != expect_uid:
+            return CancelReply(False, "impostor", pid, uid)
         s.sendall(b"cancel\n")
         reply = b""
         while len(reply) < 4096:

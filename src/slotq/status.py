@@ -93,7 +93,10 @@ def _lock_holders(entry: dict[str, object], path: str, table: Table | None) -> N
     pids = holder_pids(st.st_dev, st.st_ino, table)
     if pids:
         entry["lock_pids"] = pids
-        entry["user"] = ", ".join(sorted({orphans.user_name(orphans.uid_of(p)) for p in pids}))
+        uids = sorted({u for u in (orphans.uid_of(p) for p in pids) if u is not None})
+        entry["user"] = ", ".join(orphans.user_name(u) for u in uids)
+        if len(uids) == 1:
+            entry["uid"] = uids[0]
         entry["lock_holders"] = describe_holders(st.st_dev, st.st_ino, table)
 
 
@@ -116,7 +119,7 @@ def waiting(state_dir: str, pool: str, now: float,
         info = read_info(e.path)  # read first: a dead ticket is removed by probe
         if locked is None and not probe(e.path):
             continue
-        entry: dict[str, object] = {"seq": e.seq, "user": orphans.user_name(e.uid)}
+        entry: dict[str, object] = {"seq": e.seq, "user": orphans.user_name(e.uid), "uid": e.uid}
         if e.forged:
             entry["forged"] = True
         if info:

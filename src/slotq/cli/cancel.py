@@ -36,6 +36,7 @@ def main(args: list[str]) -> int:
     if opts.host:
         return _remote(opts, args)
     targets = list(ids)
+    owners = _owners()
     if opts.label or opts.mine:
         targets += [r for r in _matching(opts.label, opts.mine) if r not in targets]
         if not targets:
@@ -48,7 +49,7 @@ def main(args: list[str]) -> int:
     code = 0
     for run_id in targets:
         try:
-            reply = send_cancel(run_id)
+            reply = send_cancel(run_id, expect_uid=owners.get(run_id))
         except (ConnectionRefusedError, FileNotFoundError):
             _say(f"slotq cancel: error: no live run {run_id} on this host (ended already, or never here)")
             code = code or EXIT_NOT_FOUND
@@ -59,6 +60,11 @@ def main(args: list[str]) -> int:
             continue
         if reply.ok:
             _say(f"slotq cancel: cancelled run {run_id}")
+        elif reply.text == "impostor":
+            _say(f"slotq cancel: error: run {run_id}'s control socket is held by pid {reply.runner_pid} "
+                 f"(user {user_name(reply.runner_uid)}), not by the run's runner (user "
+                 f"{user_name(owners.get(run_id))}): nothing sent (someone took the run's name)")
+            code = code or 1
         elif reply.text.startswith("refused"):
             _say(f"slotq cancel: error: run {run_id} belongs to user {user_name(reply.runner_uid)}: "
                  f"you can cancel only your own runs")
@@ -67,6 +73,27 @@ def main(args: list[str]) -> int:
             _say(f"slotq cancel: error: run {run_id}: unexpected answer {reply.text[:80]!r}")
             code = code or 1
     return code
+
+
+def _owners() -> dict[str, int]:
+    """run id -> uid of each live run in this host's queue, from the kernel
+    (its ticket file's owner, or its slot lock's holder) -- never from a
+    record anyone could have written."""
+    from slotq.config import HostConfig, state_dir_from_env
+    from slotq.status import snapshot
+
+    state_dir = state_dir_from_env()
+    out: dict[str, int] = {}
+    try:
+        snap = snapshot(state_dir, HostConfig.load(state_dir=state_dir), 0.0, 0)
+    except Exception:  # no queue to look at: the runner's own answer decides
+        return out
+    for pool in snap["pools"]:  # type: ignore[attr-defined]
+        for entry in [*pool["slots"], *pool["waiting"]]:
+            run_id, uid = entry.get("run_id"), entry.get("uid")
+            if isinstance(run_id, str) and isinstance(uid, int):
+                out.setdefault(run_id, uid)
+    return out
 
 
 def _matching(label: str | None, mine: bool) -> list[str]:
