@@ -23,8 +23,6 @@ The other direction, client to runner, is the runner's stdin: text lines
 
 from __future__ import annotations
 
-import math
-
 from .errors import ProtocolError
 from .records import from_json, printable, to_json
 
@@ -79,6 +77,10 @@ _REQUIRED = {HELLO: ("protocol",), QUEUED: (), SLOT: ("slot",), PREPARED: ("ok",
              EXITED: ("outcome",), ERROR: ("message",)}
 
 
+def _finite(x: float) -> bool:
+    return x - x == 0  # inf - inf and nan - nan are nan (no `math` import: start-up)
+
+
 def check_event(ev: object) -> dict[str, object]:
     """`ev` if it is a well-formed event; ProtocolError naming what is wrong."""
     if not isinstance(ev, dict):
@@ -87,7 +89,7 @@ def check_event(ev: object) -> dict[str, object]:
     if name not in _FIELDS:
         raise ProtocolError(f"unknown event {str(name)[:40]!r} from the host runner")
     at = ev.get("at")
-    if not isinstance(at, _NUM) or isinstance(at, bool) or not math.isfinite(at):
+    if not isinstance(at, _NUM) or isinstance(at, bool) or not _finite(at):
         raise ProtocolError(f"malformed {name} event from the host runner (no time)")
     fields = _FIELDS[name]
     for key in _REQUIRED[name]:
@@ -98,7 +100,7 @@ def check_event(ev: object) -> dict[str, object]:
             continue
         value = ev[key]
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in types) or \
-                (isinstance(value, float) and not math.isfinite(value)):
+                (isinstance(value, float) and not _finite(value)):
             raise ProtocolError(f"malformed {name} event from the host runner ({key} is {type(value).__name__})")
     if name == EXITED:
         from .outcome import Outcome

@@ -89,9 +89,12 @@ class SlotProbe:
         self.paths = [slot_path(state_dir, pool, i) for i in range(count)]
         self._fds: list[int] = []
         try:
-            make_dirs(os.path.join(state_dir, "slots"), state_dir)
             for p in self.paths:
-                self._fds.append(_open_slot(p))
+                try:
+                    self._fds.append(_open_slot(p))
+                except FileNotFoundError:  # no slots dir yet (the runner makes it first)
+                    make_dirs(os.path.join(state_dir, "slots"), state_dir)
+                    self._fds.append(_open_slot(p))
         except StateDirError:
             self.close()
             raise

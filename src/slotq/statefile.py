@@ -60,11 +60,17 @@ def open_state(path: str, flags: int, *, create: bool = False, mode: int = 0o644
     created = False
     try:
         if create:
+            # Usually the file is there: one call. If not, create it with
+            # O_EXCL (so we know it is ours), and if someone beat us to it,
+            # open theirs.
             try:
-                fd = os.open(path, flags | _SAFE | os.O_CREAT | os.O_EXCL, mode)
-                created = True
-            except FileExistsError:
                 fd = os.open(path, flags | _SAFE)
+            except FileNotFoundError:
+                try:
+                    fd = os.open(path, flags | _SAFE | os.O_CREAT | os.O_EXCL, mode)
+                    created = True
+                except FileExistsError:
+                    fd = os.open(path, flags | _SAFE)
         else:
             fd = os.open(path, flags | _SAFE)
     except (FileNotFoundError, PermissionError):
