@@ -1,5 +1,18 @@
+"""`python -m slotq`: the same as the `slotq` command (bin/slotq)."""
+
+import os
 import sys
 
 from slotq.cli import main
 
-sys.exit(main())
+code = main()
+# Like bin/slotq: skip interpreter teardown. A run's host runner is a daemon
+# thread of this process (the local transport); finalizing the interpreter
+# under it can crash (seen: SIGSEGV in Debian's python3.11 when the result
+# came while the thread was still writing its history line).
+try:
+    sys.stdout.flush()
+    sys.stderr.flush()
+except OSError:
+    pass
+os._exit(code)
