@@ -612,3 +612,24 @@ def test_cancel_does_not_talk_to_a_socket_squatting_a_runs_name(world: World) ->
         for p in procs:
             p.kill()
             p.wait()
+
+
+@pytest.mark.timeout(60)
+def test_a_ticket_held_by_hand_behind_a_forged_label_is_named_by_its_owner(world: World) -> None:
+    w = world
+    ticket = w.state / "tickets" / "shared" / f"{5:016d}.t"
+    code = ("import fcntl, json, os, sys\n"
+            f"fd = os.open({str(ticket)!r}, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+            "os.write(fd, json.dumps({'label': 'slotqa: pytest', 'run_id': 'abc', 'pid': 1}).encode())\n"
+            "print('held', flush=True)\nsys.stdin.read()\n")
+    blocker = subprocess.Popen(["/usr/bin/python3", "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               env=w.env(w.b), **w._as(w.b))  # type: ignore[call-overload]
+    try:
+        assert blocker.stdout is not None and blocker.stdout.readline() == b"held\n"
+        text = w.run(w.a, "status").stdout
+        line = next(x for x in text.splitlines() if "waiting 1:" in x)
+        assert "slotqa: pytest" in line and f"(user {w.b}," in line, text
+    finally:
+        blocker.kill()
+        blocker.wait()
