@@ -129,8 +129,8 @@ class SshHost:
         for line in reversed(proc.stdout.decode(errors="replace").splitlines()):
             if line.startswith('{"slotq"'):
                 try:
-                    info = json.loads(line)
-                except ValueError:
+                    info = json.loads(line[:65536])
+                except (ValueError, RecursionError):
                     pass
                 break
         if proc.returncode != 0 or not isinstance(info, dict):
@@ -139,10 +139,16 @@ class SshHost:
                 f"it needs slotq with `slotq host hello` (this client: protocol {protocol.PROTOCOL_VERSION})",
                 host=self.host)
         if info.get("protocol") != protocol.PROTOCOL_VERSION:
+            from .records import printable
+
             raise HostUnavailable(
-                f"host {self.host} runs slotq {info.get('slotq')} (stream protocol {info.get('protocol')}); "
+                f"host {self.host} runs slotq {printable(info.get('slotq'), 40)} (stream protocol "
+                f"{printable(info.get('protocol'), 20)}); "
                 f"this client speaks protocol {protocol.PROTOCOL_VERSION}: install a matching slotq there",
                 host=self.host)
+        root = info.get("work_root")
+        if not isinstance(root, str) or not root.startswith("/") or not root.isprintable() or len(root) > 4096:
+            raise HostUnavailable(f"host {self.host} answered the handshake with a malformed work root", host=self.host)
         return info
 
     def status(self, as_json: bool = True) -> str:
@@ -163,7 +169,7 @@ class SshHost:
         start = text.find("{")
         try:
             data = json.loads(text[start:]) if start >= 0 else None
-        except ValueError:
+        except (ValueError, RecursionError):
             data = None
         if not isinstance(data, dict):
             raise HostUnavailable(f"host {self.host}: unreadable status", host=self.host)
