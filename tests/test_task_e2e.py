@@ -16,11 +16,34 @@ from slotq.slot import read_slot
 Start = Callable[..., Run]
 
 
-def hold_shared_slot(runs: Start, state_dir: Path, seconds: int = 6) -> Run:
-    h = runs("--label", "placeholder", "--", "sleep", str(seconds), name="holder")
+def hold_shared_slot(runs: Start, state_dir: Path, gate: Path) -> Run:
+    """A holder of the shared slot that runs until the test opens `gate`
+    (creates the file): never a fixed duration that a busy machine could
+    outlast or cut short."""
+    h = runs("--label", "placeholder", "--", "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.01; done",
+             name="holder")
     wait_for(lambda: (read_slot(str(state_dir), "shared", 0)[1] or {}).get("phase") == "running",
              what="placeholder holds the slot")
     return h
+
+
+def waited(state_dir: Path) -> list[float]:
+    """How long each run in the shared line has waited so far."""
+    from slotq.status import waiting
+
+    return [float(w.get("waited_s") or 0) for w in waiting(str(state_dir), "shared", time.time())]
+
+
+def start_task(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], Path]:
+    out = tmp_path / f"task{time.monotonic_ns()}.json"
+    proc = subprocess.Popen(slotq_cmd() + ["task", "--json", str(out), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path, stdin=subprocess.DEVNULL)
+    return proc, out
+
+
+def finish(proc: subprocess.Popen[str], out: Path, timeout: float = 40) -> tuple[int, str, dict]:  # type: ignore[type-arg]
+    _, err = proc.communicate(timeout=timeout)
+    return proc.returncode, err, json.loads(out.read_text())
 
 
 def task(tmp_path: Path, *args: str, timeout: float = 40) -> tuple[subprocess.CompletedProcess[str], dict]:  # type: ignore[type-arg]
@@ -33,37 +56,53 @@ def task(tmp_path: Path, *args: str, timeout: float = 40) -> tuple[subprocess.Co
 @pytest.mark.timeout(60)
 def test_task_outlives_its_budget_while_its_inner_run_waits_and_passes(
         state_dir: Path, runs: Start, tmp_path: Path) -> None:
-    hold_shared_slot(runs, state_dir)
-    proc, res = task(tmp_path, "--budget", "3s", "--recheck", "1s", "--credit-dir", str(tmp_path), "--",
-                     *slotq_cmd(), "run", "--budget", "1", "--", "true")
-    assert proc.returncode == 0, proc.stderr
+    gate = tmp_path / "gate"
+    holder = hold_shared_slot(runs, state_dir, gate)
+    proc, out = start_task(tmp_path, "--budget", "3s", "--recheck", "1s", "--credit-dir", str(tmp_path), "--",
+                           *slotq_cmd(), "run", "--budget", "1", "--", "true")
+    # Past the task's own budget, its inner run still waiting in line:
+    wait_for(lambda: waited(state_dir) and waited(state_dir)[0] > 4.0, timeout=20, what="4 s of waiting")
+    assert proc.poll() is None, "the task must outlive its budget while the wait is in progress"
+    assert holder.proc.poll() is None
+    gate.touch()
+    code, err, res = finish(proc, out)
+    assert code == 0, err
     assert res["outcome"] == "passed"
-    assert res["elapsed_s"] > 3.5  # it outlived its 3 s budget: the wait was in progress
+    assert res["elapsed_s"] > 4.0
 
 
 @pytest.mark.timeout(60)
 def test_task_is_extended_by_the_wait_once_it_ends(state_dir: Path, runs: Start, tmp_path: Path) -> None:
-    hold_shared_slot(runs, state_dir)
-    # The inner run waits ~6 s, then works 2 s: the check after its wait
-    # ended credits the wait, and the budget (3 s + ~6 s) covers the work.
-    proc, res = task(tmp_path, "--budget", "3s", "--recheck", "0.5s", "--credit-dir", str(tmp_path), "--",
-                     *slotq_cmd(), "run", "--budget", "5", "--", "sleep", "2")
-    assert proc.returncode == 0, proc.stderr
+    gate = tmp_path / "gate"
+    hold_shared_slot(runs, state_dir, gate)
+    # The inner run waits ~4.5 s, then works 2 s: the check after its wait
+    # ended credits the wait, and the budget (3 s + the wait) covers the work.
+    proc, out = start_task(tmp_path, "--budget", "3s", "--recheck", "0.5s", "--credit-dir", str(tmp_path), "--",
+                           *slotq_cmd(), "run", "--budget", "5", "--", "sleep", "2")
+    wait_for(lambda: waited(state_dir) and waited(state_dir)[0] > 4.5, timeout=20, what="4.5 s of waiting")
+    gate.touch()
+    code, err, res = finish(proc, out)
+    assert code == 0, err
     assert res["outcome"] == "passed"
     assert len(res["extensions"]) == 1
-    assert 4.0 <= res["credited_s"] <= 7.0
-    assert "budget extended by" in proc.stderr
-    assert res["elapsed_s"] > 7
+    assert 4.5 <= res["credited_s"] <= 8.0
+    assert "budget extended by" in err
+    assert res["elapsed_s"] > res["credited_s"] + 2  # the wait, then the 2 s of work
 
 
 @pytest.mark.timeout(60)
 def test_a_delivery_deadline_ends_the_task_at_its_time(state_dir: Path, runs: Start, tmp_path: Path) -> None:
-    hold_shared_slot(runs, state_dir)
-    proc, res = task(tmp_path, "--budget", "3s", "--deadline", "3s", "--recheck", "1s", "--kill-grace", "1",
-                     "--credit-dir", str(tmp_path), "--", *slotq_cmd(), "run", "--budget", "1", "--", "true")
+    gate = tmp_path / "gate"
+    holder = hold_shared_slot(runs, state_dir, gate)
+    try:
+        proc, res = task(tmp_path, "--budget", "3s", "--deadline", "3s", "--recheck", "1s", "--kill-grace", "1",
+                         "--credit-dir", str(tmp_path), "--", *slotq_cmd(), "run", "--budget", "1", "--", "true")
+        assert holder.proc.poll() is None  # the inner run waited all along
+    finally:
+        gate.touch()
     assert proc.returncode == 118
     assert res["outcome"] == "deadline" and res["blame"] == "task"
-    assert 2.9 <= res["elapsed_s"] < 5.5
+    assert 2.9 <= res["elapsed_s"] < 8
 
 
 @pytest.mark.timeout(30)
@@ -82,15 +121,18 @@ def test_a_task_passes_the_commands_own_exit_code_and_stdio(state_dir: Path, tmp
 
 @pytest.mark.timeout(30)
 def test_waits_shows_what_a_dir_waited(state_dir: Path, runs: Start, tmp_path: Path) -> None:
-    hold_shared_slot(runs, state_dir, seconds=2)
+    gate = tmp_path / "gate"
+    hold_shared_slot(runs, state_dir, gate)
     q = runs("--", "true", name="queued")
+    wait_for(lambda: waited(state_dir) and waited(state_dir)[0] > 1.2, what="1.2 s of waiting")
+    gate.touch()
     assert q.wait() == 0
     proc = subprocess.run(slotq_cmd() + ["waits", "--json", "--dir", str(tmp_path), "--since", "5m"],
                           capture_output=True, text=True, timeout=20)
     data = json.loads(proc.stdout)
-    waited = [w for w in data["waits"] if w["run_id"] == q.result()["run_id"]]
-    assert len(waited) == 1 and waited[0]["kind"] == "queue" and waited[0]["seconds"] >= 1.0
-    assert waited[0]["seconds"] == pytest.approx(q.result()["waited_s"], abs=0.5)
+    waits = [w for w in data["waits"] if w["run_id"] == q.result()["run_id"]]
+    assert len(waits) == 1 and waits[0]["kind"] == "queue" and waits[0]["seconds"] >= 1.2
+    assert waits[0]["seconds"] == pytest.approx(q.result()["waited_s"], abs=0.5)
     text = subprocess.run(slotq_cmd() + ["waits", "--dir", str(tmp_path)], capture_output=True, text=True,
                           timeout=20).stdout
     assert "total: sum" in text and "queue" in text
@@ -102,11 +144,18 @@ def test_an_unwritable_ledger_costs_one_warning_and_the_run_passes(
     blocker = tmp_path / "file"
     blocker.write_text("")
     monkeypatch.setenv("SLOTQ_LEDGER", str(blocker / "ledger.sqlite"))
-    hold_shared_slot(runs, state_dir, seconds=1)  # so that the run waits, and records it
-    proc = subprocess.run(slotq_cmd() + ["run", "-q", "--report-every", "0.2", "--", "echo", "ok"],
-                          capture_output=True, text=True, timeout=20)
-    assert proc.returncode == 0 and proc.stdout == "ok\n"
-    warnings = [line for line in proc.stderr.splitlines() if "warning" in line]
+    gate = tmp_path / "gate"
+    holder = hold_shared_slot(runs, state_dir, gate)  # so that the run waits, and records it
+    proc = subprocess.Popen(slotq_cmd() + ["run", "-q", "--report-every", "0.2", "--", "echo", "ok"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    assert proc.stderr is not None
+    first = proc.stderr.readline()  # the one warning, at the first ledger write
+    wait_for(lambda: waited(state_dir) and waited(state_dir)[0] > 0.7, what="several status reports")
+    assert holder.proc.poll() is None
+    gate.touch()
+    out, rest = proc.communicate(timeout=20)
+    assert proc.returncode == 0 and out == "ok\n"
+    warnings = [line for line in (first + rest).splitlines() if "warning" in line]
     assert len(warnings) == 1 and "wait ledger" in warnings[0]
 
 
@@ -129,4 +178,17 @@ def test_bad_task_and_waits_arguments_are_one_line_exit_2(state_dir: Path, args:
 def test_an_uncontended_run_costs_no_ledger_write(state_dir: Path, tmp_path: Path) -> None:
     proc = subprocess.run(slotq_cmd() + ["run", "-q", "--", "true"], capture_output=True, text=True, timeout=20)
     assert proc.returncode == 0
-    assert not (tmp_path / "ledger.sqlite").exists()  # it got its slot at once: nothing was waited
+    # It got its slot at once: nothing was waited, so nothing of the ledger
+    # was touched -- no database, no spool, no spool lock.
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("ledger")) == []
+    # (The check can fail: a run that waits does write the spool.)
+    gate = tmp_path / "gate"
+    holder = subprocess.Popen(slotq_cmd() + ["run", "-q", "--", "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.01; done"],
+                              stdin=subprocess.DEVNULL)
+    wait_for(lambda: (read_slot(str(state_dir), "shared", 0)[1] or {}).get("phase") == "running",
+             what="holder running")
+    waiter = subprocess.Popen(slotq_cmd() + ["run", "-q", "--report-every", "0.05", "--", "true"],
+                              stdin=subprocess.DEVNULL)
+    wait_for(lambda: (tmp_path / "ledger.sqlite.spool").exists(), what="the waiter's spool")
+    gate.touch()
+    assert holder.wait(timeout=20) == 0 and waiter.wait(timeout=20) == 0
