@@ -70,29 +70,32 @@ def test_ticket_of_a_sigkilled_waiter_is_found_dead_and_removed(tmp_path: Path) 
     assert list_tickets(pool_dir(str(tmp_path), "shared")) == []
 
 
-def test_a_release_wakes_the_head_within_milliseconds(tmp_path: Path) -> None:
+# Wake-up latency belongs to the benchmarks (benchmarks/: hand-over in
+# milliseconds, against flock). Here: the head is woken by the event itself,
+# far sooner than its safety-net poll (30 s) could, however busy the machine.
+
+def test_a_release_wakes_the_head_by_its_event_not_its_poll(tmp_path: Path) -> None:
     lease = take_slot(tmp_path)
     b = Waiter(str(tmp_path), CFG, "shared", {})
     assert b.attempt() is None
+    assert b.wait_timeout() >= 30  # only an event can wake it within the bound below
     assert not readable(b)
     t0 = time.monotonic()
     lease.release()
-    assert readable(b, timeout=1.0)
-    assert time.monotonic() - t0 < 0.05
+    assert readable(b, timeout=5.0)
+    assert time.monotonic() - t0 < 5.0
     assert b.attempt() is not None
 
 
-def test_a_sigkilled_holder_wakes_the_head_within_milliseconds(tmp_path: Path) -> None:
+def test_a_sigkilled_holder_wakes_the_head_by_its_event_not_its_poll(tmp_path: Path) -> None:
     p = holder_process(tmp_path, "slot")
     b = Waiter(str(tmp_path), CFG, "shared", {})
     assert b.attempt() is None
-    t0 = time.monotonic()
+    assert b.wait_timeout() >= 30
     p.kill()
-    assert readable(b, timeout=2.0)
-    woke = time.monotonic() - t0
+    assert readable(b, timeout=5.0), "no wake-up from the holder's death"
     p.wait()
-    assert b.attempt() is not None
-    assert woke < 0.1, f"wake-up took {woke * 1000:.1f} ms"
+    wait_for(lambda: b.attempt() is not None, timeout=5.0, what="the slot, after the wake-up")
 
 
 def test_a_release_wakes_only_the_head_and_a_departure_only_the_next(tmp_path: Path) -> None:

@@ -49,6 +49,14 @@ def start_holder(runs: Start, state_dir: Path, gate: Path, *extra: str) -> Run:
     return h
 
 
+def _waited(state_dir: Path) -> float:
+    """How long the first run in the shared line has waited so far (0: none)."""
+    from slotq.status import waiting
+
+    line = waiting(str(state_dir), "shared", time.time())
+    return float(line[0].get("waited_s") or 0) if line else 0.0
+
+
 def line_up(runs: Start, state_dir: Path, scripts: list[str]) -> list[Run]:
     """One run per shell script, each started once the one before holds its
     ticket: their order in line is then certain."""
@@ -74,12 +82,23 @@ class RecordingClock(Clock):
 @pytest.mark.timeout(40)
 def test_queue_longer_than_budget_still_passes_and_backstop_starts_at_slot(
         state_dir: Path, runs: Start, tmp_path: Path) -> None:
-    holder = runs("--label", "placeholder", "--", "sleep", "6", name="holder")
-    wait_for(lambda: slot_holder(state_dir), what="placeholder holds the slot")
+    gate = tmp_path / "gate"
+    holder = start_holder(runs, state_dir, gate)
+    held_on: list[bool] = []
+
+    def release_after_four_seconds_of_waiting() -> None:
+        wait_for(lambda: _waited(state_dir) > 4.0, timeout=20, what="4 s of waiting")
+        held_on.append(holder.proc.poll() is None)
+        gate.touch()
+
+    opener = threading.Thread(target=release_after_four_seconds_of_waiting, daemon=True)
+    opener.start()
     clock = RecordingClock()
     out_r, out_w = os.pipe()
     spec = RunSpec(["echo", "ran"], budget=1.0, cwd=str(tmp_path))
     result = run(spec, LocalTransport(), clock=clock, stdout_fd=out_w)
+    opener.join(5)
+    assert held_on == [True]  # the holder ran all along: the wait was a real one
     os.close(out_w)
     assert os.read(out_r, 100) == b"ran\n"
     assert result.outcome.value == "passed", result.message
@@ -212,9 +231,11 @@ def test_a_command_that_runs_too_long_is_exec_timeout_and_says_when_it_got_the_s
 
 @pytest.mark.timeout(40)
 def test_idle_watchdog_ignores_queue_and_prepare_time(state_dir: Path, runs: Start, tmp_path: Path) -> None:
-    runs("--", "sleep", "2", name="holder")
-    wait_for(lambda: slot_holder(state_dir), what="holder has the slot")
+    gate = tmp_path / "gate"
+    start_holder(runs, state_dir, gate)
     r = runs("--idle", "1", "--prepare", "sleep 1.5", "--", "sh", "-c", "echo a; sleep 0.5; echo b")
+    wait_for(lambda: _waited(state_dir) > 1.2, what="more than the idle limit of waiting")
+    gate.touch()
     assert r.wait() == 0, r.err
     res = r.result()
     assert res["outcome"] == "passed"
@@ -246,7 +267,7 @@ def test_landing_runs_on_its_own_slot_while_shared_is_busy(state_dir: Path, runs
 
 
 @pytest.mark.timeout(30)
-def test_caller_sigkilled_while_queued_loses_its_ticket_within_1s(
+def test_caller_sigkilled_while_queued_loses_its_ticket_at_once(
         state_dir: Path, runs: Start, tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     start_holder(runs, state_dir, gate)
@@ -257,8 +278,12 @@ def test_caller_sigkilled_while_queued_loses_its_ticket_within_1s(
     # The ticket's life is the kernel's lock: it ends with the process. (The
     # file goes then too if the run's standby keeper held it, else at the
     # next look along the line -- this probe removes it.)
-    wait_for(lambda: not live_tickets(state_dir), timeout=1.0, what="ticket no longer live")
-    assert time.monotonic() - t0 < 1.0
+    # "At once": by the kernel, not by anyone's poll (the holder keeps the
+    # slot all along, so nothing else moves the line). The bound is generous
+    # for a busy machine; the latency itself is the benchmarks' business.
+    wait_for(lambda: not live_tickets(state_dir), timeout=5.0, what="ticket no longer live")
+    assert time.monotonic() - t0 < 5.0
+    assert slot_holder(state_dir) is not None
     gate.touch()
 
 
@@ -272,9 +297,12 @@ def test_caller_sigkilled_while_running_leaves_no_process_and_frees_the_slot(
     pgid = int(pidf.read_text())
     t0 = time.monotonic()
     r.kill()
-    wait_for(lambda: not group_alive(pgid), timeout=1 + 1, what="command group gone")
-    wait_for(lambda: slot_holder(state_dir) is None, timeout=1, what="slot free")
-    assert time.monotonic() - t0 <= 2.0
+    # Within the kill grace (1 s) plus a moment -- a generous one, for a busy
+    # machine: the command ignores TERM, so only the KILL after the grace
+    # ends it, never the caller's own death.
+    wait_for(lambda: not group_alive(pgid), timeout=1 + 4, what="command group gone")
+    wait_for(lambda: slot_holder(state_dir) is None, timeout=4, what="slot free")
+    assert time.monotonic() - t0 <= 1 + 4
     last = wait_for(lambda: (history.recent(str(state_dir), 1) or [None])[0], what="history record")
     assert last["outcome"] == "caller_gone"
 
