@@ -3,6 +3,7 @@ cap on inotify instances were reached (every inotify_init1 fails EMFILE),
 so waiting runs use the blocked-flock threads of lockwait.py."""
 
 import errno
+import os
 import sys
 
 from slotq import inotify
@@ -10,6 +11,10 @@ from slotq.cli import main
 
 
 def refuse(*args: object) -> None:
+    log = os.environ.get("SLOTQ_TEST_INOTIFY_LOG")
+    if log:  # the test learns that an instance was asked for
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()}\n")
     raise OSError(errno.EMFILE, "Too many open files")
 
 

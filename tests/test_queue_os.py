@@ -7,6 +7,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -176,23 +177,54 @@ def test_without_inotify_the_fallback_poll_still_hands_over(tmp_path: Path, monk
     monkeypatch.setenv("SLOTQ_NO_INOTIFY", "1")
     lease = take_slot(tmp_path)
     b = Waiter(str(tmp_path), CFG, "shared", {})
-    assert b.fileno() == -1 and b.wait_timeout() <= 1.0
     assert b.attempt() is None
-    lease.release()
-    assert b.attempt() is not None
+    assert b.fileno() == -1 and b.wait_timeout() <= 1.0  # nothing to wake it: only its poll
+    looks = 1
+    # The release comes while the waiter sleeps in its poll; only a later look finds the slot.
+    threading.Timer(0.2, lease.release).start()
+    start = time.monotonic()
+    got = None
+    while got is None and time.monotonic() - start < 10:
+        time.sleep(b.wait_timeout())  # sleep-ok: this is the poll under test
+        looks += 1
+        got = b.attempt()
+    assert got is not None and looks >= 2
+    assert time.monotonic() - start < 0.2 + 2 * 1.0  # within a poll interval or two of the release
 
 
-def test_status_probe_of_a_slot_wakes_the_head_instead_of_stealing_its_wakeup(tmp_path: Path) -> None:
-    probe_ = SlotProbe(str(tmp_path), "shared", 1)
-    lease = probe_.try_lease()
-    assert lease is not None
+def test_a_status_probe_at_the_moment_of_release_wakes_the_head_again(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race: the holder releases, the head is woken, and just then a
+    `slotq status` probe holds a shared lock on the slot -- the head's look
+    fails. The probe's own close must wake the head again (its descriptor is
+    read-write: IN_CLOSE_WRITE), or the head sleeps with the slot free."""
+    import fcntl
+
+    from slotq import slot as slot_module
+
+    lease = take_slot(tmp_path)
     b = Waiter(str(tmp_path), CFG, "shared", {})
     assert b.attempt() is None
-    held, _ = read_slot(str(tmp_path), "shared", 0)
-    assert held
     lease.release()
-    assert readable(b, 1.0)
-    b.attempt()
+    assert readable(b, 5.0)  # the release woke it
+    looks: list[object] = []
+    real_flock = fcntl.flock
+
+    class AtTheMoment:
+        LOCK_SH, LOCK_EX, LOCK_NB, LOCK_UN = fcntl.LOCK_SH, fcntl.LOCK_EX, fcntl.LOCK_NB, fcntl.LOCK_UN
+
+        @staticmethod
+        def flock(fd: int, op: int) -> None:
+            real_flock(fd, op)
+            if op == fcntl.LOCK_SH | fcntl.LOCK_NB:
+                looks.append(b.attempt())  # the head looks now: the probe's lock is in the way
+
+    monkeypatch.setattr(slot_module, "fcntl", AtTheMoment)
+    held, _ = read_slot(str(tmp_path), "shared", 0)  # status, without the kernel's lock table
+    monkeypatch.undo()
+    assert looks == [None] and not held  # the head lost that look to the probe
+    assert readable(b, 5.0), "the probe's close did not wake the head"
+    assert b.attempt() is not None
 
 
 def _spawn(argv: list[str], grace: float = 5.0):  # type: ignore[no-untyped-def]

@@ -480,11 +480,22 @@ def test_runs_without_inotify_instances_keep_order_and_finish(state_dir: Path, t
     wait_for(lambda: all((read_slot(str(state_dir), "shared", i)[1] or {}).get("phase") == "running"
                          for i in range(slots)) and not live_tickets(state_dir),
              what="slots held, and the holders out of the line")
+    asked = tmp_path / "inotify-asked"
+    monkeypatch.setenv("SLOTQ_TEST_INOTIFY_LOG", str(asked))
     waiters = []
     for i in range(4):
         waiters.append(subprocess.Popen([sys.executable, str(helper), "run", "-q", "--", "sh", "-c",
                                          f"echo {i} >> {log}"]))
         wait_for(lambda: len(live_tickets(state_dir)) == i + 1, what=f"ticket {i}")
+    if slots == 2:
+        # Each waiter asked for an inotify instance, was refused, and waits
+        # in a thread blocked in flock(2) -- not in a poll, which would show
+        # no blocked lock.
+        wait_for(lambda: asked.exists() and len(set(asked.read_text().split())) == 4, what="4 refusals")
+        wait_for(lambda: all(blocked_in_flock(w.pid) for w in waiters), what="every waiter blocked in flock")
+    else:
+        # In a one-slot line the waiters never ask: their keepers wait in flock.
+        assert not asked.exists()
     gate.touch()
     assert [w.wait(timeout=20) for w in waiters] == [0, 0, 0, 0]
     assert [h.wait(timeout=20) for h in holders] == [0] * slots

@@ -77,7 +77,11 @@ class Remote:
         return bool(slot["held"] and slot.get("phase") == "running")
 
     def group_members(self, pgid: int) -> int:
-        return int(self.ssh(REMOTE_MEMBERS + str(pgid)).strip() or "0")
+        """Live members of process group `pgid` on the host; fails the test
+        if it cannot look (never a 0 that means 'could not tell')."""
+        out = self.ssh(REMOTE_MEMBERS + str(pgid)).strip()
+        assert out.isdigit(), f"cannot count the remote process group {pgid}: {out!r}"
+        return int(out)
 
     def gate(self) -> str:
         return f"/tmp/slotq-gate-{self.tag}"
@@ -97,9 +101,13 @@ def remote(ssh_config: str, state_dir: Path) -> Iterator[Remote]:
 
 @pytest.mark.timeout(60)
 def test_queue_longer_than_budget_passes_over_ssh(remote: Remote, runs: Start) -> None:
-    holder = runs(*remote.args, "--label", "placeholder", "--", "sleep", "6", name="holder")
+    holder = runs(*remote.args, "--label", "placeholder", "--", *remote.gate_cmd(), name="holder")
     wait_for(remote.holder_running, timeout=20, what="remote placeholder holds the slot")
     r = runs(*remote.args, "--budget", "1", "--report-every", "1", "--", "echo", "ran")
+    wait_for(lambda: [w.get("waited_s", 0) for w in remote.shared()["waiting"]][:1] > [4.0], timeout=30,
+             what="4 s of waiting on the host")
+    assert remote.holder_running()
+    remote.ssh(f"touch {remote.gate()}")
     assert r.wait(timeout=40) == 0, r.err
     res = r.result()
     assert res["outcome"] == "passed" and r.out == b"ran\n"
@@ -147,6 +155,7 @@ def test_sigkill_of_the_local_run_while_running_ends_the_remote_group(remote: Re
 def test_sigkill_of_ssh_itself_is_unavailable_and_ends_the_remote_group(remote: Remote, runs: Start) -> None:
     r = runs(*remote.args, "--kill-grace", "1", "--", "sh", "-c", f"echo $$ > /tmp/slotq-pg-{remote.tag}; sleep 100")
     pgid = _remote_pgid(remote)
+    assert remote.group_members(pgid) >= 1  # seen alive first: the check below can fail
     ssh_pids = [int(p) for p in Path(f"/proc/{r.proc.pid}/task/{r.proc.pid}/children").read_text().split()
                 if Path(f"/proc/{p}/comm").read_text().strip() == "ssh"]
     assert len(ssh_pids) == 1
