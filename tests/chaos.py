@@ -222,11 +222,11 @@ def run_chaos(work: Path, callers: int = 60, kill_share: float = 0.2, hung_share
     holds: dict[str, float] = {}
     by_id = {ident: g for g, (_, ident) in starts.items()}
     for i in range(callers):
-        g = by_id.get(i)
-        if g is None or g not in died_at:
+        found = by_id.get(i)
+        if found is None or found not in died_at:
             continue
         style = kills.get(i, "none")
-        holds[style] = max(holds.get(style, 0.0), died_at[g] - started_at[g])
+        holds[style] = max(holds.get(style, 0.0), died_at[found] - started_at[found])
     overlaps = [line for line in log.read_text().splitlines() if line.startswith("OVERLAP")] if log.exists() else []
     return {
         "callers": callers, "elapsed_s": round(elapsed, 1), "killed": {s: sum(1 for v in kills.values() if v == s)

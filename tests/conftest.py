@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -72,6 +73,56 @@ def group_alive(pgid: int) -> bool:
     from pgroup import members
 
     return bool(members(pgid))
+
+
+# ---------------------------------------------------------------- hygiene
+# The suite leaves nothing behind: no files in the system temp dir or in the
+# ssh test user's home beyond what pytest's own temp dirs hold, and ssh
+# masters live in a runtime dir of the session's own, ended by their control
+# sockets (never by a pattern match on the process table).
+
+_LEFTOVER_HOMES = ("/home/slotqtest",)
+
+
+def _leftovers() -> set[str]:
+    out = set()
+    tmp = tempfile.gettempdir()
+    for name in os.listdir(tmp):
+        if name.startswith("slotq"):
+            out.add(os.path.join(tmp, name))
+    for home in _LEFTOVER_HOMES:
+        try:
+            out |= {os.path.join(home, n) for n in os.listdir(home) if n.startswith(("st-", "state-"))}
+        except OSError:
+            pass
+    return out
+
+
+_BEFORE: set[str] = set()
+_RUNTIME: str | None = None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    global _RUNTIME
+    _BEFORE.update(_leftovers())
+    # slotq keeps its ssh masters' sockets in $XDG_RUNTIME_DIR/slotq-ssh:
+    # a dir of this session's, so that no socket is left in /tmp.
+    _RUNTIME = tempfile.mkdtemp(prefix="pytest-slotq-runtime-")
+    os.environ["XDG_RUNTIME_DIR"] = _RUNTIME
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _RUNTIME is not None:
+        socks = os.path.join(_RUNTIME, "slotq-ssh")
+        for name in os.listdir(socks) if os.path.isdir(socks) else []:
+            # `ssh -O exit` asks that very master (by its socket) to end.
+            subprocess.run(["ssh", "-S", os.path.join(socks, name), "-O", "exit", "x"], capture_output=True,
+                           timeout=20)
+        shutil.rmtree(_RUNTIME, ignore_errors=True)
+    new = sorted(_leftovers() - _BEFORE)
+    if new:
+        sys.stderr.write("\nthe suite left these behind:\n" + "".join(f"  {p}\n" for p in new))
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture

@@ -18,5 +18,5 @@ def refuse(*args: object) -> None:
     raise OSError(errno.EMFILE, "Too many open files")
 
 
-inotify.Watcher.__init__ = refuse  # type: ignore[method-assign]
+inotify.Watcher.__init__ = refuse  # type: ignore[method-assign,assignment]
 sys.exit(main(sys.argv[1:]))

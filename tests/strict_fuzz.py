@@ -86,7 +86,7 @@ def hostile(rng: random.Random) -> bytes:
         depth = rng.choice([7, 64, 5000])
         return protocol.MAGIC + HELLO + protocol.frame(protocol.EVENT, b"[" * depth + b"]" * depth)
     if kind == 4:  # an unknown outcome, or wrong-typed fields
-        fields = rng.choice([{"outcome": "pwned"}, {"outcome": 7}, {"outcome": "passed", "exit_code": "0"},
+        fields: dict[str, object] = rng.choice([{"outcome": "pwned"}, {"outcome": 7}, {"outcome": "passed", "exit_code": "0"},
                              {"outcome": "failed", "phases": [1]}, {"outcome": "passed", "phases": {"slot": "x"}},
                              {"outcome": None}])
         return protocol.MAGIC + HELLO + ev("started", budget=1.0) + ev("exited", **fields)

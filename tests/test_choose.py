@@ -34,7 +34,7 @@ def test_expected_wait_table(slots: list[tuple[bool, float]], waiting: int, runs
 
 
 def test_reversing_the_slot_order_gives_the_same_answer() -> None:
-    slots = [(True, 5), (False, 0), (True, 70), (True, 12)]
+    slots: list[tuple[bool, float]] = [(True, 5), (False, 0), (True, 70), (True, 12)]
     a = expected_wait(snap(slots, 3, [30, 50]), "shared")
     b = expected_wait(snap(list(reversed(slots)), 3, [50, 30]), "shared")
     assert a == b

@@ -43,7 +43,9 @@ def test_host_run_withdraws_its_ticket_when_stdin_closes(state_dir: Path, tmp_pa
     gate = tmp_path / "gate"
     holder = subprocess.Popen(slotq_cmd() + ["host", "run", "--", "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.01; done"],
                               stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
-    tickets = lambda: [p for _, p in list_tickets(pool_dir(str(state_dir), "shared")) if probe(p)]  # noqa: E731
+    def tickets() -> list[str]:
+        return [p for _, p in list_tickets(pool_dir(str(state_dir), "shared")) if probe(p)]
+
     # The holder's record says `running` before it has left the line.
     wait_for(lambda: (read_slot(str(state_dir), "shared", 0)[1] or {}).get("phase") == "running" and not tickets(),
              what="holder running, out of the line")

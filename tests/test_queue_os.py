@@ -109,8 +109,8 @@ def test_a_release_wakes_only_the_head_and_a_departure_only_the_next(tmp_path: P
     lease.release()
     assert readable(line[0], 1.0)
     assert [readable(w) for w in line[1:]] == [False, False, False, False]
-    lease = line[0].attempt()  # the head wins and withdraws its ticket
-    assert lease is not None
+    won = line[0].attempt()  # the head wins and withdraws its ticket
+    assert won is not None
     assert readable(line[1], 1.0)
     assert [readable(w) for w in line[2:]] == [False, False, False]
     assert line[1].attempt() is None and line[1].is_head  # the slot is still held
@@ -408,6 +408,7 @@ def test_wait_turn_waits_in_the_kernel_for_the_live_ticket_ahead_and_skips_dead_
         wait_for(lambda: len(list_tickets(pool_dir(str(tmp_path), "shared"))) == 2,
                  what="the dead ticket removed by the walk")
         wait_for(lambda: blocked_in_flock(waiter.pid), what="the waiter blocked in flock(2)")
+        assert waiter.stdout is not None
         assert not select.select([waiter.stdout], [], [], 0)[0]  # still waiting for the head
         t0 = time.monotonic()
         head.stdin.close()  # type: ignore[union-attr]  # the head leaves

@@ -54,7 +54,7 @@ def _waited(state_dir: Path) -> float:
     from slotq.status import waiting
 
     line = waiting(str(state_dir), "shared", time.time())
-    return float(line[0].get("waited_s") or 0) if line else 0.0
+    return float(line[0].get("waited_s") or 0) if line else 0.0  # type: ignore[arg-type]
 
 
 def line_up(runs: Start, state_dir: Path, scripts: list[str]) -> list[Run]:
@@ -176,7 +176,7 @@ def test_every_waiter_of_a_one_slot_line_waits_in_its_keeper_in_flock(
     gate = tmp_path / "gate"
     start_holder(runs, state_dir, gate)
     waiters = line_up(runs, state_dir, ["true"] * 3)
-    keepers = [wait_for(lambda w=w: children(w.proc.pid), what="a keeper") for w in waiters]
+    keepers = [wait_for(lambda w=w: children(w.proc.pid), what="a keeper") for w in waiters]  # type: ignore[misc]
     assert all(len(k) == 1 for k in keepers)
     wait_for(lambda: all(blocked_in_flock(k[0]) for k in keepers), what="every keeper blocked in flock(2)")
     assert not any("anon_inode:inotify" in fd_targets(w.proc.pid) for w in waiters)
@@ -192,7 +192,7 @@ def test_a_waiter_that_cannot_fork_its_keeper_waits_by_itself(
     import slotq.runner
 
     refused: list[str] = []
-    real_spawn = slotq.runner.spawn
+    real_spawn = slotq.runner.spawn  # type: ignore[attr-defined]
 
     def spawn(argv: list[str], **kw: Any) -> Any:
         if kw.get("lock_path"):  # the standby keeper's fork, only
@@ -303,7 +303,7 @@ def test_caller_sigkilled_while_running_leaves_no_process_and_frees_the_slot(
     wait_for(lambda: not group_alive(pgid), timeout=1 + 4, what="command group gone")
     wait_for(lambda: slot_holder(state_dir) is None, timeout=4, what="slot free")
     assert time.monotonic() - t0 <= 1 + 4
-    last = wait_for(lambda: (history.recent(str(state_dir), 1) or [None])[0], what="history record")
+    last = wait_for(lambda: (history.recent(str(state_dir), 1) or [{}])[0], what="history record")
     assert last["outcome"] == "caller_gone"
 
 

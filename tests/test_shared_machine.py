@@ -67,23 +67,30 @@ class World:
         pw = pwd.getpwnam(user)
         return {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": [self.gid], "umask": 0o002}
 
-    def run(self, user: str, *args: str, timeout: float = 30, input: bytes | None = None,
-            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    def run(self, user: str, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+        pw = pwd.getpwnam(user)
         return subprocess.run(self.cmd(*args), capture_output=True, timeout=timeout, cwd=self.home(user),
-                              env=env or self.env(user), text=input is None, input=input,
-                              **self._as(user))  # type: ignore[call-overload,no-any-return]
+                              env=self.env(user), text=True, user=pw.pw_uid, group=pw.pw_gid,
+                              extra_groups=[self.gid], umask=0o002)
 
-    def popen(self, user: str, *args: str, **kw: object) -> subprocess.Popen[bytes]:
-        kw.setdefault("stdin", subprocess.DEVNULL)
-        kw.setdefault("stdout", subprocess.DEVNULL)
-        kw.setdefault("stderr", subprocess.DEVNULL)
-        return subprocess.Popen(self.cmd(*args), cwd=self.home(user), env=self.env(user),  # type: ignore[call-overload]
-                                start_new_session=True, **self._as(user), **kw)
+    def run_bytes(self, user: str, *args: str, input: bytes, timeout: float = 30) -> subprocess.CompletedProcess[bytes]:
+        pw = pwd.getpwnam(user)
+        return subprocess.run(self.cmd(*args), capture_output=True, timeout=timeout, cwd=self.home(user),
+                              env=self.env(user), input=input, user=pw.pw_uid, group=pw.pw_gid,
+                              extra_groups=[self.gid], umask=0o002)
+
+    def popen(self, user: str, *args: str, stderr: int = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
+        pw = pwd.getpwnam(user)
+        return subprocess.Popen(self.cmd(*args), cwd=self.home(user), env=self.env(user), start_new_session=True,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
+                                user=pw.pw_uid, group=pw.pw_gid, extra_groups=[self.gid], umask=0o002)
 
     def py(self, user: str, code: str, timeout: float = 20) -> subprocess.CompletedProcess[str]:
         """Run a bit of Python as `user` (B's attacks)."""
+        pw = pwd.getpwnam(user)
         return subprocess.run(["/usr/bin/python3", "-c", code], capture_output=True, text=True, timeout=timeout,
-                              cwd=self.home(user), env=self.env(user), **self._as(user))  # type: ignore[call-overload]
+                              cwd=self.home(user), env=self.env(user), user=pw.pw_uid, group=pw.pw_gid,
+                              extra_groups=[self.gid], umask=0o002)
 
     def victim(self) -> tuple[Path, dict[str, tuple[bytes, int, int]]]:
         """A's private files (what B would love to overwrite), and their
@@ -564,7 +571,7 @@ def test_a_request_naming_a_work_dir_it_cannot_enter_is_unavailable_not_a_signal
     closed = w.root / "closed"
     closed.mkdir(mode=0o700)  # root's: A may see it exists, not enter it
     req = json.dumps({"argv": ["true"], "cwd": str(closed), "budget": 10}).encode() + b"\n"
-    proc = w.run(w.a, "host", "run", "--request-stdin", input=req)
+    proc = w.run_bytes(w.a, "host", "run", "--request-stdin", input=req)
     assert proc.returncode == 0
     from slotq import protocol
 

@@ -86,6 +86,11 @@ class Remote:
     def gate(self) -> str:
         return f"/tmp/slotq-gate-{self.tag}"
 
+    def cleanup(self) -> None:
+        """Open the gate for any holder still polling it, then leave nothing
+        on the host: gate, pid file, this test's state dir."""
+        self.ssh(f"touch {self.gate()}; rm -rf {self.gate()} /tmp/slotq-pg-{self.tag} \"$HOME/st-{self.tag}\"")
+
     def gate_cmd(self) -> list[str]:
         return ["sh", "-c", f'while [ ! -e {self.gate()} ]; do sleep 0.01; done']
 
@@ -96,7 +101,7 @@ def remote(ssh_config: str, state_dir: Path) -> Iterator[Remote]:
     yield r
     # The runs are ended by now (the `runs` fixture, torn down first); open
     # the gate for any remote holder still polling it, then leave nothing.
-    r.ssh(f"touch {r.gate()}; rm -f {r.gate()} /tmp/slotq-pg-{r.tag}")
+    r.cleanup()
 
 
 @pytest.mark.timeout(60)
@@ -332,7 +337,8 @@ def test_several_hosts_pick_the_shortest_expected_wait_and_say_why(ssh_config: s
     finally:
         a.ssh(f"touch {gate}")
         holder.wait(timeout=20)
-        a.ssh(f"rm -f {gate}")
+        a.ssh(f'rm -rf {gate} "$SLOTQ_STATE_DIR"')  # slotq-a's state dir (its SetEnv)
+        Remote(ssh_config, "slotq-b").ssh('rm -rf "$SLOTQ_STATE_DIR"')
 
 
 def test_status_over_ssh_shows_the_remote_queue(remote: Remote) -> None:

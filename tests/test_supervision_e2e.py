@@ -38,8 +38,9 @@ def start_caller(args: list[str], tmp: Path, name: str) -> subprocess.Popen[byte
 def holder_record(state_dir: Path) -> dict[str, Any]:
     """The holder record once its keeper completed it (with the command's
     pid) and the holder has left the line: later tickets are others'."""
-    return wait_for(lambda: (slot_holder(state_dir) or {}).get("cmd") and not live_tickets(state_dir)
-                    and slot_holder(state_dir), what="the holder record with its command")  # type: ignore[no-any-return]
+    rec: dict[str, Any] = wait_for(lambda: (slot_holder(state_dir) or {}).get("cmd") and not live_tickets(state_dir)
+                                   and slot_holder(state_dir), what="the holder record with its command")
+    return rec
 
 
 def reachable(run_id: str) -> bool:

@@ -31,7 +31,7 @@ def waited(state_dir: Path) -> list[float]:
     """How long each run in the shared line has waited so far."""
     from slotq.status import waiting
 
-    return [float(w.get("waited_s") or 0) for w in waiting(str(state_dir), "shared", time.time())]
+    return [float(w.get("waited_s") or 0) for w in waiting(str(state_dir), "shared", time.time())]  # type: ignore[arg-type]
 
 
 def start_task(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], Path]:
