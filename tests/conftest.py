@@ -98,13 +98,31 @@ def _leftovers() -> set[str]:
     return out
 
 
+def _commands_running() -> set[int]:
+    """Pids of processes started by a slotq run (SLOTQ_RUN_ID in their
+    environment), whoever's."""
+    out = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if b"SLOTQ_RUN_ID=" in f.read(1 << 20) and alive(int(name)):
+                    out.add(int(name))
+        except OSError:
+            pass
+    return out
+
+
 _BEFORE: set[str] = set()
+_BEFORE_PIDS: set[int] = set()
 _RUNTIME: str | None = None
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     global _RUNTIME
     _BEFORE.update(_leftovers())
+    _BEFORE_PIDS.update(_commands_running())
     # slotq keeps its ssh masters' sockets in $XDG_RUNTIME_DIR/slotq-ssh:
     # a dir of this session's, so that no socket is left in /tmp.
     _RUNTIME = tempfile.mkdtemp(prefix="pytest-slotq-runtime-")
@@ -119,6 +137,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             subprocess.run(["ssh", "-S", os.path.join(socks, name), "-O", "exit", "x"], capture_output=True,
                            timeout=20)
         shutil.rmtree(_RUNTIME, ignore_errors=True)
+    end = time.monotonic() + 10  # keepers still ending a command's group, within its grace
+    while _commands_running() - _BEFORE_PIDS and time.monotonic() < end:
+        time.sleep(0.05)  # sleep-ok: bounded wait for the last commands to go
+    procs = sorted(_commands_running() - _BEFORE_PIDS)
+    if procs:
+        sys.stderr.write("\nthe suite left slotq-started processes running: " + ", ".join(map(str, procs)) + "\n")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
     new = sorted(_leftovers() - _BEFORE)
     if new:
         sys.stderr.write("\nthe suite left these behind:\n" + "".join(f"  {p}\n" for p in new))
