@@ -21,10 +21,11 @@ import threading
 import time
 
 from slotq import protocol
-from slotq.client import Transport, run
+from slotq.client import run
 from slotq.errors import SlotqError
 from slotq.outcome import Outcome
 from slotq.spec import RunSpec
+from slotq.transports.base import Transport
 
 CASE_LIMIT_S = 5.0
 

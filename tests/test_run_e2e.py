@@ -21,7 +21,7 @@ from slotq.clock import Clock, Timer
 from slotq.slot import read_slot
 from slotq.spec import RunSpec
 from slotq.ticket import list_tickets, pool_dir, probe
-from slotq.transport import LocalTransport
+from slotq.transports.local import LocalTransport
 
 Start = Callable[..., Run]
 

@@ -258,7 +258,7 @@ def test_unreachable_wrong_key_or_no_slotq_is_unavailable(ssh_config: str, state
 @pytest.mark.timeout(60)
 def test_a_second_run_reuses_the_master_connection(remote: Remote, tmp_path: Path) -> None:
     subprocess.run(["ssh", "-F", remote.cfg, "-O", "exit", remote.host], capture_output=True, timeout=20)
-    from slotq.ssh import SshHost
+    from slotq.transports.ssh import SshHost
 
     # Close any master slotq left for this host, to measure a fresh one.
     sh = SshHost(remote.host, config=remote.cfg)

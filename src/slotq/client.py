@@ -21,6 +21,7 @@ from .durations import format_duration
 from .errors import HostUnavailable, ProtocolError, UsageError
 from .outcome import Outcome, exit_code_for
 from .spec import RunSpec
+from .transports.base import Transport
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -176,43 +177,10 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
-class Transport:
-    """How a client reaches a host runner. `prepare` gets the host ready
-    (connection, handshake, work tree); `start` returns (to_runner,
-    from_runner) descriptors; closing to_runner tells the runner the caller
-    is gone; `kill` ends the connection for good."""
-
-    host = "localhost"
-    remote = False
-
-    def prepare(self, spec: RunSpec) -> None:
-        """Connect, check the host's slotq, transfer the work tree. Raises
-        HostUnavailable. A local host needs none of it."""
-
-    def describe(self) -> dict[str, object]:
-        """Facts about the connection for the result (e.g. master reuse)."""
-        return {"kind": "local"}
-
-    def start(self, spec: RunSpec) -> tuple[int, int]:
-        raise NotImplementedError
-
-    def kill(self) -> None:
-        raise NotImplementedError
-
-    def wait(self) -> str:
-        """Reap the transport; returns diagnostics (e.g. ssh's stderr)."""
-        raise NotImplementedError
-
-    def after_loss(self, run_id: str) -> str:
-        """The runner's stream ended without a result: what became of the
-        run's command on the host (its keeper ended it; or both were gone
-        and the orphan was ended now). "" when there is nothing to ask."""
-        return ""
-
 
 def run(
     spec: RunSpec,
-    transport: Transport | None = None,
+    transport: Transport,
     *,
     idle: float | None = None,
     clock: Clock | None = None,
@@ -238,10 +206,6 @@ def run(
     unknown class); every other ending is a `RunResult`.
     """
     clock = clock or Clock()
-    if transport is None:
-        from .transport import LocalTransport
-
-        transport = LocalTransport()
     say = status or (lambda line: None)
     result = RunResult(spec, transport.host)
     result.phases["submitted"] = clock.wall()

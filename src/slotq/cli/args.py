@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-    from slotq.transport import SshTransport
+    from slotq.transports.ssh import SshTransport
 
 FLAG, VALUE, APPEND = "flag", "value", "append"
 
@@ -199,7 +199,7 @@ def host_options() -> list[Opt]:
 
 
 def ssh_transport(opts: Namespace, host: str, sync: str = "rsync") -> "SshTransport":
-    from slotq.transport import SshTransport
+    from slotq.transports.ssh import SshTransport
 
     return SshTransport(host, config=opts.ssh_config, options=opts.ssh_option,
                         remote_slotq=opts.remote_slotq, sync=sync)

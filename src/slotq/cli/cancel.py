@@ -129,7 +129,7 @@ def _remote(opts: Namespace, args: list[str]) -> int:
     import shlex
     import subprocess
 
-    from slotq.ssh import SshHost
+    from slotq.transports.ssh import SshHost
 
     local = _strip_host_options(args)
     code = 0

@@ -10,7 +10,7 @@ from slotq.errors import UsageError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from slotq.transport import SshTransport
+    from slotq.transports.ssh import SshTransport
 
 EPILOG = """\
 outcomes and exit codes:
@@ -56,7 +56,8 @@ PARSER = Parser(
 
 def main(args: list[str]) -> int:
     opts, command = PARSER.parse(args)
-    from slotq.client import Transport, run
+    from slotq.client import run
+    from slotq.transports.base import Transport
     from slotq.spec import RunSpec
 
     say = None if opts.quiet else _stderr_line
@@ -65,7 +66,7 @@ def main(args: list[str]) -> int:
         transport = _remote(opts)
     else:
         from slotq.hostqueue import ensure_state_dir
-        from slotq.transport import LocalTransport
+        from slotq.transports.local import LocalTransport
 
         local = LocalTransport()
         if opts.cls not in local.config.classes:
@@ -97,7 +98,7 @@ def _remote(opts: Namespace) -> "SshTransport":
     host = hosts[0]
     if len(hosts) > 1:
         from slotq.choose import describe_choice, rank_hosts
-        from slotq.ssh import SshHost
+        from slotq.transports.ssh import SshHost
 
         def fetch(h: str) -> dict[str, object]:
             return SshHost(h, config=opts.ssh_config, options=opts.ssh_option,

@@ -23,7 +23,7 @@ PARSER = Parser(
 def main(args: list[str]) -> int:
     opts, _ = PARSER.parse(args)
     if opts.host:
-        from slotq.ssh import SshHost
+        from slotq.transports.ssh import SshHost
 
         for host in [h for h in opts.host.split(",") if h]:
             remote = SshHost(host, config=opts.ssh_config, options=opts.ssh_option,

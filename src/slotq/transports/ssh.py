@@ -23,8 +23,14 @@ import socket
 import subprocess
 import time
 
-from . import protocol
-from .errors import HostUnavailable
+from .. import protocol
+from ..errors import HostUnavailable
+from ..spec import RunSpec
+from .base import Transport
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import IO
 
 CONTROL_PERSIST = 600
 DEFAULT_OPTIONS = ("BatchMode=yes", "ServerAliveInterval=5", "ServerAliveCountMax=3", "ConnectTimeout=10")
@@ -139,7 +145,7 @@ class SshHost:
                 f"it needs slotq with `slotq host hello` (this client: protocol {protocol.PROTOCOL_VERSION})",
                 host=self.host)
         if info.get("protocol") != protocol.PROTOCOL_VERSION:
-            from .records import printable
+            from ..records import printable
 
             raise HostUnavailable(
                 f"host {self.host} runs slotq {printable(info.get('slotq'), 40)} (stream protocol "
@@ -208,3 +214,86 @@ def _last_line(path: str) -> str:
             return _last(f.read())
     except OSError:
         return ""
+
+
+class SshTransport(Transport):
+    """A remote host through OpenSSH: `ssh HOST <remote slotq> host run
+    --request-stdin`, over the host's reused master connection.
+
+    sync: "rsync" mirrors the caller's work dir into a per-caller work dir
+    under the host's state dir; "none" runs in the same path (a shared
+    filesystem).
+    """
+
+    remote = True
+
+    def __init__(self, host: str, *, config: str | None = None, options: list[str] | None = None,
+                 remote_slotq: str = "slotq", sync: str = "rsync") -> None:
+        if sync not in ("rsync", "none"):
+            raise ValueError(f"sync must be rsync or none, got {sync!r}")
+        self.ssh = SshHost(host, config=config, options=options, remote_slotq=remote_slotq)
+        self.host = host
+        self.sync = sync
+        self.info: dict[str, object] = {}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._err: IO[bytes] | None = None
+        self.transfer_s = 0.0
+
+    def prepare(self, spec: RunSpec) -> None:
+        import time
+
+        self.ssh.ensure_master()
+        self.info = self.ssh.hello()
+        if self.sync == "rsync":
+            t0 = time.monotonic()
+            spec.work_id = work_id(spec.cwd or os.getcwd())
+            self.ssh.rsync(spec.cwd or os.getcwd(), os.path.join(str(self.info["work_root"]), spec.work_id))
+            self.transfer_s = time.monotonic() - t0
+            spec.cwd = None
+        else:
+            spec.cwd = os.path.realpath(spec.cwd or os.getcwd())
+
+    def describe(self) -> dict[str, object]:
+        return {"kind": "ssh", "host": self.host, "master_reused": self.ssh.reused,
+                "connect_s": round(self.ssh.connect_s, 4), "sync": self.sync,
+                "rsync_s": round(self.transfer_s, 4), "remote_slotq": self.info.get("slotq"),
+                "remote_host": self.info.get("host")}
+
+    def start(self, spec: RunSpec) -> tuple[int, int]:
+        import tempfile
+
+        to_r, to_w = os.pipe()
+        from_r, from_w = os.pipe()
+        err = tempfile.TemporaryFile()
+        cmd = self.ssh.command(f"{self.ssh.remote_slotq} host run --request-stdin")
+        try:
+            self.proc = subprocess.Popen(cmd, stdin=to_r, stdout=from_w, stderr=err)
+        finally:
+            os.close(to_r)
+            os.close(from_w)
+        self._err = err
+        os.write(to_w, spec.to_request())
+        return to_w, from_r
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()  # the mux master then closes the session: the runner sees EOF
+
+    def after_loss(self, run_id: str) -> str:
+        try:
+            proc = subprocess.run(self.ssh.command(f"{self.ssh.remote_slotq} host reap {run_id}"),
+                                  stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+        return proc.stdout.decode(errors="replace").strip() if proc.returncode == 0 else ""
+
+    def wait(self) -> str:
+        if self.proc is None or self._err is None:
+            return ""
+        rc = self.proc.wait()
+        self._err.seek(0)
+        text = self._err.read().decode(errors="replace").strip()
+        self._err.close()
+        if rc == 255:
+            return f"connection to {self.host} lost: {text or 'ssh exited 255'}"
+        return text

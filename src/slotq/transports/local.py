@@ -1,6 +1,6 @@
-"""Transports: how a client reaches a host runner.
+"""This machine is the host: the local transport.
 
-The local transport runs the host side in a forked child -- no second Python
+It runs the host side in a forked child -- no second Python
 interpreter to start -- and talks to it over two pipes, exactly as a remote
 runner is talked to over ssh: the same framed stream, and the same liveness
 rule (the runner's stdin closing means the caller is gone).
@@ -11,15 +11,14 @@ from __future__ import annotations
 import os
 import sys
 
-from . import signals as signal
-from .client import Transport
-from .config import HostConfig
-from .spec import RunSpec
+from .. import signals as signal
+from ..config import HostConfig
+from ..spec import RunSpec
+from .base import Transport
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import subprocess
-    from typing import IO, Any
+    from typing import Any
 
 
 _unreaped: set[int] = set()
@@ -50,7 +49,7 @@ class LocalTransport(Transport):
 
     def __init__(self, state_dir: str | None = None, config: HostConfig | None = None, *,
                  in_process: bool = True) -> None:
-        from .config import state_dir_from_env
+        from ..config import state_dir_from_env
 
         self.state_dir = state_dir or state_dir_from_env()
         self.config = config or HostConfig.load(state_dir=self.state_dir)
@@ -95,7 +94,7 @@ class LocalTransport(Transport):
     def _host_side(self, spec: RunSpec, ctl_r: int, ev_w: int, done: Any) -> None:
         runner = None
         try:
-            from .runner import HostRunner
+            from ..runner import HostRunner
 
             runner = HostRunner(spec, state_dir=self.state_dir, config=self.config, in_fd=ctl_r, out_fd=ev_w)
             runner.run()
@@ -142,93 +141,3 @@ class LocalTransport(Transport):
             self.pid = 0
         _reap_done()
         return ""
-
-
-class SshTransport(Transport):
-    """A remote host through OpenSSH: `ssh HOST <remote slotq> host run
-    --request-stdin`, over the host's reused master connection.
-
-    sync: "rsync" mirrors the caller's work dir into a per-caller work dir
-    under the host's state dir; "none" runs in the same path (a shared
-    filesystem).
-    """
-
-    remote = True
-
-    def __init__(self, host: str, *, config: str | None = None, options: list[str] | None = None,
-                 remote_slotq: str = "slotq", sync: str = "rsync") -> None:
-        from .ssh import SshHost
-
-        if sync not in ("rsync", "none"):
-            raise ValueError(f"sync must be rsync or none, got {sync!r}")
-        self.ssh = SshHost(host, config=config, options=options, remote_slotq=remote_slotq)
-        self.host = host
-        self.sync = sync
-        self.info: dict[str, object] = {}
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._err: IO[bytes] | None = None
-        self.transfer_s = 0.0
-
-    def prepare(self, spec: RunSpec) -> None:
-        import time
-
-        from .ssh import work_id
-
-        self.ssh.ensure_master()
-        self.info = self.ssh.hello()
-        if self.sync == "rsync":
-            t0 = time.monotonic()
-            spec.work_id = work_id(spec.cwd or os.getcwd())
-            self.ssh.rsync(spec.cwd or os.getcwd(), os.path.join(str(self.info["work_root"]), spec.work_id))
-            self.transfer_s = time.monotonic() - t0
-            spec.cwd = None
-        else:
-            spec.cwd = os.path.realpath(spec.cwd or os.getcwd())
-
-    def describe(self) -> dict[str, object]:
-        return {"kind": "ssh", "host": self.host, "master_reused": self.ssh.reused,
-                "connect_s": round(self.ssh.connect_s, 4), "sync": self.sync,
-                "rsync_s": round(self.transfer_s, 4), "remote_slotq": self.info.get("slotq"),
-                "remote_host": self.info.get("host")}
-
-    def start(self, spec: RunSpec) -> tuple[int, int]:
-        import subprocess
-        import tempfile
-
-        to_r, to_w = os.pipe()
-        from_r, from_w = os.pipe()
-        err = tempfile.TemporaryFile()
-        cmd = self.ssh.command(f"{self.ssh.remote_slotq} host run --request-stdin")
-        try:
-            self.proc = subprocess.Popen(cmd, stdin=to_r, stdout=from_w, stderr=err)
-        finally:
-            os.close(to_r)
-            os.close(from_w)
-        self._err = err
-        os.write(to_w, spec.to_request())
-        return to_w, from_r
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()  # the mux master then closes the session: the runner sees EOF
-
-    def after_loss(self, run_id: str) -> str:
-        import subprocess
-
-        try:
-            proc = subprocess.run(self.ssh.command(f"{self.ssh.remote_slotq} host reap {run_id}"),
-                                  stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
-        except (OSError, subprocess.TimeoutExpired):
-            return ""
-        return proc.stdout.decode(errors="replace").strip() if proc.returncode == 0 else ""
-
-    def wait(self) -> str:
-        if self.proc is None or self._err is None:
-            return ""
-        rc = self.proc.wait()
-        self._err.seek(0)
-        text = self._err.read().decode(errors="replace").strip()
-        self._err.close()
-        if rc == 255:
-            return f"connection to {self.host} lost: {text or 'ssh exited 255'}"
-        return text

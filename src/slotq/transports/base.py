@@ -1,0 +1,49 @@
+"""The one thing the client knows about a host: how to reach its runner.
+
+A backend is a subclass of `Transport`, one module per way to reach a host:
+
+    transports/local.py   this machine (the runner in a thread of the caller)
+    transports/ssh.py     a remote host through OpenSSH
+
+The client (client.py) imports only this module; the CLI picks the backend.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ..spec import RunSpec
+
+
+class Transport:
+    """How a client reaches a host runner. `prepare` gets the host ready
+    (connection, handshake, work tree); `start` returns (to_runner,
+    from_runner) descriptors; closing to_runner tells the runner the caller
+    is gone; `kill` ends the connection for good."""
+
+    host = "localhost"
+    remote = False
+
+    def prepare(self, spec: RunSpec) -> None:
+        """Connect, check the host's slotq, transfer the work tree. Raises
+        HostUnavailable. A local host needs none of it."""
+
+    def describe(self) -> dict[str, object]:
+        """Facts about the connection for the result (e.g. master reuse)."""
+        return {"kind": "local"}
+
+    def start(self, spec: RunSpec) -> tuple[int, int]:
+        raise NotImplementedError
+
+    def kill(self) -> None:
+        raise NotImplementedError
+
+    def wait(self) -> str:
+        """Reap the transport; returns diagnostics (e.g. ssh's stderr)."""
+        raise NotImplementedError
+
+    def after_loss(self, run_id: str) -> str:
+        """The runner's stream ended without a result: what became of the
+        run's command on the host (its keeper ended it; or both were gone
+        and the orphan was ended now). "" when there is nothing to ask."""
+        return ""
