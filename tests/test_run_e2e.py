@@ -477,32 +477,39 @@ def test_runs_without_inotify_instances_keep_order_and_finish(state_dir: Path, t
     log = tmp_path / "order"
     helper = Path(__file__).with_name("no_inotify_instances.py")
     holders = [subprocess.Popen(slotq_cmd() + ["run", "-q", "--", *gate_cmd(gate)]) for _ in range(slots)]
-    wait_for(lambda: all((read_slot(str(state_dir), "shared", i)[1] or {}).get("phase") == "running"
-                         for i in range(slots)) and not live_tickets(state_dir),
-             what="slots held, and the holders out of the line")
-    asked = tmp_path / "inotify-asked"
-    monkeypatch.setenv("SLOTQ_TEST_INOTIFY_LOG", str(asked))
-    waiters = []
-    for i in range(4):
-        waiters.append(subprocess.Popen([sys.executable, str(helper), "run", "-q", "--", "sh", "-c",
-                                         f"echo {i} >> {log}"]))
-        wait_for(lambda: len(live_tickets(state_dir)) == i + 1, what=f"ticket {i}")
-    if slots == 2:
-        # Each waiter asked for an inotify instance, was refused, and waits
-        # in a thread blocked in flock(2) -- not in a poll, which would show
-        # no blocked lock.
-        wait_for(lambda: asked.exists() and len(set(asked.read_text().split())) == 4, what="4 refusals")
-        wait_for(lambda: all(blocked_in_flock(w.pid) for w in waiters), what="every waiter blocked in flock")
-    else:
-        # In a one-slot line the waiters never ask: their keepers wait in flock.
-        assert not asked.exists()
-    gate.touch()
-    assert [w.wait(timeout=20) for w in waiters] == [0, 0, 0, 0]
-    assert [h.wait(timeout=20) for h in holders] == [0] * slots
-    order = log.read_text().split()
-    assert sorted(order) == ["0", "1", "2", "3"]
-    if slots == 1:
-        assert order == ["0", "1", "2", "3"]
+    waiters: list[subprocess.Popen[bytes]] = []
+    try:
+        wait_for(lambda: all((read_slot(str(state_dir), "shared", i)[1] or {}).get("phase") == "running"
+                             for i in range(slots)) and not live_tickets(state_dir),
+                 what="slots held, and the holders out of the line")
+        asked = tmp_path / "inotify-asked"
+        monkeypatch.setenv("SLOTQ_TEST_INOTIFY_LOG", str(asked))
+        for i in range(4):
+            waiters.append(subprocess.Popen([sys.executable, str(helper), "run", "-q", "--", "sh", "-c",
+                                             f"echo {i} >> {log}"]))
+            wait_for(lambda: len(live_tickets(state_dir)) == i + 1, what=f"ticket {i}")
+        if slots == 2:
+            # Each waiter asked for an inotify instance, was refused, and waits
+            # in a thread blocked in flock(2) -- not in a poll, which would show
+            # no blocked lock.
+            wait_for(lambda: asked.exists() and len(set(asked.read_text().split())) == 4, what="4 refusals")
+            wait_for(lambda: all(blocked_in_flock(w.pid) for w in waiters), what="every waiter blocked in flock")
+        else:
+            # In a one-slot line the waiters never ask: their keepers wait in flock.
+            assert not asked.exists()
+        gate.touch()
+        assert [w.wait(timeout=20) for w in waiters] == [0, 0, 0, 0]
+        assert [h.wait(timeout=20) for h in holders] == [0] * slots
+        order = log.read_text().split()
+        assert sorted(order) == ["0", "1", "2", "3"]
+        if slots == 1:
+            assert order == ["0", "1", "2", "3"]
+    finally:
+        gate.touch()  # a failed check must not leave the holders polling
+        for p in [*holders, *waiters]:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
 
 
 def test_an_uncontended_run_imports_no_heavy_module_in_the_caller(state_dir: Path, tmp_path: Path) -> None:

@@ -1,0 +1,66 @@
+"""The Slurm cluster the Slurm tests run against (scripts/slurm-test-cluster,
+started by scripts/test): real munged + slurmctld + slurmd on loopback. These
+tests check the harness itself -- that it schedules, queues with a reason,
+serves an ordinary user and listens on 127.0.0.1 only."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import wait_for
+
+CONF = os.environ.get("SLOTQ_TEST_SLURM_CONF", "")
+pytestmark = pytest.mark.skipif(not CONF or not Path(CONF).exists(),
+                                reason="no test Slurm cluster (scripts/test starts one as root)")
+
+
+def slurm(*args: str, user: str | None = None, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    pw = pwd.getpwnam(user) if user else None
+    return subprocess.run(list(args), capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, SLURM_CONF=CONF), cwd="/",
+                          user=pw.pw_uid if pw else None, group=pw.pw_gid if pw else None,
+                          extra_groups=[] if pw else None)
+
+
+@pytest.mark.timeout(60)
+def test_the_cluster_runs_a_job_and_queues_the_next_with_a_reason() -> None:
+    one = slurm("sbatch", "--parsable", "-p", "test", "-c2", "-o", "/dev/null", "--wrap", "sleep 30")
+    two = slurm("sbatch", "--parsable", "-p", "test", "-c2", "-o", "/dev/null", "--wrap", "true")
+    assert one.returncode == 0 and two.returncode == 0, one.stderr + two.stderr
+    j1, j2 = one.stdout.strip(), two.stdout.strip()
+    try:
+        def states() -> str:
+            return slurm("squeue", "-h", "-j", f"{j1},{j2}", "-o", "%i %T %r").stdout
+
+        wait_for(lambda: f"{j1} RUNNING" in states(), timeout=20, what="the first job running")
+        # Waiting for the CPUs the first holds: Slurm names a reason (Resources,
+        # or Priority until its scheduler has looked at the job again).
+        assert any(f"{j2} PENDING {why}" in states() for why in ("Resources", "Priority"))
+    finally:
+        slurm("scancel", j1, j2)
+    wait_for(lambda: slurm("squeue", "-h", "-j", f"{j1},{j2}", "-t", "PD,R,CG", "-o", "%i").stdout.strip() == "",
+             timeout=30, what="both jobs gone")
+
+
+@pytest.mark.timeout(60)
+def test_an_ordinary_user_can_run_on_both_partitions() -> None:
+    users = [u for u in os.environ.get("SLOTQ_TEST_USERS", "").split(",") if u]
+    if not users:
+        pytest.skip("no test users (scripts/test-users)")
+    for part in ("test", "landing"):
+        proc = slurm("srun", "-p", part, "-n1", "id", "-un", user=users[0])
+        assert proc.returncode == 0 and proc.stdout.strip() == users[0], proc.stderr
+
+
+def test_the_daemons_listen_on_loopback_only() -> None:
+    conf = Path(CONF).read_text()
+    ports = [line.split("=", 1)[1] for line in conf.splitlines() if line.startswith(("SlurmctldPort", "SlurmdPort"))]
+    listening = subprocess.run(["ss", "-ltnH"], capture_output=True, text=True, timeout=10).stdout.split("\n")
+    for port in ports:
+        addrs = [row.split()[3] for row in listening if row.split() and row.split()[3].endswith(f":{port}")]
+        assert addrs and all(a.startswith("127.0.0.1:") for a in addrs), (port, addrs)
