@@ -348,12 +348,13 @@ def test_forged_events_and_binary_output_pass_through_unchanged(state_dir: Path,
     got = b""
     while chunk := os.read(out_r, 65536):
         got += chunk
-    assert got == payload
-    assert result.outcome.value == "passed" and result.slot == "shared#0"
+    assert got == payload, (len(got), len(payload), result.outcome, result.message)
+    assert result.outcome.value == "passed" and result.slot == "shared#0", (result.outcome, result.slot,
+                                                                             result.message)
     assert [(t.name, t.length) for t, _ in clock.timers] == [("backstop", 120.0)]
     # The same through the CLI's own stdout.
     proc = subprocess.run(slotq_cmd() + ["run", "-q", "--", "cat", str(blob)], capture_output=True, timeout=20)
-    assert proc.returncode == 0 and proc.stdout == payload
+    assert proc.returncode == 0 and proc.stdout == payload, (proc.returncode, len(proc.stdout), proc.stderr)
 
 
 def _one_line_error(proc: subprocess.CompletedProcess[str], needle: str) -> None:
