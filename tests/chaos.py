@@ -97,6 +97,10 @@ def run_chaos(work: Path, callers: int = 60, kill_share: float = 0.2, hung_share
         pool = "landing" if rng.random() < 0.25 else "shared"
         hung = rng.random() < hung_share
         style = rng.choice(["pid", "group", "keeper"]) if rng.random() < kill_share else None
+        # A victim's command hangs (until its budget ends it): it is still
+        # there, queued or running, at the random moment of its kill -- every
+        # planned kill lands, whatever the machine's speed.
+        hung = hung or style is not None
         plan.append((pool, hung, style, rng.uniform(0.0, 2.0), rng.uniform(0.05, 0.3)))
 
     starts: dict[int, tuple[str, int]] = {}  # pgid -> (pool, id)
