@@ -64,3 +64,74 @@ def test_the_daemons_listen_on_loopback_only() -> None:
     for port in ports:
         addrs = [row.split()[3] for row in listening if row.split() and row.split()[3].endswith(f":{port}")]
         assert addrs and all(a.startswith("127.0.0.1:") for a in addrs), (port, addrs)
+
+
+# ---------------------------------------------------------------- the backend's pieces
+
+def _job_state(job: str) -> str:
+    out = slurm("squeue", "-h", "-j", job, "-t", "all", "-o", "%T").stdout.strip()
+    return out or "GONE"
+
+
+def _occupy() -> str:
+    """A job holding both CPUs of the node, so that the next one pends."""
+    proc = slurm("sbatch", "--parsable", "-p", "test", "-c2", "-o", "/dev/null", "--wrap", "sleep 120")
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip()
+    wait_for(lambda: _job_state(job) == "RUNNING", timeout=20, what="the occupying job running")
+    return job
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("style", ["pid", "group"])
+def test_a_sigkilled_caller_gets_its_pending_job_cancelled_within_2s(style: str) -> None:
+    import signal
+    import sys
+    import time
+
+    blocker = _occupy()
+    caller = subprocess.Popen([sys.executable, str(Path(__file__).with_name("slurm_caller.py")), "test"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True,
+                              env=dict(os.environ, SLURM_CONF=CONF))
+    try:
+        assert caller.stdout is not None
+        job = caller.stdout.readline().strip()
+        assert job.isdigit()
+        wait_for(lambda: _job_state(job) == "PENDING", timeout=20, what="our job pending")
+        t0 = time.monotonic()
+        if style == "pid":
+            os.kill(caller.pid, signal.SIGKILL)
+        else:
+            os.killpg(caller.pid, signal.SIGKILL)
+        caller.wait()
+        wait_for(lambda: _job_state(job) in ("CANCELLED", "GONE"), timeout=5, what="the job cancelled")
+        assert time.monotonic() - t0 < 2.0 + 1.0  # the promise is 2 s; a second's slack for squeue itself
+    finally:
+        slurm("scancel", blocker)
+        if caller.poll() is None:
+            caller.kill()
+
+
+@pytest.mark.timeout(60)
+def test_a_caller_that_says_done_leaves_its_job_alone() -> None:
+    import sys
+
+    caller = subprocess.Popen([sys.executable, str(Path(__file__).with_name("slurm_caller.py")), "test"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              env=dict(os.environ, SLURM_CONF=CONF))
+    assert caller.stdout is not None and caller.stdin is not None
+    job = caller.stdout.readline().strip()
+    caller.stdin.write("done\n")
+    caller.stdin.close()
+    assert caller.wait(timeout=20) == 0
+    wait_for(lambda: _job_state(job) in ("COMPLETED", "GONE"), timeout=30, what="the job completed")
+    assert _job_state(job) != "CANCELLED"
+
+
+def test_a_job_slurm_refuses_is_one_line_naming_slurms_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    from slotq.errors import HostUnavailable
+    from slotq.transports.slurm import submit
+
+    monkeypatch.setenv("SLURM_CONF", CONF)
+    with pytest.raises(HostUnavailable, match="Slurm refused the job: .*[Pp]artition"):
+        submit(["-p", "no-such-partition"], "true")
