@@ -135,3 +135,28 @@ def test_a_job_slurm_refuses_is_one_line_naming_slurms_reason(monkeypatch: pytes
     monkeypatch.setenv("SLURM_CONF", CONF)
     with pytest.raises(HostUnavailable, match="Slurm refused the job: .*[Pp]artition"):
         submit(["-p", "no-such-partition"], "true")
+
+
+@pytest.mark.timeout(60)
+def test_the_pending_view_gives_position_reason_and_holders(monkeypatch: pytest.MonkeyPatch) -> None:
+    from slotq.transports.slurm import pending_view, submit
+
+    monkeypatch.setenv("SLURM_CONF", CONF)
+    blocker = _occupy()
+    jobs = []
+    try:
+        for _ in range(2):
+            jobs.append(submit(["-p", "test", "-c2", "-o", "/dev/null", "-J", "slotq|view test"], "true"))
+        wait_for(lambda: all(_job_state(j) == "PENDING" for j in jobs), what="both pending")
+        # Slurm says why once its scheduler has looked at them (until then: None).
+        wait_for(lambda: all(pending_view(j, "test")["reason"] in ("Priority", "Resources") for j in jobs),
+                 timeout=20, what="Slurm's pending reasons")
+        view = pending_view(jobs[1], "test")
+        assert view["position"] == 2 and view["pending"] == 2, view
+        assert view["reason"] in ("Priority", "Resources"), view
+        holders = view["holders"]
+        assert isinstance(holders, list) and [h["job_id"] for h in holders] == [blocker]
+        assert holders[0]["user"] == pwd.getpwuid(os.getuid()).pw_name
+        assert pending_view(jobs[0], "test")["position"] == 1
+    finally:
+        slurm("scancel", blocker, *jobs)

@@ -4,7 +4,7 @@ A backend is a subclass of `Transport`, one module per way to reach a host:
 
     transports/local.py   this machine (the runner in a thread of the caller)
     transports/ssh.py     a remote host through OpenSSH
-    transports/slurm.py   a Slurm cluster (in progress: submit, liveness sentinel)
+    transports/slurm.py   a Slurm cluster (in progress: submit, liveness sentinel, pending view)
 
 The client (client.py) imports only this module; the CLI picks the backend.
 """

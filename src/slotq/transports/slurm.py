@@ -74,3 +74,41 @@ class Sentinel:
             os.close(self._w)
             self._w = -1
             self.proc.wait()
+
+
+MAX_LINES = 10_000  # squeue output read at most this far (a huge queue is cut, never unbounded)
+
+
+def _squeue(args: list[str], env: dict[str, str] | None) -> list[list[str]]:
+    """Rows of `squeue -h ARGS`, fields split on '|' (the last field, a job
+    name, may itself contain '|': it gets the rest of the line)."""
+    try:
+        proc = subprocess.run(["squeue", "-h", *args], capture_output=True, text=True, timeout=30, env=env,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise HostUnavailable(f"squeue failed: {e}", host="slurm") from None
+    if proc.returncode != 0:
+        why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        raise HostUnavailable(f"squeue failed: {why}", host="slurm")
+    fmt = next(a for a in args if a.startswith("--format=") or a.startswith("-o"))
+    n = fmt.count("|") + 1
+    return [line.split("|", n - 1) for line in proc.stdout.splitlines()[:MAX_LINES] if line.count("|") >= n - 1]
+
+
+def pending_view(job_id: str, partition: str, env: dict[str, str] | None = None) -> dict[str, object]:
+    """What a waiting caller is told about its pending job: its position
+    among the partition's pending jobs in Slurm's priority order, Slurm's
+    pending reason, the running jobs that hold the partition's resources
+    (user, name, how long), and Slurm's expected start time if it has one."""
+    pending = _squeue(["-p", partition, "-t", "PD", "--sort=-p,i", "--format=%i|%r|%S|%u|%j"], env)
+    running = _squeue(["-p", partition, "-t", "R", "--format=%i|%u|%M|%j"], env)
+    ids = [row[0] for row in pending]
+    mine = pending[ids.index(job_id)] if job_id in ids else None
+    start = mine[2] if mine else ""
+    return {
+        "job_id": job_id, "partition": partition, "state": "PENDING" if mine else "not pending",
+        "position": ids.index(job_id) + 1 if mine else None, "pending": len(ids),
+        "reason": mine[1] if mine else None,
+        "expected_start": start if start and start not in ("N/A", "Unknown") else None,
+        "holders": [{"job_id": r[0], "user": r[1], "elapsed": r[2], "name": r[3]} for r in running],
+    }
