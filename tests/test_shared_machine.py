@@ -327,6 +327,8 @@ def test_a_fifo_at_a_state_path_is_an_error_not_a_hang(legacy: World, rel: str) 
         assert "is a FIFO" in status.stdout or "not a regular file" in status.stdout
     else:
         assert run.returncode == 0, run.stderr
+    if rel == "history.jsonl":
+        assert f"state file {w.state / rel} is a FIFO" in status.stdout, status.stdout
 
 
 # ---------------------------------------------------------------- trusted config

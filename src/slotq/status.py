@@ -183,6 +183,14 @@ def problems(state_dir: str, config: HostConfig, pools: list[dict[str, object]],
         if raw.isdigit() and int(raw) < highest:
             out.append(f"the ticket counter {seq} says {int(raw)}, below ticket {highest} in line: it was "
                        "rewritten (new tickets are numbered above the line anyway)")
+    hist = os.path.join(state_dir, "history.jsonl")
+    try:
+        hst = os.lstat(hist)
+        if not stat.S_ISREG(hst.st_mode):
+            out.append(f"state file {hist} is {kind(hst.st_mode)}, not a regular file: runs are not recorded "
+                       "(remove it; `slotq host init` makes a proper one)")
+    except OSError:
+        pass
     for p in pools:
         for s in p["slots"]:  # type: ignore[attr-defined]
             if s.get("error"):
