@@ -148,9 +148,12 @@ class Parser:
         return "\n".join(lines) + "\n"
 
 
-def duration(what: str = "", allow_zero: bool = False) -> Callable[[str], float]:
+def duration(what: str = "", allow_zero: bool = False, minimum: float = 0.0) -> Callable[[str], float]:
     def parse(text: str) -> float:
-        return parse_duration(text, allow_zero=allow_zero)
+        value = parse_duration(text, allow_zero=allow_zero)
+        if value < minimum:
+            raise ValueError(f"{text!r} is shorter than the minimum of {minimum:g}s")
+        return value
 
     return parse
 
@@ -177,7 +180,7 @@ RUN_OPTIONS = [
     Opt("--kill-grace", metavar="D", convert=duration(allow_zero=True),
         help="TERM -> KILL grace when the command is stopped (default: 10s)"),
     Opt("--label", metavar="TEXT", help="how this run is shown to others (default: user: command)"),
-    Opt("--report-every", metavar="D", convert=duration(), default=30.0,
+    Opt("--report-every", metavar="D", convert=duration(minimum=0.01), default=30.0,
         help="queue status interval while waiting (default: 30s)"),
     Opt("--max-wait", metavar="D", convert=duration(),
         help="give up after D in line: outcome not_admitted (exit 117), never a timeout (default: wait "
