@@ -41,6 +41,7 @@ import os
 import time
 
 from . import signals as signal
+from .child import Child, ChildEnd
 from .errors import SlotqError
 from .terminate import terminate_group
 
@@ -107,131 +108,6 @@ class _Stop(Exception):
 
 def _raise_stop(signum: int, frame: object) -> None:
     raise _Stop()
-
-
-class ChildEnd:
-    """How a command ended: `status` is its raw wait status, or `exec_errno`
-    is set when it could not be started at all, or `lost`: the keeper died
-    without a word (killed), and how the command ended is unknown."""
-
-    __slots__ = ("status", "exec_errno", "stopped", "lost", "setup_error")
-
-    def __init__(self, status: int | None, exec_errno: int | None, stopped: bool, lost: bool = False,
-                 setup_error: str | None = None) -> None:
-        self.status = status
-        self.exec_errno = exec_errno
-        self.stopped = stopped  # ended by terminate_group on request
-        self.lost = lost
-        # The keeper could not set the command up (work dir, slot file):
-        # nothing ran; slotq's own failure, never the command's.
-        self.setup_error = setup_error
-
-    @property
-    def exit_code(self) -> int:
-        """Shell convention: the exit code, or 128 + signal number."""
-        if self.exec_errno is not None:
-            return 127 if self.exec_errno == errno.ENOENT else 126
-        if self.status is None:
-            return 128 + signal.SIGKILL  # lost: not a code of the command's
-        if os.WIFSIGNALED(self.status):
-            return 128 + os.WTERMSIG(self.status)
-        return os.waitstatus_to_exitcode(self.status)
-
-    @property
-    def signal(self) -> int | None:
-        if self.status is not None and os.WIFSIGNALED(self.status):
-            return os.WTERMSIG(self.status)
-        return None
-
-
-class Child:
-    """A running command, seen from the runner."""
-
-    def __init__(self, keeper_pid: int, done_fd: int, lingers: bool = False) -> None:
-        self.keeper_pid = keeper_pid
-        # With an ack pipe the keeper outlives its report until the runner
-        # has written the history line: reap it then (reap()), not here.
-        self._lingers = lingers
-        self.done_fd = done_fd  # readable (EOF) when the keeper has finished
-        self._reaped = False
-        self._report = b""
-        self.end: ChildEnd | None = None
-        # When the keeper started the command (wall, monotonic), else None.
-        self.started: tuple[float, float] | None = None
-        self.cmd_pid: int | None = None  # the command's leader (= its session)
-        self.cmd_start: int | None = None  # and its start time, if seen alive
-
-    def stop(self) -> None:
-        """Ask the keeper to end the command's group (TERM, grace, KILL)."""
-        if self.end is None:
-            try:
-                os.kill(self.keeper_pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-
-    def on_readable(self) -> bool:
-        """Read the keeper's report; True once the keeper is done."""
-        chunk = os.read(self.done_fd, 256)
-        if chunk:
-            self._report += chunk
-            if self.started is None and b"\n" in self._report:
-                line, self._report = self._report.split(b"\n", 1)
-                wall, mono, pid = line.split(b"=", 1)[1].split(b",")
-                self.started = (float(wall), float(mono))
-                self.cmd_pid = int(pid)
-                if self.cmd_pid > 0:
-                    from .orphans import start_ticks
-
-                    self.cmd_start = start_ticks(self.cmd_pid)
-            return False
-        os.close(self.done_fd)
-        self.end = _parse_report(self._report)
-        if not self._lingers:
-            self.reap()
-        return True
-
-    def reap(self) -> None:
-        """Reap the keeper process (once it has reported, and -- with an ack
-        pipe -- been told the run is recorded, it exits). If it has not quite
-        exited yet, a small thread waits for it: a caller must not wait for
-        a keeper at nice 10 to be scheduled (under load that cost a fifth
-        of the throughput of 200 callers)."""
-        if self._reaped:
-            return
-        self._reaped = True
-        try:
-            pid, _ = os.waitpid(self.keeper_pid, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            import _thread
-
-            _thread.start_new_thread(_reap_one, (self.keeper_pid,))
-
-
-def _reap_one(pid: int) -> None:
-    try:
-        os.waitpid(pid, 0)
-    except ChildProcessError:
-        pass
-
-
-def _parse_report(raw: bytes) -> ChildEnd:
-    fields = dict(part.split(b"=", 1) for part in raw.split() if b"=" in part)
-    stopped = fields.get(b"stopped") == b"1"
-    if b"setup" in fields:
-        try:
-            why = bytes.fromhex(fields[b"setup"].decode()).decode("utf-8", "replace")
-        except ValueError:
-            why = "the keeper could not set the command up"
-        return ChildEnd(None, None, stopped, setup_error=why)
-    if b"execfail" in fields:
-        return ChildEnd(None, int(fields[b"execfail"]), stopped)
-    if b"status" in fields:
-        return ChildEnd(int(fields[b"status"]), None, stopped)
-    # The keeper died without a word (killed): how the command ended, if
-    # it even did, nobody knows. The runner deals with it (orphans.py).
-    return ChildEnd(None, None, stopped, lost=True)
 
 
 def spawn(

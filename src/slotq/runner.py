@@ -25,7 +25,8 @@ from .durations import format_duration
 from .errors import AdmissionRefused, StateDirError
 from .hostqueue import Waiter, ensure_state_dir
 from .outcome import Outcome
-from .process import Child, ChildEnd, preload_for_start, spawn
+from .child import Child, ChildEnd
+from .process import preload_for_start, spawn
 from .slot import SlotLease
 from .spec import RunSpec
 from .ticket import Ticket
