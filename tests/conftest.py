@@ -41,6 +41,14 @@ def wait_for(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condit
         time.sleep(interval)  # sleep-ok: bounded polling step of wait_for
 
 
+def one_line(proc: subprocess.CompletedProcess[str]) -> str:
+    """The single line a failing slotq command writes to stderr (never a
+    traceback)."""
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    return lines[0]
+
+
 def blocked_in_flock(pid: int) -> bool:
     """Is `pid` waiting for a flock (a `->` entry in /proc/locks)?"""
     with open("/proc/locks") as f:

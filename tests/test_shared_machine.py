@@ -15,120 +15,28 @@ from __future__ import annotations
 import grp
 import json
 import os
-import pwd
 import shutil
 import signal
 import stat
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from conftest import slotq_cmd, wait_for
-
-USERS = [u for u in os.environ.get("SLOTQ_TEST_USERS", "").split(",") if u]
-GROUP = os.environ.get("SLOTQ_TEST_GROUP", "")
+from conftest import one_line, slotq_cmd, wait_for
+from shared_world import FLOCK_BY_HAND, GROUP, USERS, World, make_root, snapshot_files, stop_users_processes, \
+    ticket_by_hand
 
 pytestmark = pytest.mark.skipif(os.getuid() != 0 or len(USERS) < 2 or not GROUP,
                                 reason="needs root and the test users (scripts/test-users)")
-
-SRC = Path(__file__).resolve().parent.parent / "src"
-
-
-class World:
-    """A temp root (removed at the end) with a copy of slotq's code the test
-    users can read, a home and a victim dir per user, and a state dir."""
-
-    def __init__(self, root: Path, state: Path) -> None:
-        self.root = root
-        self.state = state
-        self.gid = grp.getgrnam(GROUP).gr_gid
-        self.a, self.b = USERS[0], USERS[1]
-
-    def uid(self, user: str) -> int:
-        return pwd.getpwnam(user).pw_uid
-
-    def home(self, user: str) -> Path:
-        return self.root / f"home-{user}"
-
-    def env(self, user: str, **extra: str) -> dict[str, str]:
-        home = self.home(user)
-        return {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(self.root / "code"), "HOME": str(home),
-                "XDG_STATE_HOME": str(home / "state"), "SLOTQ_STATE_DIR": str(self.state),
-                "PYTHONDONTWRITEBYTECODE": "1", "LANG": "C.UTF-8", **extra}
-
-    def cmd(self, *args: str) -> list[str]:
-        return ["/usr/bin/python3", "-m", "slotq", *args]
-
-    def _as(self, user: str) -> dict[str, object]:
-        pw = pwd.getpwnam(user)
-        return {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": [self.gid], "umask": 0o002}
-
-    def run(self, user: str, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-        pw = pwd.getpwnam(user)
-        return subprocess.run(self.cmd(*args), capture_output=True, timeout=timeout, cwd=self.home(user),
-                              env=self.env(user), text=True, user=pw.pw_uid, group=pw.pw_gid,
-                              extra_groups=[self.gid], umask=0o002)
-
-    def run_bytes(self, user: str, *args: str, input: bytes, timeout: float = 30) -> subprocess.CompletedProcess[bytes]:
-        pw = pwd.getpwnam(user)
-        return subprocess.run(self.cmd(*args), capture_output=True, timeout=timeout, cwd=self.home(user),
-                              env=self.env(user), input=input, user=pw.pw_uid, group=pw.pw_gid,
-                              extra_groups=[self.gid], umask=0o002)
-
-    def popen(self, user: str, *args: str, stderr: int = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
-        pw = pwd.getpwnam(user)
-        return subprocess.Popen(self.cmd(*args), cwd=self.home(user), env=self.env(user), start_new_session=True,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
-                                user=pw.pw_uid, group=pw.pw_gid, extra_groups=[self.gid], umask=0o002)
-
-    def py(self, user: str, code: str, timeout: float = 20) -> subprocess.CompletedProcess[str]:
-        """Run a bit of Python as `user` (B's attacks)."""
-        pw = pwd.getpwnam(user)
-        return subprocess.run(["/usr/bin/python3", "-c", code], capture_output=True, text=True, timeout=timeout,
-                              cwd=self.home(user), env=self.env(user), user=pw.pw_uid, group=pw.pw_gid,
-                              extra_groups=[self.gid], umask=0o002)
-
-    def victim(self) -> tuple[Path, dict[str, tuple[bytes, int, int]]]:
-        """A's private files (what B would love to overwrite), and their
-        bytes, mode and mtime now."""
-        d = self.home(self.a) / "precious"
-        d.mkdir(exist_ok=True)
-        (d / "bashrc").write_text("echo hello\n")
-        (d / "notes.txt").write_text("do not lose\n")
-        for p in [d, *d.iterdir()]:
-            os.chown(p, self.uid(self.a), -1)
-        return d, snapshot_files(d)
-
-
-def snapshot_files(d: Path) -> dict[str, tuple[bytes, int, int]]:
-    return {p.name: (p.read_bytes(), p.stat().st_mode, p.stat().st_mtime_ns) for p in sorted(d.iterdir())}
-
-
-def _make_root() -> Path:
-    root = Path(tempfile.mkdtemp(prefix="slotq-share-"))
-    os.chmod(root, 0o755)
-    shutil.copytree(SRC / "slotq", root / "code" / "slotq", ignore=shutil.ignore_patterns("__pycache__"))
-    for dirpath, dirnames, filenames in os.walk(root / "code"):
-        os.chmod(dirpath, 0o755)
-        for f in filenames:
-            os.chmod(os.path.join(dirpath, f), 0o644)
-    for user in USERS:
-        home = root / f"home-{user}"
-        home.mkdir()
-        pw = pwd.getpwnam(user)
-        os.chown(home, pw.pw_uid, pw.pw_gid)
-        os.chmod(home, 0o700)
-    return root
 
 
 @pytest.fixture
 def world() -> Iterator[World]:
     """The shared state dir made by `slotq host init` (as root)."""
-    root = _make_root()
+    root = make_root()
     try:
         state = root / "state"
         proc = subprocess.run(slotq_cmd() + ["host", "init", "--shared", str(state), "--group", GROUP],
@@ -136,7 +44,7 @@ def world() -> Iterator[World]:
         assert proc.returncode == 0, proc.stderr
         yield World(root, state)
     finally:
-        _stop_users_processes(root)
+        stop_users_processes(root)
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -144,7 +52,7 @@ def world() -> Iterator[World]:
 def legacy() -> Iterator[World]:
     """The layout the README used to document: a group-owned 2775 dir, no
     sticky bit, nothing made in advance -- B can put any name in it."""
-    root = _make_root()
+    root = make_root()
     try:
         state = root / "state"
         state.mkdir()
@@ -152,28 +60,8 @@ def legacy() -> Iterator[World]:
         os.chmod(state, 0o2775)
         yield World(root, state)
     finally:
-        _stop_users_processes(root)
+        stop_users_processes(root)
         shutil.rmtree(root, ignore_errors=True)
-
-
-def _stop_users_processes(root: Path) -> None:
-    """Kill what a test left running as the test users (by pid)."""
-    uids = {pwd.getpwnam(u).pw_uid for u in USERS}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            st = os.stat(f"/proc/{name}")
-            if st.st_uid in uids:
-                os.kill(int(name), signal.SIGKILL)
-        except OSError:
-            pass
-
-
-def one_line(proc: subprocess.CompletedProcess[str]) -> str:
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    return lines[0]
 
 
 # ---------------------------------------------------------------- host init
@@ -223,7 +111,7 @@ print("\\n".join(out))
 
 @pytest.mark.timeout(30)
 def test_host_init_needs_root_and_a_known_group(tmp_path: Path) -> None:
-    w = World(_make_root(), tmp_path)
+    w = World(make_root(), tmp_path)
     try:
         proc = w.run(w.a, "host", "init", "--shared", str(w.root / "x"), "--group", GROUP)
         assert proc.returncode == 77 and "must run as root" in one_line(proc)
@@ -457,13 +345,7 @@ def test_runs_of_two_users_never_overlap_in_one_slot(world: World) -> None:
 @pytest.mark.timeout(60)
 def test_a_lock_held_by_hand_is_named_with_its_user(world: World) -> None:
     w = world
-    hold = ("import fcntl, os, sys, time\n"
-            "fd = os.open(sys.argv[1], os.O_RDWR)\nfcntl.flock(fd, fcntl.LOCK_EX)\n"
-            "print('held', flush=True)\nsys.stdin.read()\n")
-    blocker = subprocess.Popen(["/usr/bin/python3", "-c", hold, str(w.state / "slots" / "shared.0")],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=w.env(w.b), **w._as(w.b))  # type: ignore[call-overload]
-    try:
-        assert blocker.stdout is not None and blocker.stdout.readline() == b"held\n"
+    with w.by_hand(w.b, FLOCK_BY_HAND, str(w.state / "slots" / "shared.0")) as blocker:
         text = w.run(w.a, "status").stdout
         assert f"shared#0: held with no slotq record by pid {blocker.pid} (user {w.b}" in text, text
         waiter = w.popen(w.a, "run", "--report-every", "0.2", "--", "true", stderr=subprocess.PIPE)
@@ -472,20 +354,12 @@ def test_a_lock_held_by_hand_is_named_with_its_user(world: World) -> None:
         assert f"(user {w.b}" in line and "no slotq record" in line, line
         waiter.send_signal(signal.SIGTERM)
         assert waiter.wait(timeout=20) == 130
-    finally:
-        blocker.kill()
-        blocker.wait()
 
 
 @pytest.mark.timeout(60)
 def test_a_held_ticket_counter_is_named_and_a_waiting_run_can_still_be_stopped(world: World) -> None:
     w = world
-    hold = ("import fcntl, os, sys\nfd = os.open(sys.argv[1], os.O_RDWR)\nfcntl.flock(fd, fcntl.LOCK_EX)\n"
-            "print('held', flush=True)\nsys.stdin.read()\n")
-    blocker = subprocess.Popen(["/usr/bin/python3", "-c", hold, str(w.state / "seq")], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, env=w.env(w.b), **w._as(w.b))  # type: ignore[call-overload]
-    try:
-        assert blocker.stdout is not None and blocker.stdout.readline() == b"held\n"
+    with w.by_hand(w.b, FLOCK_BY_HAND, str(w.state / "seq")) as blocker:
         stuck = w.popen(w.a, "run", "--", "true")
         text = w.run(w.a, "status").stdout
         assert f"the ticket counter {w.state / 'seq'} is locked by pid {blocker.pid} (user {w.b}" in text, text
@@ -497,9 +371,6 @@ def test_a_held_ticket_counter_is_named_and_a_waiting_run_can_still_be_stopped(w
         proc = w.run(w.a, "run", "--", "true", timeout=40)
         assert proc.returncode == 73
         assert f"locked for 10s by pid {blocker.pid} (user {w.b}" in one_line(proc)
-    finally:
-        blocker.kill()
-        blocker.wait()
 
 
 @pytest.mark.timeout(60)
@@ -593,11 +464,6 @@ def test_cancel_does_not_talk_to_a_socket_squatting_a_runs_name(world: World) ->
     w = world
     run_id = "deadbeef0123"
     ticket = w.state / "tickets" / "shared" / f"{99:016d}.t"
-    waiter = ("import fcntl, json, os, sys\n"
-              f"fd = os.open({str(ticket)!r}, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)\n"
-              "fcntl.flock(fd, fcntl.LOCK_EX)\n"
-              f"os.write(fd, json.dumps({{'run_id': {run_id!r}, 'pid': os.getpid(), 'label': 'a'}}).encode())\n"
-              "print('ready', flush=True)\nsys.stdin.read()\n")
     squatter = ("import socket, sys\n"
                 "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
                 f"s.bind(b'\\0slotq-run/{run_id}')\ns.listen(1)\nprint('ready', flush=True)\n"
@@ -605,41 +471,21 @@ def test_cancel_does_not_talk_to_a_socket_squatting_a_runs_name(world: World) ->
                 "try:\n    got = c.recv(64)\nexcept OSError:\n    got = b''\n"
                 "print('got', got, flush=True)\n"
                 "try:\n    c.sendall(b'ok\\n')\nexcept OSError:\n    pass\n")
-    procs = []
-    try:
-        for user, code in ((w.a, waiter), (w.b, squatter)):
-            p = subprocess.Popen(["/usr/bin/python3", "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                 env=w.env(user), **w._as(user))  # type: ignore[call-overload]
-            procs.append(p)
-            assert p.stdout is not None and p.stdout.readline() == b"ready\n"
+    with w.by_hand(w.a, ticket_by_hand(ticket, {"run_id": run_id, "pid": 1, "label": "a"})), \
+            w.by_hand(w.b, squatter) as squat:
         proc = subprocess.run(slotq_cmd() + ["cancel", run_id], capture_output=True, text=True, timeout=20,
                               env=dict(os.environ, SLOTQ_STATE_DIR=str(w.state)))
         assert proc.returncode == 1, proc.stderr
-        assert f"held by pid {procs[1].pid} (user {w.b})" in one_line(proc) and "nothing sent" in proc.stderr
-        out, _ = procs[1].communicate(timeout=10)
+        assert f"held by pid {squat.pid} (user {w.b})" in one_line(proc) and "nothing sent" in proc.stderr
+        out, _ = squat.communicate(timeout=10)
         assert out.strip() == b"got b''"  # the squatter heard no cancel
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
 
 
 @pytest.mark.timeout(60)
 def test_a_ticket_held_by_hand_behind_a_forged_label_is_named_by_its_owner(world: World) -> None:
     w = world
     ticket = w.state / "tickets" / "shared" / f"{5:016d}.t"
-    code = ("import fcntl, json, os, sys\n"
-            f"fd = os.open({str(ticket)!r}, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)\n"
-            "fcntl.flock(fd, fcntl.LOCK_EX)\n"
-            "os.write(fd, json.dumps({'label': 'slotqa: pytest', 'run_id': 'abc', 'pid': 1}).encode())\n"
-            "print('held', flush=True)\nsys.stdin.read()\n")
-    blocker = subprocess.Popen(["/usr/bin/python3", "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               env=w.env(w.b), **w._as(w.b))  # type: ignore[call-overload]
-    try:
-        assert blocker.stdout is not None and blocker.stdout.readline() == b"held\n"
+    with w.by_hand(w.b, ticket_by_hand(ticket, {"label": "slotqa: pytest", "run_id": "abc", "pid": 1})):
         text = w.run(w.a, "status").stdout
         line = next(x for x in text.splitlines() if "waiting 1:" in x)
         assert "slotqa: pytest" in line and f"(user {w.b}," in line, text
-    finally:
-        blocker.kill()
-        blocker.wait()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import slotq_cmd
+from conftest import one_line, slotq_cmd
 from slotq import protocol
 from slotq.client import run
 from slotq.outcome import Outcome
@@ -25,12 +25,6 @@ from slotq.ticket import take_ticket
 from strict_fuzz import HELLO, StreamTransport, ev
 
 HERE = Path(__file__).resolve().parent
-
-
-def one_line(proc: subprocess.CompletedProcess[str]) -> str:
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    return lines[0]
 
 
 # ---------------------------------------------------------------- the host's stream
