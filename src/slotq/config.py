@@ -201,7 +201,7 @@ def _untrusted(st: os.stat_result, state_dir: str, explicit: bool) -> str | None
     """Why a config file may not be used, or None if it may."""
     import stat
 
-    from .statefile import user_name
+    from .orphans import user_name
 
     if not stat.S_ISREG(st.st_mode):
         return "it is not a regular file"
@@ -212,7 +212,7 @@ def _untrusted(st: os.stat_result, state_dir: str, explicit: bool) -> str | None
         dir_owner = None
     trusted = {0, me} if explicit or dir_owner is None else {0, dir_owner}
     if st.st_uid not in trusted:
-        return (f"it belongs to {user_name(st.st_uid)}, not to root or the state dir's owner "
+        return (f"it belongs to {user_name(st.st_uid)} (uid {st.st_uid}), not to root or the state dir's owner "
                 "(anyone could have planted it)")
     if st.st_mode & stat.S_IWOTH or (st.st_mode & stat.S_IWGRP and st.st_uid != me):
         return f"it is writable by others (mode {stat.S_IMODE(st.st_mode):04o})"

@@ -7,10 +7,9 @@ directory. Every state file slotq opens goes through `open_state`:
 - `O_NOFOLLOW`: a link is refused (ELOOP), never written through;
 - `O_NONBLOCK`: opening a FIFO returns at once instead of hanging; it is
   then refused by the type check (no effect on regular files);
-- `fstat` after the open: anything but a regular file is refused, and with
-  `owners` a file of another owner is refused too;
-- `O_CREAT` first tries `O_EXCL`, so slotq knows whether it created the
-  file itself -- the only case in which it may `chmod` it.
+- `fstat` after the open: anything but a regular file is refused;
+- a missing file is created with `O_CREAT | O_EXCL`, so slotq knows whether
+  it created the file itself -- the only case in which it may `chmod` it.
 
 A refusal is a `StateFileError` (exit 73) whose message names the path and
 what is wrong with it, in one line.
@@ -51,8 +50,7 @@ def describe_error(path: str, e: OSError) -> str:
     return f"state file {path}: {e.strerror}"
 
 
-def open_state(path: str, flags: int, *, create: bool = False, mode: int = 0o644,
-               owners: tuple[int, ...] | None = None) -> tuple[int, bool]:
+def open_state(path: str, flags: int, *, create: bool = False, mode: int = 0o644) -> tuple[int, bool]:
     """Open `path` safely; returns (fd, created). `flags`: O_RDONLY,
     O_RDWR, O_WRONLY | O_APPEND ... (never O_CREAT: say `create=True`).
     Raises StateFileError naming the path; FileNotFoundError and
@@ -81,9 +79,6 @@ def open_state(path: str, flags: int, *, create: bool = False, mode: int = 0o644
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise StateFileError(f"state file {path} is {kind(st.st_mode)}, not a regular file: refused", path)
-        if owners is not None and st.st_uid not in owners:
-            raise StateFileError(f"state file {path} belongs to {user_name(st.st_uid)}, not to "
-                                 f"{' or '.join(user_name(u) for u in owners)}: refused", path)
     except BaseException:
         os.close(fd)
         raise
@@ -118,15 +113,6 @@ def read_limited(fd: int, limit: int, path: str) -> bytes:
     if len(data) > limit:
         raise StateFileError(f"state file {path} is larger than {limit} bytes: refused as corrupt", path)
     return data
-
-
-def user_name(uid: int) -> str:
-    try:
-        import pwd
-
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except (KeyError, ImportError):
-        return f"uid {uid}"
 
 
 def make_dirs(path: str, top: str) -> None:

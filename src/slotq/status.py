@@ -12,7 +12,7 @@ from .durations import format_duration
 from .proclocks import describe_holders, holder_pids, owners
 from .records import printable
 from .slot import read_slot, slot_name, slot_path
-from .statefile import StateFileError, kind
+from .statefile import StateFileError, kind, open_state
 from .ticket import list_tickets, pool_dir, probe, read_info, remove_stale_temps, scan
 
 Table = dict[tuple[int, int], list[int]]
@@ -175,10 +175,12 @@ def problems(state_dir: str, config: HostConfig, pools: list[dict[str, object]],
             out.append(f"the ticket counter {seq} is locked by {who}: new runs cannot join the line while "
                        "it is held (honest runs hold it for microseconds)")
         try:
-            with open(seq, "rb", opener=_nofollow) as f:
-                raw = f.read(32).strip()
-        except OSError:
+            fd, _ = open_state(seq, os.O_RDONLY)
+        except (OSError, StateFileError):
             raw = b""
+        else:
+            raw = os.pread(fd, 32, 0).strip()
+            os.close(fd)
         highest = max((int(w["seq"]) for p in pools for w in p["waiting"]), default=0)  # type: ignore[attr-defined]
         if raw.isdigit() and int(raw) < highest:
             out.append(f"the ticket counter {seq} says {int(raw)}, below ticket {highest} in line: it was "
@@ -206,10 +208,6 @@ def problems(state_dir: str, config: HostConfig, pools: list[dict[str, object]],
                            "readable slotq record")
     out += setup_problems(state_dir)
     return out
-
-
-def _nofollow(path: str, flags: int) -> int:
-    return os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK)
 
 
 def setup_problems(state_dir: str) -> list[str]:

@@ -141,16 +141,16 @@ def take_ticket(state_dir: str, pool: str, info: dict[str, object],
             os.write(fd, to_json(full).encode())
             try:
                 os.link(tmp, final)  # never replaces a name that is there
+                named = True
             except FileExistsError:
-                os.unlink(tmp)
-                os.close(fd)
-                fd = -1
-                seq += 1
-                continue
+                named = False  # planted: try the next number
             finally:
-                if fd >= 0:
-                    os.unlink(tmp)
-            break
+                os.unlink(tmp)
+            if named:
+                break
+            os.close(fd)
+            fd = -1
+            seq += 1
         if fd < 0:
             raise StateDirError(f"cannot name a ticket in {pdir}: every name tried was taken", pdir)
         # Fixed width, written in place: never a truncated, empty counter.
