@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 @pytest.mark.timeout(120)
 def test_two_thousand_hostile_streams_and_requests_end_in_bounded_time_and_memory(tmp_path: Path) -> None:
     env = dict(os.environ, SLOTQ_LEDGER=str(tmp_path / "ledger.sqlite"), SLOTQ_STATE_DIR=str(tmp_path / "state"),
-               PYTHONPATH=str(HERE))
+               PYTHONPATH=os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p))
     proc = subprocess.run([sys.executable, str(HERE / "strict_fuzz.py"), "2000", "11"], capture_output=True,
                           text=True, timeout=110, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -54,7 +54,26 @@ def _run_stream(data: bytes, tmp_path: Path) -> tuple[Outcome, int, str]:
 
 
 @pytest.mark.timeout(30)
-def test_a_five_byte_frame_claiming_gigabytes_is_unavailable_without_allocating(tmp_path: Path) -> None:
+def test_a_five_byte_event_claiming_gigabytes_is_unavailable_without_allocating(tmp_path: Path) -> None:
+    # The attack: a tiny event whose payload says "a list of 2**28 items"
+    # (marshal, protocol 1's format, allocated 2 GB for it). Decoded in a
+    # process whose address space is capped at 512 MB: an allocation like
+    # that fails there instead of passing unseen.
+    code_ = (
+        "import resource, os, sys\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (512 << 20, 512 << 20))\n"
+        "from slotq import protocol\nfrom slotq.client import run\nfrom slotq.spec import RunSpec\n"
+        "from strict_fuzz import HELLO, StreamTransport\n"
+        "data = protocol.MAGIC + HELLO + protocol.frame(protocol.EVENT, b'[\\xff\\xff\\xff\\x0f')\n"
+        "null = os.open(os.devnull, os.O_WRONLY)\n"
+        f"r = run(RunSpec(['true']), StreamTransport(data), stdout_fd=null, stderr_fd=null, "
+        f"ledger_path={str(tmp_path / 'ledger.sqlite')!r})\n"
+        "print(r.outcome, r.exit_code, r.message)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p))
+    proc = subprocess.run([sys.executable, "-c", code_], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("unavailable 121") and "undecodable event" in proc.stdout, proc.stdout
+    # And a frame header claiming gigabytes is refused before anything is read.
     outcome, code, message = _run_stream(protocol.MAGIC + HELLO + b"V\x7f\xff\xff\xff", tmp_path)
     assert (outcome, code) == (Outcome.UNAVAILABLE, 121) and "corrupt frame" in message
 
