@@ -65,14 +65,12 @@ def main(args: list[str]) -> int:
     if opts.host:
         transport = _remote(opts)
     else:
-        from slotq.hostqueue import ensure_state_dir
         from slotq.transports.local import LocalTransport
 
         local = LocalTransport()
         if opts.cls not in local.config.classes:
             known = ", ".join(sorted(local.config.classes))
             raise UsageError(f"unknown class {opts.cls!r} (this host knows: {known})")
-        ensure_state_dir(local.state_dir)
         transport = local
     try:
         cwd = os.getcwd()
