@@ -9,7 +9,7 @@ import sys
 from slotq.transports.slurm import Sentinel, submit
 
 job = submit(["-p", sys.argv[1], "-c2", "-o", "/dev/null", "-J", "slotq-sentinel-test"], "sleep 2")
-sentinel = Sentinel(job)
+sentinel = Sentinel([job])
 print(job, flush=True)
 if sys.stdin.readline().strip() == "done":
     sentinel.done()

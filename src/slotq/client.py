@@ -89,6 +89,7 @@ class RunResult:
         self.ticket: int | None = None  # the host's sequence number: the order its queue keeps
         self.budget = spec.budget
         self.transport: dict[str, object] = {}
+        self.details: Callable[[], dict[str, object]] = dict  # the transport's extra fields (Slurm's job)
         # Measured on the client's monotonic clock: host clocks may differ.
         self.transfer_s: float | None = None
         self.queue_s: float | None = None
@@ -119,7 +120,7 @@ class RunResult:
             "message": self.message, "phases": dict(self.phases),
             "waited_s": self.waited_s, "ran_s": self.ran_s,
             "transfer_s": None if self.transfer_s is None else round(self.transfer_s, 3),
-            "transport": self.transport,
+            "transport": self.transport, **self.details(),
         }
 
     def to_json(self) -> str:
@@ -132,6 +133,9 @@ def format_queued(ev: dict[str, object]) -> str:
     """One status line for a `queued` event."""
     from .records import printable
 
+    slurm = ev.get("slurm")
+    if isinstance(slurm, dict):
+        return format_pending(_num(ev.get("waited_s")), slurm)
     parts = [f"waiting {format_duration(_num(ev.get('waited_s')))}",
              f"position {printable(ev.get('position'))} in pool {printable(ev.get('pool'))} "
              f"({printable(ev.get('ahead'))} ahead)"]
@@ -152,6 +156,27 @@ def format_queued(ev: dict[str, object]) -> str:
     notes = ev.get("notes")
     if isinstance(notes, list):
         parts += [printable(n, 500) for n in notes]
+    return "slotq: " + "; ".join(parts)
+
+
+def format_pending(waited: float, view: dict[str, object]) -> str:
+    """One status line for a pending Slurm job (transports/slurm.py's
+    pending_view): position in Slurm's priority order, Slurm's reason, who
+    holds the partition, the expected start."""
+    from .records import printable
+
+    parts = [f"waiting {format_duration(waited)}",
+             f"position {printable(view.get('position'))} of {printable(view.get('pending'))} pending in "
+             f"partition {printable(view.get('partition'))} (Slurm job {printable(view.get('job_id'))}, "
+             f"reason {printable(view.get('reason'))})"]
+    holders = [h for h in view.get("holders") or [] if isinstance(h, dict)]  # type: ignore[attr-defined]
+    if holders:
+        parts.append("held by " + ", ".join(
+            f"job {printable(h.get('job_id'))} {printable(h.get('name'), 60)} (user {printable(h.get('user'))}) "
+            f"for {printable(h.get('elapsed'))}" for h in holders[:5]) + (
+            f" and {len(holders) - 5} more" if len(holders) > 5 else ""))
+    if view.get("expected_start"):
+        parts.append(f"Slurm expects it to start at {printable(view.get('expected_start'))}")
     return "slotq: " + "; ".join(parts)
 
 
@@ -208,6 +233,7 @@ def run(
     clock = clock or Clock()
     say = status or (lambda line: None)
     result = RunResult(spec, transport.host)
+    result.details = transport.details
     result.phases["submitted"] = clock.wall()
     dogs = Watchdogs(clock, idle, backstop_margin)
     from .ledger import WaitRecorder  # a small module; SQLite only once a wait is written

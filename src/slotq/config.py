@@ -19,6 +19,14 @@ State directory: `$SLOTQ_STATE_DIR`, else `$XDG_STATE_HOME/slotq/host`, else
     [admission]        # optional; no limit by default: waiting is not failing
     max_waiting = 50            # runs waiting in one pool's line
     max_waiting_per_user = 10   # of them, one user's
+
+    [slurm]            # optional: `slotq run --slurm` (transports/slurm.py)
+    slotq = "/opt/slotq/bin/slotq"   # slotq on the nodes (default: this one, by path)
+    options = ["--account=ci"]       # given to Slurm (srun) for every run
+
+    [slurm.classes]    # run class -> partition (and QoS); unnamed classes are refused,
+    shared = { partition = "test" }  # except `shared`: Slurm's default partition
+    landing = { partition = "test", qos = "landing" }
 """
 
 from __future__ import annotations
@@ -48,7 +56,7 @@ class HostConfig:
     """Pools, class -> pool mapping and host defaults."""
 
     __slots__ = ("pools", "classes", "budget", "kill_grace", "prepare_timeout", "path", "max_waiting",
-                 "max_waiting_per_user", "warnings")
+                 "max_waiting_per_user", "warnings", "slurm")
 
     def __init__(
         self,
@@ -60,6 +68,7 @@ class HostConfig:
         path: str | None = None,
         max_waiting: int | None = None,
         max_waiting_per_user: int | None = None,
+        slurm: SlurmConfig | None = None,
     ) -> None:
         self.pools = dict(DEFAULT_POOLS if pools is None else pools)
         self.classes = {name: name for name in self.pools}
@@ -71,6 +80,7 @@ class HostConfig:
         self.max_waiting = max_waiting
         self.max_waiting_per_user = max_waiting_per_user
         self.warnings: list[str] = []  # e.g. a config file ignored as untrusted
+        self.slurm = slurm or SlurmConfig()
         for cls, pool in self.classes.items():
             if pool not in self.pools:
                 raise ConfigError(f"class {cls!r} maps to unknown pool {pool!r}", path)
@@ -142,7 +152,7 @@ class HostConfig:
 
     @classmethod
     def _from_dict(cls, data: dict[str, object], path: str | None) -> "HostConfig":
-        unknown = set(data) - {"pools", "classes", "defaults", "admission"}
+        unknown = set(data) - {"pools", "classes", "defaults", "admission", "slurm"}
         if unknown:
             raise ConfigError(f"host config {path}: unknown section(s) {sorted(unknown)}", path)
         pools_raw = data.get("pools", DEFAULT_POOLS)
@@ -187,7 +197,65 @@ class HostConfig:
                 raise ConfigError(f"host config {path}: [admission] {key} must be a whole number 0..1000000, "
                                   f"got {n!r}", path)
             limits[key] = n
-        return cls(pools, dict(classes_raw), path=path, **values, **limits)  # type: ignore[arg-type]
+        slurm = SlurmConfig.from_dict(data.get("slurm", {}), path)
+        return cls(pools, dict(classes_raw), path=path, slurm=slurm, **values, **limits)  # type: ignore[arg-type]
+
+
+class SlurmConfig:
+    """The `[slurm]` section: how run classes map to Slurm partitions and
+    QoS, options for every job, and how the nodes run slotq."""
+
+    __slots__ = ("classes", "options", "slotq")
+
+    def __init__(self, classes: dict[str, dict[str, str]] | None = None, options: list[str] | None = None,
+                 slotq: list[str] | None = None) -> None:
+        # `shared` with no mapping: Slurm's default partition.
+        self.classes = {"shared": {}} if classes is None else classes
+        self.options = options or []
+        self.slotq = slotq
+
+    def job_for(self, cls: str) -> dict[str, str]:
+        """{"partition": ..., "qos": ...} (each optional) for run class
+        `cls`; KeyError if the config names no such class."""
+        return self.classes[cls]
+
+    @classmethod
+    def from_dict(cls, raw: object, path: str | None) -> "SlurmConfig":
+        where = f"host config {path}: [slurm]"
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{where} must be a table", path)
+        if set(raw) - {"classes", "options", "slotq"}:
+            raise ConfigError(f"{where}: unknown setting(s) {sorted(set(raw) - {'classes', 'options', 'slotq'})}",
+                              path)
+        classes: dict[str, dict[str, str]] | None = None
+        if "classes" in raw:
+            table = raw["classes"]
+            if not isinstance(table, dict):
+                raise ConfigError(f"{where}.classes must map class names to {{ partition = ..., qos = ... }}", path)
+            classes = {}
+            for name, job in table.items():
+                if not _is_name(name) or len(name) > 64:
+                    raise ConfigError(f"{where}.classes: class name {name!r} must be letters, digits, - or _", path)
+                if not isinstance(job, dict) or set(job) - {"partition", "qos"} or not all(
+                        isinstance(v, str) and 0 < len(v) <= 200 and _is_slurm_name(v) for v in job.values()):
+                    raise ConfigError(f"{where}.classes.{name} must be {{ partition = NAME, qos = NAME }} "
+                                      "(both optional; names of letters, digits, -, _, .)", path)
+                classes[name] = dict(job)
+        options = raw.get("options", [])
+        if not isinstance(options, list) or len(options) > 100 or not all(
+                isinstance(o, str) and 0 < len(o) <= 1000 and o.startswith("-") and "\0" not in o for o in options):
+            raise ConfigError(f"{where}.options must be a list of Slurm options, e.g. [\"--account=ci\"]", path)
+        slotq = raw.get("slotq")
+        if isinstance(slotq, str):
+            slotq = [slotq]
+        if slotq is not None and (not isinstance(slotq, list) or not 0 < len(slotq) <= 20 or not all(
+                isinstance(a, str) and 0 < len(a) <= 4096 and "\0" not in a for a in slotq)):
+            raise ConfigError(f"{where}.slotq must be a path (or a list: a command and its arguments)", path)
+        return cls(classes, options, slotq)
+
+
+def _is_slurm_name(name: str) -> bool:
+    return all(c.isalnum() or c in "-_." for c in name)
 
 
 def _is_name(name: str) -> bool:

@@ -66,7 +66,7 @@ _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     HELLO: {"protocol": (int,), "version": (str,), "host": (str,), "pid": (int,), "run_id": (str,),
             "warnings": (list,)},
     QUEUED: {"waited_s": _NUM, "ahead": (int,), "position": (int,), "waiting": (int,), "pool": (str,),
-             "holders": (list,), "notes": (list,), "load1": _NUM, "load5": _NUM, "load15": _NUM, "cores": (int,)},
+             "holders": (list,), "notes": (list,), "slurm": (dict,), "load1": _NUM, "load5": _NUM, "load15": _NUM, "cores": (int,)},
     SLOT: {"slot": (str,), "waited_s": _NUM, "budget": _NUM, "ticket": _OPT_INT},
     PREPARED: {"ok": (bool,), "exit_code": _OPT_INT},
     STARTED: {"budget": _NUM},

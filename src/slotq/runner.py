@@ -27,7 +27,7 @@ from .hostqueue import Waiter, ensure_state_dir
 from .outcome import Outcome
 from .child import Child, ChildEnd
 from .process import preload_for_start, spawn
-from .slot import SlotLease
+from .slot import GrantedSlot, SlotLease
 from .spec import RunSpec
 from .ticket import Ticket
 
@@ -59,8 +59,12 @@ class HostRunner:
         out_fd: int = 1,
         clock: Clock | None = None,
         ctl_buffer: bytes = b"",
+        allocation: str | None = None,
     ) -> None:
         self.spec = spec
+        # A slot a scheduler already granted (Slurm: "slurm:JOBID"): this
+        # runner then skips the host's own queue.
+        self.allocation = allocation
         self.state_dir = state_dir
         self.config = config
         self.clock = clock or Clock()
@@ -101,6 +105,8 @@ class HostRunner:
         self.link.event(protocol.HELLO, protocol=protocol.PROTOCOL_VERSION, version=__version__,
                     host=self.host, pid=os.getpid(), run_id=self.spec.run_id,
                     **({"warnings": self.config.warnings} if self.config.warnings else {}))
+        if self.allocation is not None:
+            return self._run_allocated(self.allocation)
         try:
             pool = self.config.pool_for(self.spec.cls)
         except KeyError:
@@ -124,6 +130,20 @@ class HostRunner:
         if isinstance(got, SlotLease):
             return self._hold(got)
         return self._run_started(*got, slot=f"{pool}#0")
+
+    def _run_allocated(self, allocation: str) -> Outcome:
+        """The scheduler gave us the node: no queue here, the command starts
+        now; the budget, output and liveness are as on any host."""
+        cwd = self.spec.cwd
+        if cwd is not None and not os.path.isdir(cwd):
+            return self._error("workdir", f"work dir {cwd} is not there on node {self.host} ({allocation}); "
+                                          "run from a directory the nodes share")
+        try:
+            ensure_state_dir(self.state_dir)
+        except StateDirError as e:
+            return self._error("state", str(e))
+        self.phases["queued"] = self.clock.wall()
+        return self._hold(GrantedSlot(allocation))
 
     def _error(self, kind: str, message: str) -> Outcome:
         self.link.event(protocol.ERROR, kind=kind, message=message)
@@ -375,6 +395,10 @@ class HostRunner:
         # A limit is reported only if it really ended the command (anyio's
         # rule): a command that exited on its own just then keeps its code.
         if reason is not None and end.stopped:
+            if reason is Outcome.EXEC_TIMEOUT and self.allocation is not None:
+                return reason, (f"command ran past its budget of {format_duration(self.budget)} "
+                                f"({self.allocation} started on {self.host} at {slot_at}; the budget counted "
+                                f"from the command's start)")
             if reason is Outcome.EXEC_TIMEOUT:
                 return reason, (f"command ran past its budget of {format_duration(self.budget)} "
                                 f"(slot acquired at {slot_at}, waited "
@@ -411,11 +435,11 @@ class HostRunner:
             lease.record(**record)
         ack_r = -1
         if last:
-            self._slot_path = wait_for or (lease.path if lease is not None else None)
+            self._slot_path = wait_for or (lease.path if lease is not None and lease.fd >= 0 else None)
             ack_r, self._ack_w = os.pipe()
         try:
             child = spawn(argv, cwd=self.spec.cwd, env=self.spec.env, stdout_fd=out_w, stderr_fd=err_w,
-                          inherit_fds=(lease.fd,) if lease is not None else (), grace=self.grace,
+                          inherit_fds=(lease.fd,) if lease is not None and lease.fd >= 0 else (), grace=self.grace,
                           lock_path=wait_for, record=record if last else None,
                           history=(self.state_dir, {"run_id": self.spec.run_id, "label": self.spec.label,
                                                     "cls": self.spec.cls, "host": self.host,

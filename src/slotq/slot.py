@@ -75,6 +75,24 @@ class SlotLease:
             self.fd = -1
 
 
+class GrantedSlot(SlotLease):
+    """A slot a scheduler granted (a Slurm allocation): there is no lock to
+    hold or release here; the allocation is the slot. `name` says which."""
+
+    __slots__ = ("_name",)
+
+    def __init__(self, name: str) -> None:
+        super().__init__("", -1, name, 0)
+        self._name = name
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def record(self, **info: object) -> None:
+        self.info.update(info)
+
+
 class SlotProbe:
     """The head of a line's open descriptors on its pool's slot files.
 

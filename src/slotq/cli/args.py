@@ -201,6 +201,30 @@ def host_options() -> list[Opt]:
     ]
 
 
+def slurm_options() -> list[Opt]:
+    return [
+        Opt("--slurm", kind=FLAG,
+            help="run on the Slurm cluster (default: $SLOTQ_BACKEND=slurm): the class picks the partition "
+                 "and QoS ([slurm.classes] in the host config); a pending job is a place in line"),
+        Opt("--slurm-option", kind=APPEND, metavar="OPT",
+            help="give OPT to Slurm (srun) as it is, e.g. --slurm-option=--cpus-per-task=4"),
+    ]
+
+
+def use_slurm(opts: Namespace) -> bool:
+    """--slurm, or $SLOTQ_BACKEND=slurm; one line and exit 2 for a backend
+    slotq does not know, or for --slurm with --host."""
+    backend = os.environ.get("SLOTQ_BACKEND", "")
+    if backend not in ("", "local", "slurm"):
+        raise UsageError(f"$SLOTQ_BACKEND={backend!r} is not a backend slotq knows (local, slurm)")
+    slurm = bool(opts.slurm) or (backend == "slurm" and not opts.host)
+    if opts.slurm and opts.host:
+        raise UsageError("--slurm and --host name two different places to run: choose one")
+    if opts.slurm_option and not slurm:
+        raise UsageError("--slurm-option needs --slurm (or $SLOTQ_BACKEND=slurm)")
+    return slurm
+
+
 def ssh_transport(opts: Namespace, host: str, sync: str = "rsync") -> "SshTransport":
     from slotq.transports.ssh import SshTransport
 

@@ -8,6 +8,9 @@
   slotq host run [opts] -- CMD   the host runner; stdin is the caller's channel
   slotq host run --request-stdin the same, the request (argv and options) read
                                  as the first line of stdin: no shell ever sees it
+  slotq host run --request-stdin --slurm-job
+                                 the same inside a Slurm job: the allocation is the
+                                 slot (no local queue)
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ PARSER = Parser(
         Opt("--run-id", metavar="ID", help="the run's id (default: a new one)"),
         Opt("--cwd", metavar="DIR", help="work dir of the command (default: the current one)"),
         Opt("--request-stdin", kind=FLAG, help="read the request as one JSON line from stdin (remote transports)"),
+        Opt("--slurm-job", kind=FLAG, help="run inside the Slurm job named by $SLURM_JOB_ID: the allocation is "
+                                           "the slot, no local queue (the Slurm transport)"),
     ],
 )
 
@@ -72,7 +77,14 @@ def main(args: list[str]) -> int:
                        prepare_timeout=opts.prepare_timeout, label=opts.label, report_every=opts.report_every,
                        kill_grace=opts.kill_grace, cwd=opts.cwd or os.getcwd(), run_id=opts.run_id,
                        max_wait=opts.max_wait)
-    HostRunner(spec, state_dir=state_dir, config=config, in_fd=0, out_fd=1, ctl_buffer=leftover).run()
+    allocation = None
+    if opts.slurm_job:
+        job = os.environ.get("SLURM_JOB_ID", "")
+        if not job.isdigit():
+            raise UsageError("--slurm-job: not inside a Slurm job ($SLURM_JOB_ID is not set)")
+        allocation = f"slurm job {job}"
+    HostRunner(spec, state_dir=state_dir, config=config, in_fd=0, out_fd=1, ctl_buffer=leftover,
+               allocation=allocation).run()
     return 0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from slotq.cli.args import (FLAG, RUN_OPTIONS, JsonResult, Namespace, Opt, Parser, duration, host_options,
-                            ssh_transport)
+                            slurm_options, ssh_transport, use_slurm)
 from slotq.errors import UsageError
 
 TYPE_CHECKING = False
@@ -28,7 +28,8 @@ outcomes and exit codes:
   bad arguments 2, bad host config 78, unusable state directory 73
 
 environment: SLOTQ_STATE_DIR (host state), SLOTQ_CONFIG (host config TOML),
-             SLOTQ_LEDGER (the wait ledger, SQLite), SLOTQ_SSH_CONFIG, SLOTQ_REMOTE_SLOTQ
+             SLOTQ_LEDGER (the wait ledger, SQLite), SLOTQ_SSH_CONFIG, SLOTQ_REMOTE_SLOTQ,
+             SLOTQ_BACKEND=slurm (as --slurm)
 """
 
 
@@ -47,6 +48,7 @@ PARSER = Parser(
                  "to credit (default: the current directory)"),
         Opt("-q", "--quiet", kind=FLAG, help="no status lines on stderr"),
         *host_options(),
+        *slurm_options(),
         Opt("--sync", metavar="MODE", default="rsync", choices=("rsync", "none"),
             help="with --host: rsync the current directory to a work dir on the host (default; .gitignore "
                  "respected, deletions propagate), or none (a shared filesystem)"),
@@ -62,7 +64,14 @@ def main(args: list[str]) -> int:
 
     say = None if opts.quiet else _stderr_line
     transport: Transport
-    if opts.host:
+    if use_slurm(opts):
+        from slotq.config import HostConfig
+        from slotq.transports.slurm import SlurmTransport
+
+        slurm = SlurmTransport(HostConfig.load(), options=opts.slurm_option)
+        slurm.job_for(opts.cls)  # an unmapped class: exit 2 before anything is submitted
+        transport = slurm
+    elif opts.host:
         transport = _remote(opts)
     else:
         from slotq.transports.local import LocalTransport

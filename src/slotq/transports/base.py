@@ -4,7 +4,7 @@ A backend is a subclass of `Transport`, one module per way to reach a host:
 
     transports/local.py   this machine (the runner in a thread of the caller)
     transports/ssh.py     a remote host through OpenSSH
-    transports/slurm.py   a Slurm cluster (in progress: submit, liveness sentinel, pending view)
+    transports/slurm.py   a Slurm cluster (srun; Slurm is the queue)
 
 The client (client.py) imports only this module; the CLI picks the backend.
 """
@@ -32,6 +32,11 @@ class Transport:
     def describe(self) -> dict[str, object]:
         """Facts about the connection for the result (e.g. master reuse)."""
         return {"kind": "local"}
+
+    def details(self) -> dict[str, object]:
+        """Extra fields for the result JSON, asked for only when it is
+        written (Slurm: the job and its final state)."""
+        return {}
 
     def start(self, spec: RunSpec) -> tuple[int, int]:
         raise NotImplementedError

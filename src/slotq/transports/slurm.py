@@ -1,27 +1,51 @@
-"""Slurm: the pieces of the cluster backend (issue 13), built and tested one
-by one. Not yet a `Transport`: `slotq run --slurm` does not exist yet.
+"""A Slurm cluster: `slotq run --slurm`.
 
-What is here:
+Slurm is the scheduler; slotq adds its clocks, outcomes, liveness and
+visibility, and grows no queue of its own:
 
-- `submit()`: `sbatch --parsable`, the job id, or a one-line error.
-- `Sentinel`: the caller's liveness, for a job the caller does not hold
-  open. A SIGKILLed `srun` does not cancel a pending job (Slurm allocates it
-  later and kills it only ~11 s after), and a SIGKILLed process group takes
-  srun's own shepherd with it. So the client starts a tiny sentinel in a
-  session of its own, reading a pipe only the client holds: end-of-file
-  without the word `done` means the caller is gone -- by SIGKILL of its pid
-  or of its whole group -- and the sentinel runs `scancel` at once.
+    client ──srun──► job (pending = queued ticket) ──allocation = slot──►
+        slotq host run --slurm-job on the node ──► command (budget starts)
+
+- `SlurmTransport`: `srun --unbuffered` runs `slotq host run --request-stdin
+  --slurm-job` in a new job; its stdin/stdout carry the same request and
+  framed stream as over ssh. A relay thread in the client owns srun: while
+  the job is pending it tells the client what Slurm says (`queued` events
+  from `pending_view`), it strips the node's hello, and when srun ends
+  without the runner's result it asks Slurm how the job ended (cancelled,
+  NODE_FAIL, TIMEOUT, ...) and says so as an `exited` event.
+- `Sentinel`: the caller's liveness. A SIGKILLed `srun` does not cancel a
+  pending job (Slurm allocates it later and kills it only ~11 s after), and
+  a SIGKILLed process group takes srun's own shepherd with it. So the
+  client starts a tiny sentinel in a session of its own, reading a pipe
+  only the client holds: end-of-file without the word `done` means the
+  caller is gone -- by SIGKILL of its pid or of its whole group -- and the
+  sentinel runs `scancel` at once.
+- `submit()` (`sbatch --parsable`) and `pending_view()` (position, reason,
+  holders, expected start from squeue), also used by `slotq status --slurm`.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import subprocess
+import sys
+import threading
+import time
 
-from ..errors import HostUnavailable
+from .. import __version__, protocol
+from .. import signals as signal
+from ..clock import INF
+from ..config import HostConfig
+from ..errors import HostUnavailable, ProtocolError, UsageError
+from ..records import to_json
+from ..spec import RunSpec
+from .base import Transport
 
-# The sentinel: one `read` on the pipe, then scancel unless told `done`.
-_SENTINEL = 'IFS= read -r word; [ "$word" = done ] || exec scancel --quiet "$1"'
+# The sentinel: one `read` on the pipe, then scancel unless told `done`;
+# once more a second later, for a job whose submission was still on its way.
+_SENTINEL = ('IFS= read -r word; [ "$word" = done ] && exit 0; scancel --quiet "$@"; sleep 1; '
+             'exec scancel --quiet "$@"')
 
 
 def submit(args: list[str], script: str, env: dict[str, str] | None = None) -> str:
@@ -42,20 +66,20 @@ def submit(args: list[str], script: str, env: dict[str, str] | None = None) -> s
 
 
 class Sentinel:
-    """Cancels job `job_id` the moment this process is gone, unless told
+    """Cancels a job (`scancel ARGS`: a job id, or `--name N --user U` for
+    a job not yet submitted) the moment this process is gone, unless told
     `done()` first. The sentinel is `sh` in a session of its own (a kill of
     our process group spares it); the pipe's write end is ours alone
     (close-on-exec), so its end-of-file is our death."""
 
-    def __init__(self, job_id: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, scancel_args: list[str], env: dict[str, str] | None = None) -> None:
         r, self._w = os.pipe()  # both close-on-exec
         try:
-            self.proc = subprocess.Popen(["sh", "-c", _SENTINEL, "slotq-sentinel", job_id], stdin=r,
+            self.proc = subprocess.Popen(["sh", "-c", _SENTINEL, "slotq-sentinel", *scancel_args], stdin=r,
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
                                          start_new_session=True)
         finally:
             os.close(r)
-        self.job_id = job_id
 
     def done(self) -> None:
         """The run ended and the job with it: the sentinel leaves it be."""
@@ -95,11 +119,15 @@ def _squeue(args: list[str], env: dict[str, str] | None) -> list[list[str]]:
     return [line.split("|", n - 1) for line in proc.stdout.splitlines()[:MAX_LINES] if line.count("|") >= n - 1]
 
 
-def pending_view(job_id: str, partition: str, env: dict[str, str] | None = None) -> dict[str, object]:
+def pending_view(job_id: str, partition: str | None, env: dict[str, str] | None = None) -> dict[str, object]:
     """What a waiting caller is told about its pending job: its position
     among the partition's pending jobs in Slurm's priority order, Slurm's
     pending reason, the running jobs that hold the partition's resources
-    (user, name, how long), and Slurm's expected start time if it has one."""
+    (user, name, how long), and Slurm's expected start time if it has one.
+    `partition` None: the job's own (Slurm's default partition)."""
+    if partition is None:
+        rows = _squeue(["-j", job_id, "--format=%P|%i"], env)
+        partition = rows[0][0] if rows else "?"
     pending = _squeue(["-p", partition, "-t", "PD", "--sort=-p,i", "--format=%i|%r|%S|%u|%j"], env)
     running = _squeue(["-p", partition, "-t", "R", "--format=%i|%u|%M|%j"], env)
     ids = [row[0] for row in pending]
@@ -112,3 +140,402 @@ def pending_view(job_id: str, partition: str, env: dict[str, str] | None = None)
         "expected_start": start if start and start not in ("N/A", "Unknown") else None,
         "holders": [{"job_id": r[0], "user": r[1], "elapsed": r[2], "name": r[3]} for r in running],
     }
+
+
+def job_info(job_id: str, env: dict[str, str] | None = None) -> dict[str, str]:
+    """Slurm's facts about a job (JobState, Reason, NodeList, Partition,
+    ExitCode, TimeLimit, ...) from `scontrol show job -o`; with accounting,
+    sacct's State says who cancelled it ("CANCELLED by 1000"). {} when
+    Slurm no longer knows the job."""
+    info: dict[str, str] = {}
+    try:
+        proc = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True,
+                              timeout=30, env=env, stdin=subprocess.DEVNULL)
+        line = proc.stdout[:65536] if proc.returncode == 0 else ""
+    except (OSError, subprocess.TimeoutExpired):
+        line = ""
+    for token in line.split():
+        key, eq, value = token.partition("=")
+        if eq and key in _JOB_FIELDS:
+            info[key] = value
+    try:
+        proc = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State"], capture_output=True,
+                              text=True, timeout=30, env=env, stdin=subprocess.DEVNULL)
+        state = proc.stdout.strip().splitlines()[:1] if proc.returncode == 0 else []
+        if state and state[0].strip():
+            info["AcctState"] = state[0].strip()[:200]
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return info
+
+
+_JOB_FIELDS = {"JobState", "Reason", "NodeList", "Partition", "ExitCode", "TimeLimit", "StartTime", "EndTime",
+               "QOS", "JobName"}
+_SRUN_QUEUED = "srun: job "  # "srun: job 12 queued and waiting for resources"
+# srun's refusals that are the infrastructure's, not the request's.
+_INFRA = ("Unable to contact slurm controller", "Socket timed out", "Connection refused", "Zero Bytes",
+          "Communication connection failure", "Slurm backup controller in standby", "Unable to establish",
+          "Transport endpoint", "Slurmctld not responding")
+_LAST_LINES = 50  # srun / node stderr lines kept for diagnostics
+TIME_MARGIN = 120.0  # Slurm's --time covers prepare + budget + grace + this
+
+
+class SlurmTransport(Transport):
+    """Runs on a Slurm cluster: see the module doc. `options` are given to
+    srun as they are (the config's `[slurm] options`, then --slurm-option)."""
+
+    host = "slurm"
+
+    def __init__(self, config: HostConfig, options: list[str] | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        self.config = config
+        self.options = list(config.slurm.options) + list(options or [])
+        self.env = env
+        self.job_id: str | None = None
+        self.partition: str | None = None
+        self.qos: str | None = None
+        self.node: str | None = None
+        self.name = ""
+        self._srun: subprocess.Popen[bytes] | None = None
+        self._sentinel: Sentinel | None = None
+        self._thread: threading.Thread | None = None
+        self._lines: list[str] = []
+        self._final: dict[str, str] | None = None
+
+    # ----------------------------------------------------------- the job
+    def job_for(self, cls: str) -> dict[str, str]:
+        """The partition/QoS for run class `cls`; UsageError naming the
+        classes the config maps when it maps no such one."""
+        try:
+            return self.config.slurm.job_for(cls)
+        except KeyError:
+            known = ", ".join(sorted(self.config.slurm.classes)) or "none"
+            where = f" in {self.config.path}" if self.config.path else ""
+            raise UsageError(f"class {cls!r} has no Slurm partition: add it to [slurm.classes]{where} "
+                             f"(mapped: {known})") from None
+
+    def srun_argv(self, spec: RunSpec) -> list[str]:
+        job = self.job_for(spec.cls)
+        self.partition, self.qos = job.get("partition"), job.get("qos")
+        self.name = f"slotq-{spec.run_id}"
+        argv = ["srun", "--unbuffered", "--ntasks=1", f"--job-name={self.name}"]
+        if self.partition:
+            argv.append(f"--partition={self.partition}")
+        if self.qos:
+            argv.append(f"--qos={self.qos}")
+        if not any(o == "-t" or o.startswith(("--time", "-t")) for o in self.options):
+            # Slurm's limit is the backstop, never the budget: it covers the
+            # prepare step, the budget, the grace and a margin.
+            c = self.config
+            seconds = ((spec.prepare_timeout or c.prepare_timeout) if spec.prepare else 0.0) \
+                + (spec.budget if spec.budget is not None else c.budget) \
+                + (spec.kill_grace if spec.kill_grace is not None else c.kill_grace) + TIME_MARGIN
+            argv.append(f"--time={-(-int(seconds) // 60)}")
+        argv += self.options
+        slotq = self.config.slurm.slotq or [sys.executable, "-m", "slotq"]
+        return argv + [*slotq, "host", "run", "--request-stdin", "--slurm-job"]
+
+    def describe(self) -> dict[str, object]:
+        return {"kind": "slurm", "job_id": self.job_id, "partition": self.partition, "qos": self.qos}
+
+    def details(self) -> dict[str, object]:
+        """For the result JSON: job id, partition, node list, final state."""
+        info = self._final
+        if info is None and self.job_id is not None:
+            info = self._final = job_info(self.job_id, self.env)
+        info = info or {}
+        return {"slurm": {"job_id": self.job_id, "partition": info.get("Partition") or self.partition,
+                          "qos": self.qos, "nodes": info.get("NodeList") or self.node,
+                          "state": info.get("AcctState") or info.get("JobState"),
+                          "reason": info.get("Reason"), "options": self.options}}
+
+    # ----------------------------------------------------------- the run
+    def start(self, spec: RunSpec) -> tuple[int, int]:
+        ctl_r, ctl_w = os.pipe()
+        ev_r, ev_w = os.pipe()
+        argv = self.srun_argv(spec)
+        user = _user_name()
+        # Before srun: the job cannot exist without its sentinel.
+        self._sentinel = Sentinel(["--name", self.name, "--user", user], self.env)
+        try:
+            self._srun = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, env=self.env, process_group=0)
+        except OSError as e:
+            self._srun = None
+            failure: str | None = (f"cannot start srun: {e.strerror}"
+                                   + (" (Slurm's client tools are not installed here)"
+                                      if isinstance(e, FileNotFoundError) else ""))
+        else:
+            failure = None
+        self._thread = threading.Thread(target=self._relay, args=(spec, ctl_r, ev_w, failure),
+                                        name="slotq-slurm-relay", daemon=True)
+        self._thread.start()
+        return ctl_w, ev_r
+
+    def kill(self) -> None:
+        self._scancel()
+        if self._srun is not None and self._srun.poll() is None:
+            try:
+                os.killpg(self._srun.pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def wait(self) -> str:
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+        if self._sentinel is not None:
+            self._sentinel.done()  # the job has ended (srun is gone): nothing left to cancel
+        return "\n".join(self._lines[-5:])
+
+    def _scancel(self) -> None:
+        if self.name:
+            try:
+                subprocess.run(["scancel", "--quiet", "--name", self.name, "--user", _user_name()],
+                               env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+
+    # ----------------------------------------------------------- the relay
+    def _relay(self, spec: RunSpec, ctl_r: int, ev_w: int, failure: str | None) -> None:
+        relay = _Relay(self, spec, ctl_r, ev_w)
+        try:
+            if failure is not None:
+                relay.error("unavailable", failure)
+            else:
+                relay.run()
+        except BaseException as e:  # never silent: the client gets an ending
+            try:
+                relay.error("unavailable", f"the Slurm relay failed: {e!r}")
+            except OSError:
+                pass
+        finally:
+            os.close(ev_w)
+            os.close(ctl_r)
+
+
+class _Relay:
+    """The client's side of one srun: see the module doc."""
+
+    def __init__(self, transport: SlurmTransport, spec: RunSpec, ctl_r: int, ev_w: int) -> None:
+        self.t = transport
+        self.spec = spec
+        self.ctl_r = ctl_r
+        self.ev_w = ev_w
+        self.hello_sent = False
+        self.node_live = False  # the node's runner has said hello
+        self.ended = False  # an exited/error event went to the client
+        self.cancel_reason: str | None = None  # the client cancelled before the node's runner started
+        self.pending_since: float | None = None
+        self.revoked_line = ""
+
+    def send(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.ev_w, view):]
+
+    def event(self, name: str, **fields: object) -> None:
+        self.hello()
+        self.send(protocol.event_frame(name, time.time(), **fields))
+
+    def hello(self) -> None:
+        if not self.hello_sent:
+            self.hello_sent = True
+            self.send(protocol.MAGIC + protocol.event_frame(
+                protocol.HELLO, time.time(), protocol=protocol.PROTOCOL_VERSION, version=__version__,
+                host="slurm", pid=os.getpid(), run_id=self.spec.run_id))
+
+    def error(self, kind: str, message: str) -> None:
+        self.event(protocol.ERROR, kind=kind, message=message)
+        self.ended = True
+
+    def run(self) -> None:
+        srun = self.t._srun
+        assert srun is not None and srun.stdin and srun.stdout and srun.stderr
+        to_srun = bytearray(self.spec.to_request())
+        out, err, sin = srun.stdout.fileno(), srun.stderr.fileno(), srun.stdin.fileno()
+        os.set_blocking(sin, False)
+        decoder = protocol.Decoder()
+        err_buf = b""
+        reads = [out, err, self.ctl_r]
+        next_report = INF
+        ctl_closed = False
+        while out in reads or err in reads:
+            writes = [sin] if to_srun and sin >= 0 else []
+            timeout = None if next_report == INF else max(0.0, next_report - time.monotonic())
+            ready, can_write, _ = select.select(reads, writes, [], timeout)
+            if can_write:
+                try:
+                    del to_srun[:os.write(sin, to_srun)]
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    to_srun.clear()  # srun is gone; its end is read below
+                if not to_srun and ctl_closed:
+                    srun.stdin.close()
+                    sin = -1
+            if self.pending_since is not None and not self.node_live and time.monotonic() >= next_report:
+                self.report()
+                next_report = time.monotonic() + self.spec.report_every
+            for fd in ready:
+                data = os.read(fd, 65536)
+                if fd == out:
+                    if not data:
+                        reads.remove(out)
+                        continue
+                    try:
+                        self.forward(decoder.feed(data))
+                    except ProtocolError as e:
+                        self.error("protocol", f"Slurm job {self.t.job_id}: {e}")
+                        self.t.kill()
+                        reads = [r for r in reads if r != out]
+                elif fd == err:
+                    if not data:
+                        reads.remove(err)
+                        data = b"\n"
+                    err_buf += data
+                    *lines, err_buf = err_buf.split(b"\n")
+                    err_buf = err_buf[-65536:]
+                    for line in lines:
+                        if self.on_stderr(line.decode("utf-8", "replace")[:2000].rstrip()):
+                            next_report = time.monotonic()
+                    if self.node_live or self.pending_since is None:
+                        next_report = INF
+                else:  # the client
+                    if not data:
+                        reads.remove(self.ctl_r)
+                        ctl_closed = True
+                        if not self.node_live and not self.ended:
+                            self.t._scancel()  # the client gave up before the node's runner started
+                        if not to_srun and sin >= 0:
+                            srun.stdin.close()
+                            sin = -1
+                    elif self.node_live:
+                        to_srun += data
+                    else:
+                        # Nothing runs yet: the cancel is Slurm's to do.
+                        reason = data.decode("ascii", "replace").split("\n")[0].removeprefix("cancel ").strip()
+                        self.cancel_reason = reason if reason in ("cancelled", "idle_timeout") else "cancelled"
+                        self.t._scancel()
+        srun.wait()
+        if sin >= 0:
+            try:
+                srun.stdin.close()
+            except OSError:
+                pass
+        if not self.ended:
+            self.conclude(srun.returncode)
+
+    def forward(self, frames: list[tuple[bytes, bytes | dict[str, object]]]) -> None:
+        out = bytearray()
+        for kind, payload in frames:
+            if kind != protocol.EVENT:
+                out += protocol.frame(kind, payload)  # type: ignore[arg-type]
+                continue
+            ev: dict[str, object] = payload  # type: ignore[assignment]
+            name = ev.get("event")
+            if name == protocol.HELLO:
+                self.node_live = True
+                self.t.node = str(ev.get("host"))
+                if self.hello_sent:
+                    continue  # ours went first (the job waited); the node's host is in the result
+                self.hello_sent = True
+                out += protocol.MAGIC
+            elif name == protocol.SLOT and self.t.job_id is None:
+                slot = str(ev.get("slot"))  # "slurm job N" (the job never waited: srun did not say)
+                if slot.startswith("slurm job ") and slot[10:].isdigit():
+                    self.t.job_id = slot[10:]
+            elif name in (protocol.EXITED, protocol.ERROR):
+                self.ended = True
+            out += protocol.frame(protocol.EVENT, to_json(ev).encode())
+        if out:
+            self.send(bytes(out))
+
+    def on_stderr(self, line: str) -> bool:
+        """One line from srun (or the node's stderr); True when it says the
+        job is pending (report now)."""
+        lines = self.t._lines
+        lines.append(line)
+        del lines[:-_LAST_LINES]
+        if line.startswith(_SRUN_QUEUED):
+            words = line.split()
+            if len(words) > 3 and words[2].isdigit():
+                self.t.job_id = words[2]
+                if "queued and waiting" in line:
+                    self.pending_since = time.monotonic()
+                    return True
+                if "allocated resources" in line:
+                    self.pending_since = None
+        elif "has been revoked" in line or "CANCELLED AT" in line:
+            self.revoked_line = line
+        return False
+
+    def report(self) -> None:
+        job = self.t.job_id
+        assert job is not None and self.pending_since is not None
+        waited = round(time.monotonic() - self.pending_since, 3)
+        try:
+            view = pending_view(job, self.t.partition, self.t.env)
+        except HostUnavailable as e:
+            view = {"job_id": job, "partition": self.t.partition, "state": "unknown", "error": str(e)}
+        if view.get("state") != "PENDING":
+            return  # allocated just now: the runner's slot event follows
+        position = view.get("position")
+        self.event(protocol.QUEUED, waited_s=waited, position=position if isinstance(position, int) else 1,
+                   ahead=position - 1 if isinstance(position, int) else 0,
+                   waiting=view.get("pending") if isinstance(view.get("pending"), int) else 1,
+                   pool=str(view.get("partition")), holders=[], slurm=view)
+
+    def conclude(self, code: int | None) -> None:
+        """srun ended without the runner's result: how did the job end?"""
+        job = self.t.job_id
+        if job is None:
+            # No job: Slurm refused it (or srun could not reach Slurm).
+            why = next((ln.split("error: ", 1)[-1] for ln in reversed(self.t._lines) if "error" in ln),
+                       self.t._lines[-1] if self.t._lines else f"srun exited {code}")
+            if self.cancel_reason is not None:
+                self.event(protocol.EXITED, outcome=self.cancel_reason, exit_code=None,
+                           message="cancelled before Slurm had the job", phases={"ended": time.time()})
+                self.ended = True
+            elif any(s in why for s in _INFRA):
+                self.error("unavailable", f"Slurm is not answering: {why}")
+            else:
+                where = f" (partition {self.t.partition!r})" if self.t.partition else ""
+                self.error("usage", f"Slurm refused the job{where}: {why}")
+            return
+        info = self.t._final = job_info(job, self.t.env)
+        state = info.get("JobState", "")
+        acct = info.get("AcctState", "")
+        facts = ", ".join(f"{k}={info[k]}" for k in ("JobState", "Reason", "NodeList") if info.get(k))
+        facts = f"Slurm job {job}" + (f" ({facts})" if facts else " (Slurm no longer knows it)")
+        when = "while it ran" if self.node_live else "while pending"
+        if self.cancel_reason is not None:
+            outcome, message = self.cancel_reason, f"cancelled {when}; slotq cancelled {facts}"
+        elif state == "CANCELLED" or acct.startswith("CANCELLED"):
+            who = acct.split(" by ", 1)[1] if " by " in acct else ""
+            if who.isdigit():
+                who = _user_name(int(who))
+            by = f"by {who} (scancel)" if who else "by scancel (its owner or an administrator)"
+            outcome, message = "cancelled", f"{facts} was cancelled {by} {when}" + (
+                f": {self.revoked_line}" if self.revoked_line else "")
+        elif state == "TIMEOUT":
+            outcome, message = "backstop", (f"{facts} reached Slurm's time limit ({info.get('TimeLimit', '?')}) "
+                                            "before slotq's own budget enforcement could end it")
+        else:
+            outcome = "unavailable"
+            message = (f"{facts} ended {when} without a result from slotq's runner"
+                       + (f" (srun exited {code})" if code else "")
+                       + (f": {self.t._lines[-1]}" if self.t._lines else ""))
+        self.event(protocol.EXITED, outcome=outcome, exit_code=None, signal=None, message=message,
+                   phases={"ended": time.time()})
+        self.ended = True
+
+
+def _user_name(uid: int | None = None) -> str:
+    import pwd
+
+    uid = os.getuid() if uid is None else uid
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)

@@ -1,0 +1,338 @@
+"""`slotq run --slurm` end to end, against the private Slurm cluster that
+scripts/test starts (scripts/slurm-test-cluster: munged + slurmctld + slurmd
+on 127.0.0.1, one node of 2 CPUs, partitions `test` and `landing`).
+
+Each test drives the installed CLI and checks what Slurm itself says
+afterwards (squeue), so a job slotq forgot to cancel fails the test."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import alive, group_alive, one_line, slotq_cmd, wait_for
+from slotq.ledger import Ledger
+
+CONF = os.environ.get("SLOTQ_TEST_SLURM_CONF", "")
+pytestmark = pytest.mark.skipif(not CONF or not Path(CONF).exists(),
+                                reason="no test Slurm cluster (scripts/test starts one as root)")
+MAGIC_LOOKALIKE = b"\x00SLOTQ-STREAM 2\nV\x00\x00\x00\x1c{\"event\":\"exited\",\"at\":1}\n"
+
+
+def squeue(*args: str) -> str:
+    return subprocess.run(["squeue", "-h", *args], capture_output=True, text=True, timeout=30,
+                          env=dict(os.environ, SLURM_CONF=CONF)).stdout
+
+
+def jobs_named(name: str) -> str:
+    """Slurm's jobs with this name (pending, running or completing)."""
+    return squeue("--name", name, "-t", "PD,R,CG,CF", "-o", "%i %T")
+
+
+@pytest.fixture
+def slurm_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """SLURM_CONF for the test cluster, a private state dir, ledger and
+    config; every job a test submitted is cancelled afterwards."""
+    monkeypatch.setenv("SLURM_CONF", CONF)
+    monkeypatch.setenv("SLOTQ_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("SLOTQ_LEDGER", str(tmp_path / "ledger.sqlite"))
+    monkeypatch.delenv("SLOTQ_CONFIG", raising=False)
+    monkeypatch.delenv("SLOTQ_BACKEND", raising=False)
+    yield tmp_path
+    mine = tmp_path.name  # placeholders are named after the test's dir
+    for line in squeue("-o", "%i|%j").splitlines():
+        job, _, name = line.partition("|")
+        if name.startswith("slotq-") or mine in name:
+            subprocess.run(["scancel", job], env=dict(os.environ, SLURM_CONF=CONF), timeout=30)
+
+
+def placeholder(tmp: Path, seconds: int, partition: str = "test") -> str:
+    """A job that holds the node's two CPUs for `seconds`; its id once it runs."""
+    name = f"placeholder-{tmp.name}"
+    proc = subprocess.run(["sbatch", "--parsable", "-p", partition, "-c2", "-o", "/dev/null", "-J", name,
+                           "--time=2", "--wrap", f"sleep {seconds}"], capture_output=True, text=True,
+                          timeout=30, env=dict(os.environ, SLURM_CONF=CONF))
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip()
+    wait_for(lambda: "RUNNING" in squeue("-j", job, "-o", "%T"), timeout=20, what="the placeholder running")
+    return job
+
+
+def start(tmp: Path, name: str, *args: str, session: bool = True) -> subprocess.Popen[bytes]:
+    """`slotq run --slurm` in a process group of its own (as a harness
+    starts a job), output to files."""
+    return subprocess.Popen(slotq_cmd() + ["run", "--slurm", "--json", str(tmp / f"{name}.json"), *args],
+                            stdin=subprocess.DEVNULL, stdout=open(tmp / f"{name}.out", "wb"),
+                            stderr=open(tmp / f"{name}.err", "wb"), cwd=tmp, start_new_session=session)
+
+
+def result(tmp: Path, name: str) -> dict[str, Any]:
+    return dict(json.loads((tmp / f"{name}.json").read_text()))
+
+
+def err(tmp: Path, name: str) -> str:
+    return (tmp / f"{name}.err").read_text(errors="replace")
+
+
+def pending_job(tmp: Path, name: str) -> str:
+    """The Slurm job of a waiting run, from its status line."""
+    found = wait_for(lambda: re.search(r"Slurm job (\d+), reason", err(tmp, name)), timeout=20,
+                     what="a status line naming the pending job")
+    return str(found.group(1))
+
+
+@pytest.mark.timeout(60)
+def test_seed_scenario_waits_in_slurm_then_passes_with_the_wait_on_record(slurm_env: Path) -> None:
+    tmp = slurm_env
+    holder = placeholder(tmp, 6)
+    proc = start(tmp, "quick", "--budget", "1", "--report-every", "1", "--", "echo", "quick")
+    assert proc.wait(timeout=40) == 0, err(tmp, "quick")
+    res = result(tmp, "quick")
+    assert res["outcome"] == "passed" and (tmp / "quick.out").read_bytes() == b"quick\n"
+    assert res["waited_s"] >= 4, res  # the budget of 1 s was never charged for the wait
+    lines = err(tmp, "quick")
+    assert re.search(r"reason (Resources|Priority)", lines), lines
+    assert f"held by job {holder} placeholder-{tmp.name} (user root)" in lines, lines
+    assert res["slurm"]["partition"] == "test" and res["slurm"]["state"] == "COMPLETED", res
+    waits = Ledger(str(tmp / "ledger.sqlite")).records(str(tmp))
+    [wait] = [w for w in waits if w.run_id == res["run_id"]]
+    assert wait.kind == "queue" and wait.end is not None and wait.end - wait.start >= 4
+
+
+@pytest.mark.timeout(60)
+def test_an_overrun_is_exec_timeout_naming_when_the_job_started(slurm_env: Path) -> None:
+    tmp = slurm_env
+    proc = start(tmp, "long", "--budget", "1", "--kill-grace", "1", "--", "sleep", "30")
+    assert proc.wait(timeout=30) == 124
+    res = result(tmp, "long")
+    assert res["outcome"] == "exec_timeout" and 1 <= res["ran_s"] < 5, res
+    job = res["slurm"]["job_id"]
+    assert re.search(rf"slurm job {job} started on \S+ at \d\d:\d\d:\d\d", res["message"]), res["message"]
+    wait_for(lambda: jobs_named(f"slotq-{res['run_id']}") == "", timeout=10, what="the job gone")
+
+
+@pytest.mark.timeout(60)
+def test_the_idle_watchdog_counts_only_after_the_command_started(slurm_env: Path) -> None:
+    tmp = slurm_env
+    placeholder(tmp, 4)
+    # Pending for ~4 s with --idle 2: the quiet wait never counts.
+    waiting = start(tmp, "waits", "--idle", "2", "--", "sh", "-c", "sleep 1; echo ran")
+    assert waiting.wait(timeout=40) == 0, err(tmp, "waits")
+    assert result(tmp, "waits")["waited_s"] >= 2
+    # Once started, silence does count.
+    quiet = start(tmp, "quiet", "--idle", "1", "--kill-grace", "1", "--", "sleep", "30")
+    assert quiet.wait(timeout=30) == 123
+    assert result(tmp, "quiet")["outcome"] == "idle_timeout"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["pid", "group"])
+def test_a_sigkilled_pending_caller_has_its_job_cancelled_within_2s(slurm_env: Path, how: str) -> None:
+    tmp = slurm_env
+    placeholder(tmp, 30)
+    caller = start(tmp, "victim", "--report-every", "1", "--", "true")
+    job = pending_job(tmp, "victim")
+    assert "PENDING" in squeue("-j", job, "-o", "%T")
+    t0 = time.monotonic()
+    if how == "pid":
+        caller.kill()
+    else:
+        os.killpg(caller.pid, signal.SIGKILL)
+    caller.wait()
+    wait_for(lambda: squeue("-j", job, "-t", "PD,R,CF", "-o", "%i") == "", timeout=5, what="the job cancelled")
+    assert time.monotonic() - t0 <= 2.0
+
+
+@pytest.mark.timeout(60)
+def test_a_sigkilled_running_caller_has_its_command_ended_within_grace(slurm_env: Path) -> None:
+    tmp = slurm_env
+    pidf = tmp / "cmd.pid"
+    caller = start(tmp, "victim", "--kill-grace", "1", "--", "sh", "-c",
+                   f"trap '' TERM; echo $$ > {pidf}; sleep 300 & sleep 300")
+    wait_for(lambda: pidf.exists() and pidf.read_text().strip(), timeout=20, what="the command running")
+    pid = int(pidf.read_text())
+    run_id = wait_for(lambda: re.search(r"slot slurm job (\d+)", err(tmp, "victim")), what="the slot line")
+    job = run_id.group(1)
+    t0 = time.monotonic()
+    os.killpg(caller.pid, signal.SIGKILL)
+    caller.wait()
+    wait_for(lambda: not alive(pid) and not group_alive(pid), timeout=1 + 4, what="the command gone")
+    assert time.monotonic() - t0 <= 1 + 2
+    wait_for(lambda: squeue("-j", job, "-t", "PD,R,CF", "-o", "%i") == "", timeout=10, what="the job gone")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("when", ["pending", "running"])
+def test_ctrl_c_is_cancelled_and_leaves_no_job(slurm_env: Path, when: str) -> None:
+    tmp = slurm_env
+    if when == "pending":
+        placeholder(tmp, 30)
+    marker = tmp / "started"
+    caller = start(tmp, "me", "--report-every", "1", "--kill-grace", "1", "--", "sh", "-c",
+                   f"touch {marker}; sleep 300")
+    if when == "pending":
+        job = pending_job(tmp, "me")
+    else:
+        wait_for(marker.exists, timeout=20, what="the command running")
+    caller.send_signal(signal.SIGINT)
+    assert caller.wait(timeout=20) == 130
+    res = result(tmp, "me")
+    assert res["outcome"] == "cancelled", res
+    job = res["slurm"]["job_id"]
+    assert job
+    if when == "pending":
+        assert not marker.exists() and res["phases"]["started"] is None
+    wait_for(lambda: jobs_named(f"slotq-{res['run_id']}") == "", timeout=10, what="nothing of the run in squeue")
+
+
+@pytest.mark.timeout(60)
+def test_an_admins_scancel_is_cancelled_naming_scancel(slurm_env: Path) -> None:
+    tmp = slurm_env
+    placeholder(tmp, 30)
+    caller = start(tmp, "me", "--report-every", "1", "--", "true")
+    job = pending_job(tmp, "me")
+    subprocess.run(["scancel", job], env=dict(os.environ, SLURM_CONF=CONF), timeout=30, check=True)
+    assert caller.wait(timeout=20) == 130
+    res = result(tmp, "me")
+    assert res["outcome"] == "cancelled" and res["blame"] != "work", res
+    assert f"Slurm job {job}" in res["message"] and "scancel" in res["message"] and "pending" in res["message"]
+
+
+@pytest.mark.timeout(60)
+def test_output_is_byte_exact_through_slurm(slurm_env: Path) -> None:
+    tmp = slurm_env
+    blob = os.urandom(200_000) + b"\n" + MAGIC_LOOKALIKE + b"no newline at the end"
+    (tmp / "blob").write_bytes(blob)
+    proc = start(tmp, "cat", "--", "sh", "-c", f"cat {tmp / 'blob'}; printf 'to stderr\\n' >&2")
+    assert proc.wait(timeout=30) == 0, err(tmp, "cat")
+    assert (tmp / "cat.out").read_bytes() == blob
+    assert "to stderr\n" in err(tmp, "cat")
+    assert result(tmp, "cat")["outcome"] == "passed"  # the look-alike event was output, not an ending
+
+
+@pytest.mark.timeout(60)
+def test_classes_map_to_partition_and_qos(slurm_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp = slurm_env
+    config = tmp / "host.toml"
+    config.write_text('[slurm.classes]\nshared = { partition = "test" }\n'
+                      'landing = { partition = "landing", qos = "landing" }\n')
+    monkeypatch.setenv("SLOTQ_CONFIG", str(config))
+    proc = start(tmp, "land", "--class", "landing", "--", "sh", "-c", "squeue -h -j $SLURM_JOB_ID -o %P")
+    assert proc.wait(timeout=30) == 0, err(tmp, "land")
+    assert (tmp / "land.out").read_text().strip() == "landing"  # what Slurm says, from inside the job
+    res = result(tmp, "land")
+    assert res["slurm"]["partition"] == "landing" and res["slurm"]["qos"] == "landing", res
+    # A class the config does not map: one line, exit 2, nothing submitted.
+    bad = subprocess.run(slotq_cmd() + ["run", "--slurm", "--class", "nightly", "--", "true"],
+                         capture_output=True, text=True, timeout=30, cwd=tmp)
+    assert bad.returncode == 2 and "class 'nightly' has no Slurm partition" in one_line(bad)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("where", ["config", "option"])
+def test_a_bad_partition_is_one_line_and_exit_2(slurm_env: Path, monkeypatch: pytest.MonkeyPatch,
+                                                where: str) -> None:
+    tmp = slurm_env
+    args = ["run", "--slurm", "--", "true"]
+    if where == "config":
+        (tmp / "host.toml").write_text('[slurm.classes]\nshared = { partition = "nosuch" }\n')
+        monkeypatch.setenv("SLOTQ_CONFIG", str(tmp / "host.toml"))
+    else:
+        args[2:2] = ["--slurm-option=--partition=nosuch"]
+    proc = subprocess.run(slotq_cmd() + args, capture_output=True, text=True, timeout=30, cwd=tmp)
+    assert proc.returncode == 2
+    assert "Slurm refused the job" in one_line(proc) and "Invalid partition" in one_line(proc)
+
+
+@pytest.mark.timeout(90)
+def test_slurm_down_is_unavailable_with_a_clear_message(slurm_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp = slurm_env
+    down = tmp / "slurm-down.conf"
+    down.write_text(re.sub(r"(?m)^SlurmctldPort=.*$", "SlurmctldPort=9", Path(CONF).read_text()))
+    monkeypatch.setenv("SLURM_CONF", str(down))
+    proc = start(tmp, "down", "--", "true")
+    assert proc.wait(timeout=80) == 121
+    res = result(tmp, "down")
+    assert res["outcome"] == "unavailable" and res["blame"] == "infrastructure"
+    assert "Slurm is not answering" in res["message"] and "slurm controller" in res["message"], res
+
+
+@pytest.mark.timeout(60)
+def test_a_work_dir_the_node_cannot_see_is_unavailable_naming_node_and_path(slurm_env: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root for a private mount namespace")
+    tmp = slurm_env
+    mnt = tmp / "private"
+    mnt.mkdir()
+    # A directory only this caller sees (its own mount namespace): as a work
+    # tree on a disk that is not shared with the nodes.
+    script = (f"mount -t tmpfs none {mnt} && mkdir {mnt}/work && cd {mnt}/work && "
+              f"exec {' '.join(slotq_cmd())} run --slurm --json {tmp}/nodir.json -- true")
+    proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 121, proc.stderr
+    res = result(tmp, "nodir")
+    assert res["outcome"] == "unavailable" and f"{mnt}/work" in res["message"], res
+    assert f"on node {os.uname().nodename}" in res["message"], res
+
+
+@pytest.mark.timeout(60)
+def test_an_ordinary_user_runs_through_slurm(slurm_env: Path) -> None:
+    users = [u for u in os.environ.get("SLOTQ_TEST_USERS", "").split(",") if u]
+    if not users:
+        pytest.skip("no test users (scripts/test-users)")
+    pw = pwd.getpwnam(users[0])
+    home = Path(slurm_env) / "user"
+    home.mkdir()
+    os.chown(home, pw.pw_uid, pw.pw_gid)
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "SLURM_CONF": CONF, "USER": pw.pw_name,
+           "SLOTQ_STATE_DIR": str(home / "state"), "SLOTQ_LEDGER": str(home / "ledger.sqlite")}
+    os.chmod(slurm_env, 0o755)
+    proc = subprocess.run(slotq_cmd() + ["run", "--slurm", "--json", "-", "--", "id", "-un"], capture_output=True,
+                          text=True, timeout=30, cwd=home, env=env, user=pw.pw_uid, group=pw.pw_gid,
+                          extra_groups=[])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"{pw.pw_name}\n")
+    res = json.loads(proc.stdout.split("\n", 1)[1])
+    assert res["outcome"] == "passed" and res["slurm"]["job_id"]
+
+
+def test_slurms_time_limit_is_a_backstop_covering_budget_grace_and_margin(slurm_env: Path) -> None:
+    from slotq.config import HostConfig
+    from slotq.spec import RunSpec
+    from slotq.transports.slurm import SlurmTransport
+
+    t = SlurmTransport(HostConfig(), options=["--cpus-per-task=2"])
+    argv = t.srun_argv(RunSpec(["true"], budget=600, kill_grace=30))
+    assert "--time=13" in argv  # 600 + 30 + 120 s, rounded up to minutes
+    assert argv.index("--cpus-per-task=2") < argv.index("host")  # options go to srun, not to the command
+    # A --time of the user's own is theirs.
+    t = SlurmTransport(HostConfig(), options=["--time=90"])
+    assert not [a for a in t.srun_argv(RunSpec(["true"])) if a.startswith("--time=") and a != "--time=90"]
+
+
+@pytest.mark.timeout(60)
+def test_slotq_task_credits_the_time_a_job_was_pending(slurm_env: Path) -> None:
+    tmp = slurm_env
+    placeholder(tmp, 6)
+    out = tmp / "task.json"
+    # The task's budget (2 s) is far less than the job waits in Slurm; the
+    # wait is credited, so the task outlives its budget and passes.
+    proc = subprocess.run(slotq_cmd() + ["task", "--json", str(out), "--budget", "2s", "--recheck", "1s",
+                                         "--credit-dir", str(tmp), "--", *slotq_cmd(), "run", "--slurm",
+                                         "--report-every", "1", "--", "true"],
+                          capture_output=True, text=True, timeout=50, cwd=tmp)
+    res = json.loads(out.read_text())
+    assert proc.returncode == 0 and res["outcome"] == "passed", proc.stderr
+    assert res["budget_s"] == 2.0 and res["elapsed_s"] > 4.0, res  # alive past its budget: the wait counted
