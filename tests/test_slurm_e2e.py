@@ -336,3 +336,76 @@ def test_slotq_task_credits_the_time_a_job_was_pending(slurm_env: Path) -> None:
     res = json.loads(out.read_text())
     assert proc.returncode == 0 and res["outcome"] == "passed", proc.stderr
     assert res["budget_s"] == 2.0 and res["elapsed_s"] > 4.0, res  # alive past its budget: the wait counted
+
+
+@pytest.mark.timeout(60)
+def test_status_slurm_shows_each_configured_partitions_queue(slurm_env: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp = slurm_env
+    (tmp / "host.toml").write_text('[slurm.classes]\nshared = { partition = "test" }\n'
+                                   'landing = { partition = "landing" }\n')
+    monkeypatch.setenv("SLOTQ_CONFIG", str(tmp / "host.toml"))
+    holder = placeholder(tmp, 30)
+    caller = start(tmp, "waiting", "--report-every", "1", "--", "true")
+    job = pending_job(tmp, "waiting")
+    proc = subprocess.run(slotq_cmd() + ["status", "--slurm", "--json"], capture_output=True, text=True,
+                          timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    views = {v["partition"]: v for v in json.loads(proc.stdout)["partitions"]}
+    assert set(views) == {"test", "landing"}
+    assert [r["job_id"] for r in views["test"]["running"]] == [holder]
+    [mine] = [p for p in views["test"]["pending"] if p["job_id"] == job]
+    assert mine["reason"] in ("Resources", "Priority") and mine["name"].startswith("slotq-")
+    text = subprocess.run(slotq_cmd() + ["status", "--slurm"], capture_output=True, text=True, timeout=30).stdout
+    assert f"running   job {holder}  root  placeholder-{tmp.name}" in text, text
+    assert re.search(rf"pending +\d+\. job {job}  root  slotq-\w+  reason (Resources|Priority)", text), text
+    caller.kill()
+    caller.wait()
+
+
+@pytest.mark.parametrize("toml, needle", [
+    ('[slurm]\ncolour = "blue"\n', "unknown setting(s) ['colour']"),
+    ('[slurm.classes]\nshared = "test"\n', "classes.shared must be { partition = NAME"),
+    ('[slurm.classes]\nshared = { partition = "a b" }\n', "classes.shared must be { partition = NAME"),
+    ('[slurm]\noptions = "--account=x"\n', "options must be a list of Slurm options"),
+])
+def test_a_bad_slurm_section_is_one_line_exit_78(slurm_env: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 toml: str, needle: str) -> None:
+    (slurm_env / "host.toml").write_text(toml)
+    monkeypatch.setenv("SLOTQ_CONFIG", str(slurm_env / "host.toml"))
+    proc = subprocess.run(slotq_cmd() + ["run", "--slurm", "--", "true"], capture_output=True, text=True,
+                          timeout=30, cwd=slurm_env)
+    assert proc.returncode == 78 and needle in one_line(proc)
+
+
+@pytest.mark.parametrize("info, outcome, needles", [
+    ({"JobState": "NODE_FAIL", "Reason": "NodeDown", "NodeList": "n7"}, "unavailable",
+     ["JobState=NODE_FAIL", "Reason=NodeDown", "NodeList=n7"]),
+    ({"JobState": "PREEMPTED", "Reason": "None"}, "unavailable", ["JobState=PREEMPTED"]),
+    ({"JobState": "BOOT_FAIL"}, "unavailable", ["JobState=BOOT_FAIL"]),
+    ({}, "unavailable", ["Slurm no longer knows it"]),
+    ({"JobState": "TIMEOUT", "TimeLimit": "00:03:00"}, "backstop", ["Slurm's time limit (00:03:00)"]),
+    ({"JobState": "CANCELLED", "AcctState": "CANCELLED by 0"}, "cancelled", ["cancelled by root (scancel)"]),
+])
+def test_how_slurm_ended_a_job_maps_to_an_outcome(monkeypatch: pytest.MonkeyPatch, info: dict[str, str],
+                                                  outcome: str, needles: list[str]) -> None:
+    # Pure logic (a fake job_info): NODE_FAIL and its kin cannot be caused
+    # on demand in a one-node test cluster.
+    from slotq import protocol
+    from slotq.config import HostConfig
+    from slotq.spec import RunSpec
+    from slotq.transports import slurm
+
+    monkeypatch.setattr(slurm, "job_info", lambda job, env=None: dict(info))
+    t = slurm.SlurmTransport(HostConfig())
+    t.job_id = "42"
+    r, w = os.pipe()
+    relay = slurm._Relay(t, RunSpec(["true"]), -1, w)
+    relay.node_live = True
+    relay.conclude(1)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        frames = protocol.Decoder().feed(f.read())
+    ev = frames[-1][1]
+    assert isinstance(ev, dict) and ev["event"] == "exited" and ev["outcome"] == outcome, ev
+    assert "Slurm job 42" in str(ev["message"]) and all(n in str(ev["message"]) for n in needles), ev

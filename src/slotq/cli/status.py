@@ -9,19 +9,25 @@ import time
 from slotq.cli.args import FLAG, Opt, Parser, host_options, positive_int
 
 PARSER = Parser(
-    prog="slotq status", usage="slotq status [--json] [--history N] [--host HOST]",
+    prog="slotq status", usage="slotq status [--json] [--history N] [--host HOST | --slurm]",
     description="Show the host's queue: pools, slots and who holds them (phase, age, budget), waiting "
                 "tickets in order with their wait so far, machine load and recent runs.",
     options=[
         Opt("--json", kind=FLAG, help="machine-readable output"),
         Opt("--history", metavar="N", convert=positive_int, default=10, help="recent runs to show (default 10)"),
         *host_options(),
+        Opt("--slurm", kind=FLAG, help="the Slurm partitions the host config's [slurm.classes] name: running "
+                                       "jobs, and pending ones in Slurm's priority order with its reasons"),
     ],
 )
 
 
 def main(args: list[str]) -> int:
     opts, _ = PARSER.parse(args)
+    if opts.slurm and opts.host:
+        raise PARSER.error("--slurm and --host name two different places: choose one")
+    if opts.slurm:
+        return _slurm(opts.json)
     if opts.host:
         from slotq.transports.ssh import SshHost
 
@@ -42,4 +48,27 @@ def main(args: list[str]) -> int:
         sys.stdout.write("\n")
     else:
         print(format_snapshot(snap))
+    return 0
+
+
+def _slurm(as_json: bool) -> int:
+    from slotq.config import HostConfig
+    from slotq.errors import HostUnavailable
+    from slotq.transports.slurm import format_partitions, partition_view
+
+    config = HostConfig.load()
+    by_partition: dict[str | None, list[str]] = {}
+    for cls, job in sorted(config.slurm.classes.items()):
+        by_partition.setdefault(job.get("partition"), []).append(cls)
+    views = []
+    try:
+        for partition, classes in by_partition.items():
+            views.append(dict(partition_view(partition), classes=classes))
+    except HostUnavailable as e:
+        raise HostUnavailable(f"cannot read Slurm's queue: {e}", host="slurm") from None
+    if as_json:
+        json.dump({"partitions": views}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(format_partitions(views))
     return 0

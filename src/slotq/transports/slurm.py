@@ -142,6 +142,62 @@ def pending_view(job_id: str, partition: str | None, env: dict[str, str] | None 
     }
 
 
+def partition_view(partition: str | None, env: dict[str, str] | None = None) -> dict[str, object]:
+    """A partition's queue, slotq's way (`slotq status --slurm`): the
+    running jobs (user, name, how long) and the pending ones in Slurm's
+    priority order with Slurm's reason and expected start. `partition`
+    None: Slurm's default partition."""
+    where = ["-p", partition] if partition else []
+    if partition is None:
+        rows = _squeue_partitions(env)
+        where = ["-p", rows] if rows else []
+    pending = _squeue([*where, "-t", "PD", "--sort=-p,i", "--format=%i|%r|%S|%u|%M|%j"], env)
+    running = _squeue([*where, "-t", "R,CG", "--format=%i|%T|%u|%M|%N|%j"], env)
+    return {
+        "partition": partition or (where[1] if where else None),
+        "running": [{"job_id": r[0], "state": r[1], "user": r[2], "elapsed": r[3], "nodes": r[4], "name": r[5]}
+                    for r in running],
+        "pending": [{"position": i + 1, "job_id": r[0], "reason": r[1],
+                     "expected_start": r[2] if r[2] not in ("N/A", "Unknown", "") else None, "user": r[3],
+                     "name": r[5]} for i, r in enumerate(pending)],
+    }
+
+
+def _squeue_partitions(env: dict[str, str] | None) -> str:
+    """The default partition's name (sinfo marks it with `*`)."""
+    try:
+        proc = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=30, env=env,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise HostUnavailable(f"sinfo failed: {e}", host="slurm") from None
+    if proc.returncode != 0:
+        why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        raise HostUnavailable(f"sinfo failed: {why}", host="slurm")
+    return next((p[:-1] for p in proc.stdout.split()[:MAX_LINES] if p.endswith("*")), "")
+
+
+def format_partitions(views: list[dict[str, object]]) -> str:
+    """`slotq status --slurm` as text."""
+    from ..records import printable
+
+    out: list[str] = []
+    for v in views:
+        running = v.get("running") or []
+        pending = v.get("pending") or []
+        classes = ", ".join(map(str, v.get("classes") or []))  # type: ignore[call-overload]
+        assert isinstance(running, list) and isinstance(pending, list)
+        out.append(f"partition {printable(v.get('partition'))}" + (f" (classes {classes})" if classes else "")
+                   + f": {len(running)} running, {len(pending)} pending")
+        for r in running:
+            out.append(f"  running   job {printable(r['job_id'])}  {printable(r['user'])}  "
+                       f"{printable(r['name'], 60)}  for {printable(r['elapsed'])}  on {printable(r['nodes'])}")
+        for p in pending:
+            out.append(f"  pending {p['position']:>2}. job {printable(p['job_id'])}  {printable(p['user'])}  "
+                       f"{printable(p['name'], 60)}  reason {printable(p['reason'])}"
+                       + (f"  expected {printable(p['expected_start'])}" if p["expected_start"] else ""))
+    return "\n".join(out) + "\n"
+
+
 def job_info(job_id: str, env: dict[str, str] | None = None) -> dict[str, str]:
     """Slurm's facts about a job (JobState, Reason, NodeList, Partition,
     ExitCode, TimeLimit, ...) from `scontrol show job -o`; with accounting,
