@@ -11,9 +11,11 @@ import json
 import os
 import pwd
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -293,13 +295,24 @@ def test_an_ordinary_user_runs_through_slurm(slurm_env: Path) -> None:
     if not users:
         pytest.skip("no test users (scripts/test-users)")
     pw = pwd.getpwnam(users[0])
-    home = Path(slurm_env) / "user"
+    root = Path(tempfile.mkdtemp(prefix="slotq-slurm-user-"))  # pytest's tmp is root's alone (0700)
+    try:
+        _run_as(pw, root)
+    finally:
+        shutil.rmtree(root)
+
+
+def _run_as(pw: pwd.struct_passwd, root: Path) -> None:
+    os.chmod(root, 0o755)
+    home = root / "home"
     home.mkdir()
     os.chown(home, pw.pw_uid, pw.pw_gid)
-    env = {"PATH": os.environ["PATH"], "HOME": str(home), "SLURM_CONF": CONF, "USER": pw.pw_name,
+    # Debian's python with this checkout's code: the test users cannot reach root's interpreter.
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "SLURM_CONF": CONF, "USER": pw.pw_name,
+           "PYTHONPATH": str(Path(__file__).resolve().parent.parent / "src"), "PYTHONDONTWRITEBYTECODE": "1",
            "SLOTQ_STATE_DIR": str(home / "state"), "SLOTQ_LEDGER": str(home / "ledger.sqlite")}
-    os.chmod(slurm_env, 0o755)
-    proc = subprocess.run(slotq_cmd() + ["run", "--slurm", "--json", "-", "--", "id", "-un"], capture_output=True,
+    proc = subprocess.run(["/usr/bin/python3", "-m", "slotq", "run", "--slurm", "--json", "-", "--", "id", "-un"],
+                          capture_output=True,
                           text=True, timeout=30, cwd=home, env=env, user=pw.pw_uid, group=pw.pw_gid,
                           extra_groups=[])
     assert proc.returncode == 0, proc.stderr
