@@ -106,17 +106,23 @@ MAX_LINES = 10_000  # squeue output read at most this far (a huge queue is cut, 
 def _squeue(args: list[str], env: dict[str, str] | None) -> list[list[str]]:
     """Rows of `squeue -h ARGS`, fields split on '|' (the last field, a job
     name, may itself contain '|': it gets the rest of the line)."""
-    try:
-        proc = subprocess.run(["squeue", "-h", *args], capture_output=True, text=True, timeout=30, env=env,
-                              stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise HostUnavailable(f"squeue failed: {e}", host="slurm") from None
-    if proc.returncode != 0:
-        why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
-        raise HostUnavailable(f"squeue failed: {why}", host="slurm")
+    out = _query(["squeue", "-h", *args], env)
     fmt = next(a for a in args if a.startswith("--format=") or a.startswith("-o"))
     n = fmt.count("|") + 1
-    return [line.split("|", n - 1) for line in proc.stdout.splitlines()[:MAX_LINES] if line.count("|") >= n - 1]
+    return [line.split("|", n - 1) for line in out.splitlines()[:MAX_LINES] if line.count("|") >= n - 1]
+
+
+def _query(argv: list[str], env: dict[str, str] | None) -> str:
+    """The output of one of Slurm's query tools; HostUnavailable with the
+    tool's own last line when it fails or does not answer in 30 s."""
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=env, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise HostUnavailable(f"{argv[0]} failed: {e}", host="slurm") from None
+    if proc.returncode != 0:
+        why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        raise HostUnavailable(f"{argv[0]} failed: {why}", host="slurm")
+    return proc.stdout
 
 
 def pending_view(job_id: str, partition: str | None, env: dict[str, str] | None = None) -> dict[str, object]:
@@ -149,7 +155,7 @@ def partition_view(partition: str | None, env: dict[str, str] | None = None) -> 
     None: Slurm's default partition."""
     where = ["-p", partition] if partition else []
     if partition is None:
-        rows = _squeue_partitions(env)
+        rows = _default_partition(env)
         where = ["-p", rows] if rows else []
     pending = _squeue([*where, "-t", "PD", "--sort=-p,i", "--format=%i|%r|%S|%u|%M|%j"], env)
     running = _squeue([*where, "-t", "R,CG", "--format=%i|%T|%u|%M|%N|%j"], env)
@@ -163,17 +169,10 @@ def partition_view(partition: str | None, env: dict[str, str] | None = None) -> 
     }
 
 
-def _squeue_partitions(env: dict[str, str] | None) -> str:
+def _default_partition(env: dict[str, str] | None) -> str:
     """The default partition's name (sinfo marks it with `*`)."""
-    try:
-        proc = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=30, env=env,
-                              stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise HostUnavailable(f"sinfo failed: {e}", host="slurm") from None
-    if proc.returncode != 0:
-        why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
-        raise HostUnavailable(f"sinfo failed: {why}", host="slurm")
-    return next((p[:-1] for p in proc.stdout.split()[:MAX_LINES] if p.endswith("*")), "")
+    return next((p[:-1] for p in _query(["sinfo", "-h", "-o", "%P"], env).split()[:MAX_LINES] if p.endswith("*")),
+                "")
 
 
 def format_partitions(views: list[dict[str, object]]) -> str:
