@@ -307,12 +307,22 @@ def test_caller_sigkilled_while_running_leaves_no_process_and_frees_the_slot(
     assert last["outcome"] == "caller_gone"
 
 
-def test_a_closed_stdout_stops_the_command_like_a_pipeline(state_dir: Path, tmp_path: Path) -> None:
+def test_a_closed_stdout_reaches_the_command_as_in_a_pipeline(state_dir: Path, tmp_path: Path) -> None:
+    # `slotq run -- seq ... | head -1`: the command meets SIGPIPE as it would
+    # without slotq, and its own ending (141) is the run's -- not a cancel.
     proc = subprocess.run(
-        ["sh", "-c", " ".join(slotq_cmd()) + " run -q --json r.json -- sh -c 'while :; do echo y; done' | head -1"],
-        capture_output=True, text=True, timeout=20, cwd=tmp_path)
-    assert proc.stdout == "y\n"
-    assert json.loads((tmp_path / "r.json").read_text())["outcome"] == "cancelled"
+        ["bash", "-c", " ".join(slotq_cmd()) + " run -q --json r.json -- seq 1 2000000 | head -1; "
+         "echo \"${PIPESTATUS[0]}\""], capture_output=True, text=True, timeout=20, cwd=tmp_path)
+    assert proc.stdout == "1\n141\n", proc.stdout + proc.stderr
+    res = json.loads((tmp_path / "r.json").read_text())
+    assert (res["outcome"], res["exit_code"], res["command_exit_code"]) == ("failed", 141, 141), res
+    # A command that ignores SIGPIPE gets EPIPE on its write instead.
+    script = "import sys\ntry:\n    while True: print('y', flush=True)\nexcept BrokenPipeError:\n    sys.exit(7)\n"
+    proc = subprocess.run(
+        ["sh", "-c", " ".join(slotq_cmd()) + f" run -q --json r2.json -- {sys.executable} -c \"$0\" | head -1",
+         script], capture_output=True, text=True, timeout=20, cwd=tmp_path)
+    res = json.loads((tmp_path / "r2.json").read_text())
+    assert (res["outcome"], res["exit_code"]) == ("failed", 7), res
 
 
 @pytest.mark.timeout(30)

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from .control import ControlSocket
 
 _CANCEL_REASONS = {"cancelled": Outcome.CANCELLED, "idle_timeout": Outcome.IDLE_TIMEOUT}
+_STREAMS = {"stdout": protocol.STDOUT, "stderr": protocol.STDERR}
 
 
 class CallerLink:
@@ -46,6 +47,7 @@ class CallerLink:
         self._control: ControlSocket | None = None
         self.control_tried = False
         self.cancel_note: str | None = None  # who cancelled us through `slotq cancel`
+        self.closed: set[bytes] = set()  # streams whose reader is gone (`close stdout`): close them, as a pipe would
 
     # ------------------------------------------------------------ out
     def send(self, data: bytes) -> None:
@@ -143,6 +145,8 @@ class CallerLink:
             words = line.decode(errors="replace").split()
             if len(words) == 2 and words[0] == "cancel":
                 return _CANCEL_REASONS.get(words[1], Outcome.CANCELLED)
+            if len(words) == 2 and words[0] == "close" and words[1] in _STREAMS:
+                self.closed.add(_STREAMS[words[1]])
         return None
 
     def close(self) -> None:

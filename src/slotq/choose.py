@@ -1,17 +1,11 @@
 """Several hosts: pick the one with the shortest expected wait.
 
-The estimate is deliberately simple and explainable: every run is assumed
-to take the host's typical run time (the median of its recent runs, or a
-default), held slots free up when their holder reaches it (half a typical
-run more if it is already past it), and the waiting line takes slots in
-order before us. Ties go to the host with fewer busy slots and waiters,
+The expected wait is eta.py's (the typical run time from the host's recent
+runs, holders' time left, the line ahead, the slots). Ties go to the host with fewer busy slots and waiters,
 then to the order given.
 """
 
 from __future__ import annotations
-
-import heapq
-import statistics
 
 from .durations import format_duration
 
@@ -20,35 +14,27 @@ DEFAULT_RUN = 60.0
 
 def expected_wait(snapshot: dict[str, object], cls: str, default_run: float = DEFAULT_RUN) -> tuple[float, str]:
     """(seconds, why) for a new run of class `cls` on the host whose
-    `slotq status --json` is `snapshot`; inf if the host has no such class."""
+    `slotq status --json` is `snapshot`; inf if the host has no such class.
+    The estimate is eta.py's."""
+    from . import eta
+
     pools = snapshot.get("pools")
     pool = None
     if isinstance(pools, list):
         pool = next((p for p in pools if isinstance(p, dict) and cls in (p.get("classes") or [])), None)
     if pool is None:
         return float("inf"), f"no class {cls!r} there"
-    runs = [h.get("ran_s") for h in snapshot.get("history") or [] if isinstance(h, dict)]  # type: ignore[attr-defined]
-    ran = [float(r) for r in runs if isinstance(r, (int, float)) and r > 0]
-    typical = statistics.median(ran) if ran else default_run
+    records = [h for h in snapshot.get("history") or [] if isinstance(h, dict)]  # type: ignore[attr-defined]
+    typical, runs = eta.typical_run(records, str(pool.get("pool")))
+    typical = typical if runs else default_run
     slots = [s for s in pool.get("slots") or [] if isinstance(s, dict)]
     if not slots:
         return float("inf"), "no slots"
-    free_at = sorted(0.0 if not s.get("held") else _remaining(float(s.get("held_s") or 0), typical)
-                     for s in slots)
     waiting = len(pool.get("waiting") or [])
-    for _ in range(waiting):
-        t = heapq.heappop(free_at)
-        heapq.heappush(free_at, t + typical)
     busy = sum(1 for s in slots if s.get("held"))
     why = (f"{busy} of {len(slots)} slot(s) busy, {waiting} waiting, "
-           f"typical run {format_duration(typical)}{'' if ran else ' (assumed)'}")
-    return free_at[0], why
-
-
-def _remaining(held: float, typical: float) -> float:
-    """A busy slot frees at the typical run's end; one already past it is
-    still busy, so it gets half a typical run more (never "free now")."""
-    return typical - held if held < typical else typical / 2
+           f"typical run {format_duration(typical)}{'' if runs else ' (assumed)'}")
+    return eta.expected_wait(slots, waiting, typical), why
 
 
 def describe_choice(ranked: list[tuple[float, str, str]]) -> str:

@@ -93,6 +93,7 @@ class RunResult:
         # Measured on the client's monotonic clock: host clocks may differ.
         self.transfer_s: float | None = None
         self.queue_s: float | None = None
+        self.open_line = False  # the command's stdout ended without a newline
 
     @property
     def exit_code(self) -> int:
@@ -129,13 +130,16 @@ class RunResult:
         return json.dumps(self.to_dict(), indent=2)
 
 
-def format_queued(ev: dict[str, object]) -> str:
-    """One status line for a `queued` event."""
+def format_queued(ev: dict[str, object], compact: bool = False) -> str:
+    """One status line for a `queued` event; `compact`: the short form of
+    a terminal's live line (waited, position, holder and how long, ETA)."""
     from .records import printable
 
     slurm = ev.get("slurm")
     if isinstance(slurm, dict):
         return format_pending(_num(ev.get("waited_s")), slurm)
+    if compact:
+        return _compact_queued(ev)
     parts = [f"waiting {format_duration(_num(ev.get('waited_s')))}",
              f"position {printable(ev.get('position'))} in pool {printable(ev.get('pool'))} "
              f"({printable(ev.get('ahead'))} ahead)"]
@@ -152,11 +156,29 @@ def format_queued(ev: dict[str, object]) -> str:
         from .status import describe_orphan
 
         parts += [describe_orphan(h) for h in held if h.get("phase") == "orphaned"]
+    if isinstance(ev.get("eta_s"), (int, float)):
+        parts.append(f"expected wait ~{format_duration(_num(ev.get('eta_s')))} more "
+                     f"({printable(ev.get('eta_how'), 200)})")
     parts.append(f"load {printable(ev.get('load1'))}/{printable(ev.get('cores'))} cores")
     notes = ev.get("notes")
     if isinstance(notes, list):
         parts += [printable(n, 500) for n in notes]
     return "slotq: " + "; ".join(parts)
+
+
+def _compact_queued(ev: dict[str, object]) -> str:
+    from .records import printable
+
+    parts = [f"waiting {format_duration(_num(ev.get('waited_s')))}",
+             f"#{printable(ev.get('position'))} in {printable(ev.get('pool'))}"]
+    held = [h for h in ev.get("holders") or [] if isinstance(h, dict) and h.get("held")]  # type: ignore[attr-defined]
+    if held:
+        h = min(held, key=lambda h: -_num(h.get("held_s")))
+        parts.append(f"slot: {printable(h.get('label') or '?', 30)} ({printable(h.get('user') or '?', 16)}) "
+                     f"{format_duration(_num(h.get('held_s')))}" + (f" +{len(held) - 1}" if len(held) > 1 else ""))
+    if isinstance(ev.get("eta_s"), (int, float)):
+        parts.append(f"ETA ~{format_duration(_num(ev.get('eta_s')))}")
+    return "slotq: " + " · ".join(parts)
 
 
 def format_pending(waited: float, view: dict[str, object]) -> str:
@@ -216,9 +238,13 @@ def run(
     backstop_margin: float = BACKSTOP_MARGIN,
     credit_dir: str | None = None,
     ledger_path: str | None = None,
+    live: Callable[[str], None] | None = None,
 ) -> RunResult:
     """Run `spec` and return its result. Output goes to `stdout_fd` /
     `stderr_fd` byte-exact; status lines to `status` (None: silent).
+
+    `live` (a terminal's one updated line): where the waiting lines go
+    instead of `status`, in a short form.
 
     `backstop_margin` is the grace past the budget before the client gives
     up on a silent host (90 s; tests shorten it).
@@ -323,11 +349,17 @@ def run(
                         continue
                     try:
                         _write_all(fd, payload)  # type: ignore[arg-type]
+                        if kind == protocol.STDOUT and payload:
+                            result.open_line = not payload.endswith(b"\n")  # type: ignore[union-attr]
                     except OSError:
-                        # Our reader went away (`slotq run ... | head`): like a
-                        # pipeline would, stop the command; drop its output.
+                        # Our reader went away (`slotq run ... | head`): as in
+                        # a pipeline, the command's own stream closes (it gets
+                        # SIGPIPE/EPIPE and ends its own way); drop the rest.
                         sinks[kind] = -1
-                        cancel(Outcome.CANCELLED)
+                        try:
+                            os.write(to_fd, b"close stdout\n" if kind == protocol.STDOUT else b"close stderr\n")
+                        except OSError:
+                            pass
                 else:
                     ev: dict[str, object] = payload  # type: ignore[assignment]
                     if ev.get("event") == protocol.QUEUED:
@@ -337,7 +369,7 @@ def run(
                     elif ev.get("event") == protocol.SLOT:
                         waits.close(clock.wall())
                         result.queue_s = clock.monotonic() - queue_start
-                    exited = _on_event(ev, result, dogs, say, spec) or exited
+                    exited = _on_event(ev, result, dogs, say, spec, live) or exited
     finally:
         for sig, handler in old_handlers.items():
             signal.signal(sig, handler)
@@ -383,13 +415,16 @@ def _check_sequence(ev: dict[str, object], seen: set[str]) -> None:
 
 
 def _on_event(ev: dict[str, object], result: RunResult, dogs: Watchdogs,
-              say: Callable[[str], None], spec: RunSpec) -> bool:
+              say: Callable[[str], None], spec: RunSpec, live: Callable[[str], None] | None = None) -> bool:
     """Apply one event; True when it is the final `exited`."""
     name = ev.get("event")
     at = ev.get("at")
     at = float(at) if isinstance(at, (int, float)) else None
     if name == protocol.QUEUED:
-        say(format_queued(ev))
+        if live is not None:
+            live(format_queued(ev, compact=True))
+        else:
+            say(format_queued(ev))
     elif name == protocol.SLOT:
         result.phases["slot"] = at
         result.slot = str(ev.get("slot"))

@@ -41,6 +41,7 @@ DEFAULT_POOLS = {"shared": 1, "landing": 1}
 DEFAULT_BUDGET = 3600.0
 DEFAULT_KILL_GRACE = 10.0
 DEFAULT_PREPARE_TIMEOUT = 600.0
+DEFAULT_RETENTION = 180 * 86400.0  # the run history: about six months
 
 
 def state_dir_from_env(env: dict[str, str] | os._Environ[str] | None = None) -> str:
@@ -56,7 +57,7 @@ class HostConfig:
     """Pools, class -> pool mapping and host defaults."""
 
     __slots__ = ("pools", "classes", "budget", "kill_grace", "prepare_timeout", "path", "max_waiting",
-                 "max_waiting_per_user", "warnings", "slurm")
+                 "max_waiting_per_user", "warnings", "slurm", "retention")
 
     def __init__(
         self,
@@ -69,6 +70,7 @@ class HostConfig:
         max_waiting: int | None = None,
         max_waiting_per_user: int | None = None,
         slurm: SlurmConfig | None = None,
+        retention: float = DEFAULT_RETENTION,
     ) -> None:
         self.pools = dict(DEFAULT_POOLS if pools is None else pools)
         self.classes = {name: name for name in self.pools}
@@ -81,6 +83,7 @@ class HostConfig:
         self.max_waiting_per_user = max_waiting_per_user
         self.warnings: list[str] = []  # e.g. a config file ignored as untrusted
         self.slurm = slurm or SlurmConfig()
+        self.retention = retention  # how long the run history is kept, seconds
         for cls, pool in self.classes.items():
             if pool not in self.pools:
                 raise ConfigError(f"class {cls!r} maps to unknown pool {pool!r}", path)
@@ -152,7 +155,7 @@ class HostConfig:
 
     @classmethod
     def _from_dict(cls, data: dict[str, object], path: str | None) -> "HostConfig":
-        unknown = set(data) - {"pools", "classes", "defaults", "admission", "slurm"}
+        unknown = set(data) - {"pools", "classes", "defaults", "admission", "slurm", "history"}
         if unknown:
             raise ConfigError(f"host config {path}: unknown section(s) {sorted(unknown)}", path)
         pools_raw = data.get("pools", DEFAULT_POOLS)
@@ -198,7 +201,16 @@ class HostConfig:
                                   f"got {n!r}", path)
             limits[key] = n
         slurm = SlurmConfig.from_dict(data.get("slurm", {}), path)
-        return cls(pools, dict(classes_raw), path=path, slurm=slurm, **values, **limits)  # type: ignore[arg-type]
+        hist = data.get("history", {})
+        if not isinstance(hist, dict) or set(hist) - {"retention"}:
+            raise ConfigError(f"host config {path}: [history] takes only retention = \"180d\"", path)
+        try:
+            retention = parse_duration(str(hist.get("retention", "180d")), what="[history] retention",
+                                       limit=10 * 365 * 86400.0)
+        except ValueError as e:
+            raise ConfigError(f"host config {path}: {e}", path) from None
+        return cls(pools, dict(classes_raw), path=path, slurm=slurm, retention=retention,
+                   **values, **limits)  # type: ignore[arg-type]
 
 
 class SlurmConfig:

@@ -76,7 +76,8 @@ class Deadline:
         self.started_wall = self.clock.wall()
         self.budget = self.clock.timer("budget", budget)
         self.delivery: Timer | None = self.clock.timer("deadline", deadline) if deadline else None
-        self.credit_dir = os.fspath(credit_dir) if credit_dir is not None else None
+        # Absolute (resolved once): a relative dir in a result means nothing elsewhere.
+        self.credit_dir = os.path.realpath(os.fspath(credit_dir)) if credit_dir is not None else None
         self.credit_mode = credit
         self.recheck = recheck
         self._ledger = ledger

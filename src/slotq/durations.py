@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+_UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
 # No slotq duration is longer: a budget, a grace or a wait of more than
 # 30 days is a typo (or an attack on the arithmetic), not a plan.
 MAX_DURATION = 30 * 24 * 3600.0
 
 
-def parse_duration(text: str, *, what: str = "", allow_zero: bool = False) -> float:
+def parse_duration(text: str, *, what: str = "", allow_zero: bool = False, limit: float | None = None) -> float:
     """Return `text` as seconds.
 
     A bare number is seconds. Units h, m, s, ms may be combined in that order
@@ -46,7 +46,7 @@ def parse_duration(text: str, *, what: str = "", allow_zero: bool = False) -> fl
                 raise ValueError(f"{prefix}a number without a unit must stand alone in {text!r}")
             unit = "s"
         if unit not in _UNITS:
-            raise ValueError(f"{prefix}unknown unit {unit!r} in {text!r} (use h, m, s or ms)")
+            raise ValueError(f"{prefix}unknown unit {unit!r} in {text!r} (use d, h, m, s or ms)")
         scale = _UNITS[unit]
         if scale >= last_scale:
             raise ValueError(f"{prefix}units out of order in {text!r} (write 1h30m, not 30m1h)")
@@ -55,8 +55,10 @@ def parse_duration(text: str, *, what: str = "", allow_zero: bool = False) -> fl
         i = k
     if total == 0 and not allow_zero:
         raise ValueError(f"{prefix}must be more than zero, got {text!r}")
-    if not total <= MAX_DURATION:  # also catches inf and nan
-        raise ValueError(f"{prefix}{text!r} is longer than the limit of 30 days")
+    limit = MAX_DURATION if limit is None else limit
+    if not total <= limit:  # also catches inf and nan
+        days = f"{limit / 86400:g} days"
+        raise ValueError(f"{prefix}{text!r} is longer than the limit of {days}")
     return total
 
 
@@ -109,7 +111,7 @@ def parse_when(text: str, now: float, *, what: str = "") -> float:
             raise ValueError(f"{prefix}cannot read {text!r} as a time (try 1h, 2026-11-30T09:00 "
                              "or epoch seconds)") from None
     try:
-        return now - parse_duration(s, allow_zero=True)
+        return now - parse_duration(s, allow_zero=True, limit=100 * 365 * 86400.0)
     except ValueError:
         raise ValueError(f"{prefix}cannot read {text!r} as a time (try 1h, 2026-11-30T09:00 "
                          "or epoch seconds)") from None

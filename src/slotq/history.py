@@ -1,9 +1,23 @@
-"""Recent runs on a host: one JSON line per finished run, `history.jsonl`.
+"""The host's run history: one JSON line per finished run, kept for months.
 
-Appends are single small writes with O_APPEND, so concurrent runners do not
-interleave. When the file passes `MAX_BYTES` it is renamed to `.1` (one
-generation kept); a runner that still holds the old file finishes its line
-there, harmlessly.
+Writers never pay for a database. A run appends its line to the spool,
+`history.jsonl` (one small O_APPEND write under a shared flock, so lines
+never interleave). When the spool passes `SPOOL_BYTES`, the writer that
+noticed moves it, under an exclusive flock, to the month's archive segment
+`history/YYYY-MM.jsonl` (append, fsync) and empties it. Segments only grow;
+a segment whose month lies wholly before the retention window is deleted.
+Nothing is lost: a line is in the spool or in a segment.
+
+Readers:
+- `recent(state_dir, n)`: the last `n` runs, read backwards from the spool
+  and then the newest segments (no index; `slotq status`).
+- `historydb.Index` (`slotq history`, `slotq report`): a per-user SQLite
+  index of the spool and segments, caught up incrementally, queried by
+  window.
+
+One vocabulary everywhere (`run --json`, `status --json`, history):
+`class`, and `phases.submitted` for the time the host took the request.
+Older lines (`cls`, `phases.queued`) are read as that.
 """
 
 from __future__ import annotations
@@ -12,16 +26,25 @@ import os
 
 from .records import from_json, to_json
 
-MAX_BYTES = 1 << 20
+SPOOL_BYTES = 1 << 20  # the spool moves to its segment past this
 MAX_LINE = 64 * 1024  # longer lines are skipped as corrupt
+PHASES = ("submitted", "slot", "prepared", "started", "ended")
 
 
 def history_path(state_dir: str) -> str:
+    """The spool."""
     return os.path.join(state_dir, "history.jsonl")
 
 
+def segments_dir(state_dir: str) -> str:
+    return os.path.join(state_dir, "history")
+
+
 def append(state_dir: str, record: dict[str, object]) -> None:
-    """Add a record; failures are ignored (history is for display only)."""
+    """Add a finished run's record; failures are ignored (a run's result
+    never depends on its history line)."""
+    import fcntl
+
     from .statefile import StateFileError, open_state, share_created
 
     path = history_path(state_dir)
@@ -32,63 +55,210 @@ def append(state_dir: str, record: dict[str, object]) -> None:
         if created:
             share_created(fd, state_dir)
         try:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # a move to the segment waits for us (and we for it)
             os.write(fd, line)
-            if os.fstat(fd).st_size > MAX_BYTES:
-                os.replace(path, path + ".1")
+            full = os.fstat(fd).st_size > SPOOL_BYTES
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            if full:
+                archive(state_dir)
         finally:
             os.close(fd)
     except (OSError, StateFileError):
         pass
 
 
-def recent(state_dir: str, n: int = 10) -> list[dict[str, object]]:
-    """The last `n` records, oldest first."""
-    from .statefile import StateFileError, open_state
+def archive(state_dir: str, now: float | None = None) -> bool:
+    """Move the spool's lines to this month's segment and empty the spool,
+    under an exclusive flock (skipped if another process holds it: it is
+    doing the same). True if lines were moved."""
+    import fcntl
+    import time
 
-    path = history_path(state_dir)
+    from .statefile import StateFileError, make_dirs, open_state, share_created
+
+    now = time.time() if now is None else now
     try:
-        fd, _ = open_state(path, os.O_RDONLY)
+        spool_fd, _ = open_state(history_path(state_dir), os.O_RDWR)
     except (OSError, StateFileError):
-        return []
+        return False
     try:
-        size = os.fstat(fd).st_size
-        data = os.pread(fd, 64 * 1024, max(0, size - 64 * 1024))
+        try:
+            fcntl.flock(spool_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False
+        size = os.fstat(spool_fd).st_size
+        if size == 0:
+            return False
+        data = os.pread(spool_fd, size, 0)
+        data = data[:data.rfind(b"\n") + 1]  # whole lines only
+        if not data:
+            return False
+        seg_dir = segments_dir(state_dir)
+        make_dirs(seg_dir, state_dir)
+        seg = os.path.join(seg_dir, time.strftime("%Y-%m", time.gmtime(now)) + ".jsonl")
+        fd, created = open_state(seg, os.O_WRONLY | os.O_APPEND, create=True)
+        try:
+            if created:
+                share_created(fd, state_dir)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        rest = os.pread(spool_fd, 1 << 30, len(data))  # (nothing: writers wait for our lock)
+        os.ftruncate(spool_fd, 0)
+        if rest:
+            os.pwrite(spool_fd, rest, 0)
+        return True
+    except (OSError, StateFileError):
+        return False
+    finally:
+        os.close(spool_fd)
+
+
+def segment_files(state_dir: str) -> list[str]:
+    """The archive segments, oldest first (names YYYY-MM.jsonl)."""
+    try:
+        names = os.listdir(segments_dir(state_dir))
     except OSError:
         return []
-    finally:
-        os.close(fd)
-    out = []
-    for line in data.splitlines()[-n:]:
-        if len(line) > MAX_LINE:
+    return [os.path.join(segments_dir(state_dir), n) for n in sorted(names)
+            if len(n) == 13 and n.endswith(".jsonl") and n[:4].isdigit() and n[5:7].isdigit() and n[4] == "-"]
+
+
+def prune(state_dir: str, retention_s: float, now: float) -> list[str]:
+    """Delete segments whose month ended before the retention window (where
+    we may: in a shared dir, only their owner can). The ones deleted."""
+    import calendar
+
+    cutoff = now - retention_s
+    gone = []
+    for path in segment_files(state_dir):
+        name = os.path.basename(path)
+        year, month = int(name[:4]), int(name[5:7])
+        month_end = calendar.timegm((year + month // 12, month % 12 + 1, 1, 0, 0, 0))
+        if month_end < cutoff:
+            try:
+                os.unlink(path)
+                gone.append(path)
+            except OSError:
+                pass
+    return gone
+
+
+def recent(state_dir: str, n: int = 10) -> list[dict[str, object]]:
+    """The last `n` records, oldest first: the spool, then the newest
+    segments, read backwards."""
+    from .statefile import StateFileError, open_state
+
+    if n <= 0:
+        return []
+    lines: list[bytes] = []
+    files = [history_path(state_dir), *reversed(segment_files(state_dir)), history_path(state_dir) + ".1"]
+    for path in files:
+        if len(lines) >= n:
+            break
+        try:
+            fd, _ = open_state(path, os.O_RDONLY)
+        except (OSError, StateFileError):
             continue
         try:
-            rec = from_json(line.decode("utf-8", "replace"))
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            out.append(clean_record(rec))
+            lines = _tail_lines(fd, n - len(lines)) + lines
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    out = []
+    for line in lines[-n:]:
+        rec = parse_line(line)
+        if rec is not None:
+            out.append(rec)
     return out
 
 
-_TEXT = ("run_id", "label", "cls", "host", "outcome", "message", "user")
+def _tail_lines(fd: int, n: int, chunk: int = 64 * 1024) -> list[bytes]:
+    """The last `n` lines of a file, reading backwards."""
+    end = os.fstat(fd).st_size
+    buf = b""
+    while end > 0 and buf.count(b"\n") <= n:
+        start = max(0, end - chunk)
+        buf = os.pread(fd, end - start, start) + buf
+        end = start
+    lines = buf.split(b"\n")
+    if end > 0:
+        lines = lines[1:]  # the first is cut
+    return [ln for ln in lines if ln][-n:]
+
+
+def parse_line(line: bytes) -> dict[str, object] | None:
+    """One history line, cleaned; None if it is too long or not a JSON
+    object (a corrupt or hand-written line)."""
+    if len(line) > MAX_LINE:
+        return None
+    try:
+        rec = from_json(line.decode("utf-8", "replace"))
+    except ValueError:
+        return None
+    return clean_record(rec) if isinstance(rec, dict) else None
+
+
+_TEXT = ("run_id", "label", "class", "pool", "slot", "host", "outcome", "message", "user")
 _NUMBERS = ("waited_s", "ran_s")
 
 
 def clean_record(rec: dict[str, object]) -> dict[str, object]:
     """A history record with the types readers rely on: text fields are
     str or None, durations numbers or None, exit_code int or None, phases a
-    dict of numbers or None. Anything else (a corrupt or hand-written
-    line) becomes None, never a crash in `slotq status`."""
+    dict of numbers or None, and `blame` from the outcome. Anything else
+    (a corrupt or hand-written line) becomes None, never a crash. Older
+    lines' names (`cls`, `phases.queued`) are read as today's."""
+    from .outcome import Outcome
+
     out = dict(rec)
+    if "class" not in out and "cls" in out:
+        out["class"] = out.pop("cls")
     for k in _TEXT:
         v = out.get(k)
         out[k] = v if isinstance(v, str) else None
     for k in _NUMBERS:
         v = out.get(k)
-        out[k] = v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+        out[k] = v if _number(v) else None
     code = out.get("exit_code")
     out["exit_code"] = code if isinstance(code, int) and not isinstance(code, bool) else None
-    phases = out.get("phases")
-    out["phases"] = ({k: (v if isinstance(v, (int, float)) and not isinstance(v, bool) else None)
-                      for k, v in phases.items()} if isinstance(phases, dict) else None)
+    raw = out.get("phases")
+    if isinstance(raw, dict):
+        if "submitted" not in raw and "queued" in raw:
+            raw = dict(raw, submitted=raw["queued"])
+        out["phases"] = {k: (raw.get(k) if _number(raw.get(k)) else None) for k in PHASES}
+    else:
+        out["phases"] = None
+    try:
+        out["blame"] = Outcome(str(out["outcome"])).blame if out["outcome"] else None
+    except ValueError:
+        out["blame"] = None
     return out
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) < 1e12
+
+
+def run_record(*, run_id: object, label: object, cls: object, host: object, outcome: str,
+               exit_code: int | None, message: str, phases: dict[str, float | None], pool: object = None,
+               slot: object = None, uid: int | None = None) -> dict[str, object]:
+    """A history line, in the one vocabulary; `waited_s` from the phases
+    (submitted -> slot, or -> the end for a run that never got one: a wait
+    cancelled in line keeps its wait), `ran_s` started -> ended."""
+    from .orphans import user_name
+
+    uid = os.getuid() if uid is None else uid
+    sub, got, started, ended = (phases.get(k) for k in ("submitted", "slot", "started", "ended"))
+    until = got if got is not None else ended
+    return {
+        "run_id": run_id, "user": user_name(uid), "uid": uid, "label": label, "class": cls, "pool": pool,
+        "slot": slot, "host": host, "outcome": outcome, "exit_code": exit_code, "message": message,
+        "phases": {k: phases.get(k) for k in PHASES},
+        "waited_s": round(max(0.0, until - sub), 3) if sub is not None and until is not None else None,
+        "ran_s": round(max(0.0, ended - started), 3) if started is not None and ended is not None else None,
+    }

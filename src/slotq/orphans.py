@@ -168,13 +168,12 @@ def end_orphan(state_dir: str, info: dict[str, object], grace: float, by: str) -
 
     since = info.get("since")
     since = since if isinstance(since, (int, float)) else None
-    history.append(state_dir, {
-        "run_id": info.get("run_id"), "label": info.get("label"), "cls": info.get("cls"),
-        "host": info.get("host"), "outcome": "caller_gone", "exit_code": None,
-        "message": f"runner and keeper gone; its orphaned command (pids {', '.join(map(str, ended))}) "
-                   f"was ended by {by}",
-        "phases": {"queued": None, "slot": since, "prepared": None, "started": since, "ended": time.time()},
-        "waited_s": None, "ran_s": None})
+    history.append(state_dir, history.run_record(
+        run_id=info.get("run_id"), label=info.get("label"), cls=info.get("cls"), host=info.get("host"),
+        outcome="caller_gone", exit_code=None, uid=uid,
+        message=f"runner and keeper gone; its orphaned command (pids {', '.join(map(str, ended))}) "
+                f"was ended by {by}",
+        phases={"slot": since, "started": since, "ended": time.time()}))
     return ended
 
 

@@ -127,6 +127,7 @@ def spawn(
     run_id: str | None = None,
     slot_path: str | None = None,
     ack_fd: int | None = None,
+    slot_env: dict[str, str] | None = None,
 ) -> Child:
     """Start `argv` in its own session under a keeper process (in a session
     of its own too, so a kill of the caller's process group spares it).
@@ -149,7 +150,8 @@ def spawn(
     the caller's process it was a thread of), the keeper ends the command
     and writes the run's history line itself.
     `run_id` goes into the command's environment as `SLOTQ_RUN_ID` (how
-    its processes are found if the keeper is killed). `slot_path` with
+    its processes are found if the keeper is killed), and so does
+    `slot_env` (SLOTQ_POOL, SLOTQ_SLOT, SLOTQ_SLOT_INDEX, SLOTQ_BUDGET). `slot_path` with
     `record`: the keeper writes the holder record there once the command
     has started (adding its own and the command's pid and start time), and
     marks it `stopping` when it ends the command on request. It reports
@@ -180,7 +182,7 @@ def spawn(
             os.close(done_r)
             code = _keeper(argv, cwd, env, stdout_fd, stderr_fd, stdin_fd, inherit_fds, grace,
                            done_w, runner_pid, lock_path, record, ticket, history, run_id,
-                           slot_path or lock_path, ack_fd)
+                           slot_path or lock_path, ack_fd, slot_env)
         except BaseException:
             pass
         finally:
@@ -211,6 +213,7 @@ def _keeper(
     run_id: str | None,
     slot_path: str | None,
     ack_fd: int | None,
+    slot_env: dict[str, str] | None,
 ) -> int:
     stopped = False
     try:
@@ -274,6 +277,8 @@ def _keeper(
     spawn_env = {os.fsencode(k): os.fsencode(v) for k, v in (os.environ if env is None else env).items()}
     if run_id is not None:
         spawn_env[MARKER] = os.fsencode(run_id)
+    for k, v in (slot_env or {}).items():
+        spawn_env[os.fsencode(k)] = os.fsencode(v)
     keeper_start = 0
     if record is not None and slot_path is not None:
         from . import orphans
@@ -433,8 +438,10 @@ def _orphan_history(history: tuple[str, dict[str, object]] | None, status: int |
     phases = dict(record.get("phases") or {})  # type: ignore[call-overload]
     phases["ended"] = time.time()
     code = None if status is None else ChildEnd(status, None, True).exit_code
-    hist.append(state_dir, dict(record, outcome="caller_gone", exit_code=code, phases=phases,
-                                message=f"caller gone (its host runner vanished); {what}"))
+    hist.append(state_dir, hist.run_record(
+        run_id=record.get("run_id"), label=record.get("label"), cls=record.get("class"), host=record.get("host"),
+        pool=record.get("pool"), slot=record.get("slot"), outcome="caller_gone", exit_code=code, phases=phases,
+        message=f"caller gone (its host runner vanished); {what}"))
 
 
 def _write_record(fd: int, text: str) -> None:

@@ -27,7 +27,7 @@ from .hostqueue import Waiter, ensure_state_dir
 from .outcome import Outcome
 from .child import Child, ChildEnd
 from .process import preload_for_start, spawn
-from .slot import GrantedSlot, SlotLease
+from .slot import GrantedSlot, SlotLease, slot_name
 from .spec import RunSpec
 from .ticket import Ticket
 
@@ -70,8 +70,10 @@ class HostRunner:
         self.clock = clock or Clock()
         self.link = CallerLink(in_fd, out_fd, spec.run_id, self.clock, ctl_buffer)
         self.host = os.uname().nodename
+        self.slot: str | None = None  # the slot held, e.g. shared#0
+        self._typical: tuple[float, int, float] | None = None  # the pool's typical run, its basis, when read
         self.phases: dict[str, float | None] = dict.fromkeys(
-            ("queued", "slot", "prepared", "started", "ended"))
+            ("submitted", "slot", "prepared", "started", "ended"))
         self.budget = spec.budget if spec.budget is not None else config.budget
         self.grace = spec.kill_grace if spec.kill_grace is not None else config.kill_grace
         self._waiter: Waiter | None = None
@@ -142,7 +144,7 @@ class HostRunner:
             ensure_state_dir(self.state_dir)
         except StateDirError as e:
             return self._error("state", str(e))
-        self.phases["queued"] = self.clock.wall()
+        self.phases["submitted"] = self.clock.wall()
         return self._hold(GrantedSlot(allocation))
 
     def _error(self, kind: str, message: str) -> Outcome:
@@ -154,7 +156,7 @@ class HostRunner:
         slot and started the command (with its output streams)."""
         spec = self.spec
         now_wall = self.clock.wall()
-        self.phases["queued"] = now_wall
+        self.phases["submitted"] = now_wall
         info = {"run_id": spec.run_id, "label": spec.label, "pid": os.getpid(), "cls": spec.cls,
                 "since": now_wall, "budget": self.budget, "host": self.host}
         waiter = self._waiter = Waiter(self.state_dir, self.config, pool, info, defer_leave=True,
@@ -289,20 +291,28 @@ class HostRunner:
         return child.end if child.started is not None else None
 
     def _report(self, waiter: Waiter, pool: str, waited: float) -> None:
+        from . import eta
         from .status import holders, load  # only runs that wait pay for it
 
         ahead, total = waiter.position()
         healed = self._heal(pool, waiter.slot_count) if ahead == 0 else []
         wall = self.clock.wall()
+        if self._typical is None or wall - self._typical[2] > 30:  # the history, read at most every 30 s
+            self._typical = (*eta.typical_run(history.recent(self.state_dir, 200), pool), wall)
+        typical, runs, _ = self._typical
+        slots = holders(self.state_dir, pool, waiter.slot_count, wall)
+        expected = eta.expected_wait(slots, ahead, typical)
         self.link.event(protocol.QUEUED, waited_s=round(waited, 3), ahead=ahead, position=ahead + 1,
-                    waiting=total, pool=pool, holders=holders(self.state_dir, pool, waiter.slot_count, wall),
-                    notes=healed, **load())
+                        waiting=total, pool=pool, holders=slots, notes=healed,
+                        eta_s=round(expected, 1) if expected < 1e9 else 1e9,
+                        eta_how=eta.explain(slots, ahead, typical, runs), **load())
 
     def _hold(self, lease: SlotLease) -> Outcome:
         spec = self.spec
         wall = self.clock.wall()
         self.phases["slot"] = wall
-        waited = wall - (self.phases["queued"] or wall)
+        self.slot = lease.name
+        waited = wall - (self.phases["submitted"] or wall)
         record = self._holder_record("prepare" if spec.prepare else "running")
         record["since"] = wall
         slot_event = protocol.event_frame(protocol.SLOT, wall, slot=lease.name, waited_s=round(waited, 3),
@@ -353,8 +363,9 @@ class HostRunner:
         assert child.started is not None
         wall, mono = child.started
         self.phases["slot"] = self.phases["started"] = wall
+        self.slot = slot
         self._leave_line()
-        waited = wall - (self.phases["queued"] or wall)
+        waited = wall - (self.phases["submitted"] or wall)
         self.link.send(protocol.event_frame(protocol.SLOT, wall, slot=slot, waited_s=round(waited, 3),
                                         budget=self.budget, ticket=self._ticket_seq())
                    + protocol.event_frame(protocol.STARTED, wall, budget=self.budget))
@@ -400,10 +411,11 @@ class HostRunner:
                                 f"({self.allocation} started on {self.host} at {slot_at}; the budget counted "
                                 f"from the command's start)")
             if reason is Outcome.EXEC_TIMEOUT:
+                # The wait is the summary line's (the client's clock): not restated here.
+                started = time.strftime("%H:%M:%S", time.localtime(self.phases["started"] or 0))
                 return reason, (f"command ran past its budget of {format_duration(self.budget)} "
-                                f"(slot acquired at {slot_at}, waited "
-                                f"{format_duration(self._waited())} before that; the budget counted "
-                                f"from the command's start)")
+                                f"(slot acquired at {slot_at}; the budget counted from the command's start "
+                                f"at {started})")
             return reason, f"stopped: {reason.value}"
         code = end.exit_code
         if code == 0:
@@ -412,7 +424,7 @@ class HostRunner:
         return Outcome.FAILED, (f"command killed by signal {sig}" if sig else f"command exited {code}")
 
     def _waited(self) -> float:
-        return (self.phases["slot"] or 0) - (self.phases["queued"] or 0)
+        return (self.phases["slot"] or 0) - (self.phases["submitted"] or 0)
 
     def _start(self, argv: list[str], lease: SlotLease | None, last: bool,
                record: dict[str, object] | None = None, wait_for: str | None = None,
@@ -437,13 +449,23 @@ class HostRunner:
         if last:
             self._slot_path = wait_for or (lease.path if lease is not None and lease.fd >= 0 else None)
             ack_r, self._ack_w = os.pipe()
+        if lease is not None:
+            pool, index, name = lease.pool, lease.index, lease.name
+        else:  # a standby keeper: the slot it waits for (slots/<pool>.<n>)
+            pool, _, n = os.path.basename(wait_for or "").rpartition(".")
+            index = int(n) if n.isdigit() else 0
+            name = slot_name(pool, index)
+        # What the command knows of its slot (a per-slot port or database).
+        slot_env = {"SLOTQ_POOL": pool or self.spec.cls, "SLOTQ_SLOT": name, "SLOTQ_SLOT_INDEX": str(index),
+                    "SLOTQ_BUDGET": f"{self.budget:g}"}
         try:
             child = spawn(argv, cwd=self.spec.cwd, env=self.spec.env, stdout_fd=out_w, stderr_fd=err_w,
+                          slot_env=slot_env,
                           inherit_fds=(lease.fd,) if lease is not None and lease.fd >= 0 else (), grace=self.grace,
                           lock_path=wait_for, record=record if last else None,
                           history=(self.state_dir, {"run_id": self.spec.run_id, "label": self.spec.label,
-                                                    "cls": self.spec.cls, "host": self.host,
-                                                    "phases": dict(self.phases)}),
+                                                    "class": self.spec.cls, "host": self.host, "pool": pool,
+                                                    "slot": name, "phases": dict(self.phases)}),
                           ticket=(ticket.fd, ticket.path, ticket.seq) if ticket is not None else None,
                           run_id=self.spec.run_id, slot_path=self._slot_path if last else None,
                           ack_fd=ack_r if last else None)
@@ -528,6 +550,12 @@ class HostRunner:
             if ended is not None and reason is None:
                 reason = ended
                 child.stop()
+            for fd in [fd for fd, kind in streams.items() if kind in self.link.closed]:
+                # The caller's reader is gone (`slotq run ... | head`): close
+                # our end, so the command meets EPIPE/SIGPIPE as it would
+                # without slotq, and ends its own way.
+                os.close(fd)
+                del streams[fd]
         assert child.end is not None
         return child.end, reason
 
@@ -548,14 +576,10 @@ class HostRunner:
             # Nobody heard the result; the history says what happened.
             message = f"{message} (caller gone before the result)"
         p = self.phases
-        started, ended = p["started"], p["ended"]
         exit_code = end.exit_code if end is not None and not end.lost and not end.setup_error else None
-        record: dict[str, object] = {
-            "run_id": spec.run_id, "label": spec.label, "cls": spec.cls, "host": self.host,
-            "outcome": outcome.value, "exit_code": exit_code, "message": message,
-            "phases": dict(p), "waited_s": round(self._waited(), 3) if p["slot"] else None,
-            "ran_s": round(ended - started, 3) if started and ended else None,
-        }
+        record = history.run_record(run_id=spec.run_id, label=spec.label, cls=spec.cls, host=self.host,
+                                    outcome=outcome.value, exit_code=exit_code, message=message, phases=dict(p),
+                                    pool=self.config.classes.get(spec.cls), slot=self.slot)
         self.link.event(protocol.EXITED, outcome=outcome.value, exit_code=exit_code,
                     signal=end.signal if end is not None else None, message=message, phases=dict(p))
         # The result is out: end the stream now, then the history line. If

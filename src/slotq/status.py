@@ -70,7 +70,8 @@ def holders(state_dir: str, pool: str, count: int, now: float,
             entry["phase"] = "no record"
         if held and info:
             entry.update({k: info.get(k) for k in ("run_id", "label", "pid", "pid_start", "keeper", "cmd", "since",
-                                                   "budget", "cls")})
+                                                   "budget")})
+            entry["class"] = info.get("cls")
             entry["phase"] = state = orphans.holder_state(info)
             since = info.get("since")
             if isinstance(since, (int, float)):
@@ -123,7 +124,8 @@ def waiting(state_dir: str, pool: str, now: float,
         if e.forged:
             entry["forged"] = True
         if info:
-            entry.update({k: info.get(k) for k in ("run_id", "label", "pid", "since", "budget", "cls")})
+            entry.update({k: info.get(k) for k in ("run_id", "label", "pid", "since", "budget")})
+            entry["class"] = info.get("cls")
             since = info.get("since")
             if isinstance(since, (int, float)) and not isinstance(since, bool):
                 entry["waited_s"] = round(max(0.0, now - since), 3)
@@ -146,6 +148,11 @@ def snapshot(state_dir: str, config: HostConfig, now: float, history_n: int = 10
             "classes": sorted(c for c, p in config.classes.items() if p == pool),
         })
     warnings += problems(state_dir, config, pools, table)
+    from .eta import RECENT, pool_etas
+
+    records = history.recent(state_dir, max(history_n, RECENT * len(pools)))
+    for p in pools:
+        p["eta"] = pool_etas(p, records)
     return {
         "host": os.uname().nodename,
         "state_dir": state_dir,
@@ -153,7 +160,7 @@ def snapshot(state_dir: str, config: HostConfig, now: float, history_n: int = 10
         **load(),
         "pools": pools,
         "warnings": warnings,
-        "history": history.recent(state_dir, history_n),
+        "history": records[-history_n:] if history_n > 0 else [],
     }
 
 
@@ -292,12 +299,17 @@ def format_snapshot(snap: dict[str, object]) -> str:
                 lines.append(f"  {s['slot']}: free")
         if p["waiting"]:
             for n, w in enumerate(p["waiting"], 1):
+                eta = w.get("eta") or {}
                 lines.append(f"  waiting {n}: {printable(w.get('label') or '?')} (user {w.get('user') or '?'}, "
                              f"run {printable(w.get('run_id'))}, pid {printable(w.get('pid'))}, "
-                             f"waited {format_duration(float(w.get('waited_s') or 0))})"
+                             f"waited {format_duration(float(w.get('waited_s') or 0))}, "
+                             f"expected wait ~{format_duration(float(eta.get('s') or 0))} more)"
                              + (" [out of order: placed last]" if w.get("forged") else ""))
         else:
             lines.append("  nobody waiting")
+        if isinstance(p.get("eta"), dict):
+            lines.append(f"  a new run would wait ~{format_duration(float(p['eta'].get('s') or 0))} "
+                         f"({printable(p['eta'].get('how'), 300)})")
     hist = snap.get("history") or []
     if hist:
         lines.append("recent runs:")

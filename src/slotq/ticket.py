@@ -353,6 +353,7 @@ def bury(path: str, fd: int) -> None:
     run's history line, as nobody else will."""
     try:
         raw = os.pread(fd, MAX_INFO, 0)
+        owner = os.fstat(fd).st_uid  # the run's user, from the kernel
         os.unlink(path)
     except OSError:
         return  # gone already: withdrawn, or buried by another (or not ours to remove)
@@ -368,13 +369,13 @@ def bury(path: str, fd: int) -> None:
 
     state_dir = os.path.dirname(os.path.dirname(os.path.dirname(path)))
     since = info.get("since")
-    history.append(state_dir, {
-        "run_id": info.get("run_id"), "label": info.get("label"), "cls": info.get("cls"),
-        "host": info.get("host"), "outcome": "caller_gone", "exit_code": None,
-        "message": "caller gone while waiting in line (its ticket was found dead)",
-        "phases": {"queued": since if isinstance(since, (int, float)) else None, "slot": None,
-                   "prepared": None, "started": None, "ended": time.time()},
-        "waited_s": None, "ran_s": None})
+    cls = info.get("cls")
+    history.append(state_dir, history.run_record(
+        run_id=info.get("run_id"), label=info.get("label"), cls=cls, host=info.get("host"),
+        pool=os.path.basename(os.path.dirname(path)), outcome="caller_gone", exit_code=None,
+        message="caller gone while waiting in line (its ticket was found dead)", uid=owner,
+        phases={"submitted": since if isinstance(since, (int, float)) and not isinstance(since, bool) else None,
+                "ended": time.time()}))
 
 
 def read_info(path: str) -> dict[str, object] | None:

@@ -19,6 +19,7 @@ commands:
   task     run a whole job under a budget that recorded waits extend:
            slotq task --budget 30m --credit-dir . -- python agent.py
   waits    what a work dir waited for, and when (the wait ledger)
+  history  finished runs on this host, sacct-like:  slotq history --since 7d --user alice
   host     host-side commands used by transports (slotq host run ...)
 
 Run `slotq <command> --help` for its options. Exit codes: see `slotq run --help`.
@@ -26,14 +27,17 @@ Run `slotq <command> --help` for its options. Exit codes: see `slotq run --help`
 
 COMMANDS = {"run": "slotq.cli.run", "status": "slotq.cli.status", "cancel": "slotq.cli.cancel",
             "task": "slotq.cli.task",
-            "waits": "slotq.cli.waits", "host": "slotq.cli.host"}
+            "waits": "slotq.cli.waits", "history": "slotq.cli.history", "host": "slotq.cli.host"}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if not args or args[0] in ("-h", "--help", "help"):
+    if not args:
+        sys.stderr.write(USAGE)  # a mistake, not a request: usage on stderr, exit 2
+        return 2
+    if args[0] in ("-h", "--help", "help"):
         sys.stdout.write(USAGE)
-        return 0 if args else 2
+        return 0
     if args[0] == "--version":
         from slotq import __version__
 
@@ -47,12 +51,15 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         code: int = __import__(module, fromlist=["main"]).main(args[1:])
+        sys.stdout.flush()  # here, so that a reader gone (EPIPE) is caught below
         return code
     except SlotqError as e:
         sys.stderr.write(f"slotq {args[0]}: error: {e}\n")
         return e.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _reader_gone()
     except OSError as e:
         # Nothing slotq expected: still one line, never a traceback. A full,
         # read-only or over-quota disk is the state dir's problem (73).
@@ -61,3 +68,18 @@ def main(argv: list[str] | None = None) -> int:
         where = f" ({e.filename})" if e.filename else ""
         sys.stderr.write(f"slotq {args[0]}: error: {e.strerror or e}{where}\n")
         return 73 if e.errno in (errno.ENOSPC, errno.EROFS, errno.EDQUOT) else 71
+
+
+def _reader_gone() -> int:
+    """Our stdout's reader went away (`slotq status --json | head -c1`):
+    end quietly, as Unix tools do when SIGPIPE ends them (128 + 13). What
+    is still buffered goes nowhere."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+    return 141

@@ -269,7 +269,7 @@ class JsonResult:
         except OSError as e:
             raise UsageError(f"cannot write --json file {dest}: {e.strerror}") from None
 
-    def write(self, render: Callable[[], str]) -> None:
+    def write(self, render: Callable[[], str], open_line: bool = False) -> None:
         """Write `render()` if --json was given. A callable, so a run without
         --json never renders (rendering imports `json`, which imports `re`:
         about 6 ms, a third of a run's own cost). A result that cannot be
@@ -278,8 +278,12 @@ class JsonResult:
             return
         data = (render() + "\n").encode()
         if self.dest == "-":
+            if open_line:  # the command's output on stdout ended mid-line: the JSON starts on its own
+                data = b"\n" + data
             try:
                 os.write(1, data)
+            except BrokenPipeError:
+                pass  # its reader is gone (`| jq` and no jq): quiet, as a pipeline would be
             except OSError as e:
                 _warn(f"slotq: could not write the --json result to stdout: {e.strerror}")
             return

@@ -3,11 +3,11 @@ share safely (run as root).
 
 What it makes, and why (the trust model is in the README):
 
-    DIR, DIR/slots, DIR/tickets, DIR/tickets/<pool>, DIR/work
+    DIR, DIR/slots, DIR/tickets, DIR/tickets/<pool>, DIR/work, DIR/history
         root:G, mode 3775 -- group members create files there; the sticky
         bit means nobody deletes or renames another user's files (their
         tickets, their work dir); setgid keeps files in group G.
-    DIR/slots/<pool>.<i>, DIR/seq, DIR/history.jsonl
+    DIR/slots/<pool>.<i>, DIR/seq, DIR/history.jsonl (the run history's spool)
         root:G, mode 0660 -- every member locks and writes them; nobody can
         delete or replace them, so a slot lock cannot be split in two.
     DIR/host.toml
@@ -102,7 +102,7 @@ def init_shared(top: str, gid: int, config_src: str | None) -> list[str]:
         config = HostConfig.load(path=cfg, state_dir=top)
     except ConfigError as e:
         raise UsageError(f"the config is not valid: {e}") from None
-    for sub in ("slots", "tickets", "work"):
+    for sub in ("slots", "tickets", "work", "history"):
         _dir(os.path.join(top, sub), gid, done)
     for pool, count in config.pools.items():
         _dir(os.path.join(top, "tickets", pool), gid, done)

@@ -42,7 +42,8 @@ PARSER = Parser(
         *RUN_OPTIONS,
         Opt("--idle", metavar="D", convert=duration(),
             help="stop the command if it prints nothing for D after it started"),
-        Opt("--json", metavar="FILE", help="write the result as JSON to FILE (- for stdout)"),
+        Opt("--json", metavar="FILE", help="write the result as JSON to FILE (- for stdout, after the command's "
+                                            "own output, on a line of its own; for a pipe, prefer a FILE)"),
         Opt("--credit-dir", metavar="DIR",
             help="record the wait in the wait ledger under DIR, for `slotq task` and other outer runners "
                  "to credit (default: the current directory)"),
@@ -63,6 +64,14 @@ def main(args: list[str]) -> int:
     from slotq.spec import RunSpec
 
     say = None if opts.quiet else _stderr_line
+    live = None
+    report_every = opts.report_every
+    if not opts.quiet and _terminal():
+        # A terminal: one waiting line, updated every second, replaced by
+        # the slot line. A pipe or a CI log gets the plain lines as always.
+        line = LiveLine()
+        say, live = line.say, line.update
+        report_every = min(report_every, 1.0)
     transport: Transport
     if use_slurm(opts):
         from slotq.config import HostConfig
@@ -87,12 +96,12 @@ def main(args: list[str]) -> int:
         raise UsageError("the current directory no longer exists: cd somewhere that does") from None
     spec = RunSpec(command, cls=opts.cls, budget=opts.budget, prepare=opts.prepare,
                    prepare_timeout=opts.prepare_timeout, label=opts.label,
-                   report_every=opts.report_every, kill_grace=opts.kill_grace, cwd=cwd, max_wait=opts.max_wait)
+                   report_every=report_every, kill_grace=opts.kill_grace, cwd=cwd, max_wait=opts.max_wait)
     json_result = JsonResult(opts.json)
     try:
         result = run(spec, transport, idle=opts.idle, status=say, handle_sigint=True,
-                     credit_dir=opts.credit_dir or cwd)
-        json_result.write(result.to_json)
+                     credit_dir=opts.credit_dir or cwd, live=live)
+        json_result.write(result.to_json, open_line=result.open_line)
     finally:
         json_result.discard()  # no result (an error escaped): no file, and the old one untouched
     return result.exit_code
@@ -122,3 +131,41 @@ def _stderr_line(line: str) -> None:
         os.write(2, (line + "\n").encode())
     except OSError:
         pass
+
+
+def _terminal() -> bool:
+    """stderr is a terminal that can redraw a line (not TERM=dumb)."""
+    try:
+        return os.isatty(2) and os.environ.get("TERM", "") not in ("", "dumb")
+    except OSError:
+        return False
+
+
+class LiveLine:
+    """One status line on a terminal, redrawn in place (carriage return and
+    erase-line, no colour), cut to the terminal's width; any other line
+    first erases it."""
+
+    def __init__(self) -> None:
+        self.shown = False
+
+    def update(self, text: str) -> None:
+        try:
+            width = os.get_terminal_size(2).columns or 80  # 0: a terminal that does not say
+        except OSError:
+            width = 80
+        if len(text) >= width:
+            text = text[:max(1, width - 2)] + "…"
+        self._write("\r\x1b[2K" + text)
+        self.shown = True
+
+    def say(self, line: str) -> None:
+        self._write(("\r\x1b[2K" if self.shown else "") + line + "\n")
+        self.shown = False
+
+    @staticmethod
+    def _write(text: str) -> None:
+        try:
+            os.write(2, text.encode())
+        except OSError:
+            pass

@@ -465,8 +465,8 @@ class _Relay:
                         if not to_srun and sin >= 0:
                             srun.stdin.close()
                             sin = -1
-                    elif self.node_live:
-                        to_srun += data
+                    elif self.node_live or not data.startswith(b"cancel"):
+                        to_srun += data  # for the node's runner (`close stdout` comes only once it runs)
                     else:
                         # Nothing runs yet: the cancel is Slurm's to do.
                         reason = data.decode("ascii", "replace").split("\n")[0].removeprefix("cancel ").strip()

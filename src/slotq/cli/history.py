@@ -1,0 +1,116 @@
+"""`slotq history`: finished runs on this host, sacct-like."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from slotq.cli.args import FLAG, Opt, Parser, positive_int
+from slotq.errors import UsageError
+
+def _at_least_one(text: str) -> int:
+    n = positive_int(text)
+    if n < 1:
+        raise ValueError("must be at least 1")
+    return n
+
+
+PARSER = Parser(
+    prog="slotq history",
+    usage="slotq history [--since T] [--until T] [--user U] [--label TEXT] [--outcome O] [--class C] "
+          "[--limit N] [--json]",
+    description="Every finished run on this host in a time window, oldest first: run id, user, class, slot, "
+                "when it was submitted, how long it waited and ran, outcome, whom it blames, exit code and "
+                "label. Runs cancelled or gone while waiting in line are included, with their wait. Kept for "
+                "the host config's [history] retention (default 180d).",
+    options=[
+        Opt("--since", metavar="T", default="24h",
+            help="window start: a duration ago (2h, 7d), an ISO time (2026-11-30T09:00) or epoch seconds "
+                 "(default: 24h)"),
+        Opt("--until", metavar="T", help="window end (default: now)"),
+        Opt("--user", metavar="U", help="only this user's runs"),
+        Opt("--label", metavar="TEXT", help="only runs whose label contains TEXT"),
+        Opt("--outcome", metavar="O", help="only runs that ended so (passed, failed, exec_timeout, ...)"),
+        Opt("--class", dest="cls", metavar="C", help="only runs of this class"),
+        Opt("--limit", metavar="N", convert=_at_least_one, help="only the newest N of them"),
+        Opt("--json", kind=FLAG, help="machine-readable output (a list of runs, the fields of `run --json`)"),
+    ],
+)
+
+
+def main(args: list[str]) -> int:
+    opts, _ = PARSER.parse(args)
+    from slotq.config import HostConfig, state_dir_from_env
+    from slotq.durations import parse_when
+    from slotq.outcome import Outcome
+
+    now = time.time()
+    try:
+        since = parse_when(opts.since, now, what="--since")
+        until = parse_when(opts.until, now, what="--until") if opts.until else now
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if until < since:
+        raise UsageError("--until is before --since")
+    if opts.outcome is not None:
+        try:
+            Outcome(opts.outcome)
+        except ValueError:
+            raise UsageError(f"--outcome {opts.outcome!r} is not an outcome slotq knows "
+                             f"({', '.join(sorted(Outcome._members))})") from None
+    state_dir = state_dir_from_env()
+    config = HostConfig.load(state_dir=state_dir)
+    runs, skipped = query(state_dir, config.retention, since=since, until=until, user=opts.user,
+                          label=opts.label, outcome=opts.outcome, cls=opts.cls, limit=opts.limit)
+    if opts.json:
+        json.dump(runs, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    sys.stdout.write(format_runs(runs))
+    if skipped:
+        sys.stderr.write(f"slotq history: {skipped} corrupt line(s) in the history were skipped\n")
+    return 0
+
+
+def query(state_dir: str, retention: float, **filters: object) -> tuple[list[dict[str, object]], int]:
+    """Catch the index up and query it; StateDirError if it cannot be."""
+    import sqlite3
+
+    from slotq.errors import StateDirError
+    from slotq.historydb import Index
+
+    try:
+        index = Index(state_dir, retention)
+        try:
+            index.catch_up()
+            return index.query(**filters), index.skipped  # type: ignore[arg-type]
+        finally:
+            index.close()
+    except (OSError, sqlite3.Error) as e:
+        raise StateDirError(f"cannot read the run history of {state_dir}: {e}", state_dir) from None
+
+
+def format_runs(runs: list[dict[str, object]]) -> str:
+    from slotq.durations import format_duration
+    from slotq.records import printable
+
+    def dur(v: object) -> str:
+        return format_duration(float(v)) if isinstance(v, (int, float)) else "-"
+
+    def when(v: object) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(v)) if isinstance(v, (int, float)) else "-"
+
+    header = ("RUN_ID", "USER", "CLASS", "SLOT", "SUBMITTED", "WAITED", "RAN", "OUTCOME", "BLAME", "EXIT", "LABEL")
+    rows = [header]
+    for r in runs:
+        ph: dict[str, object] = r["phases"]  # type: ignore[assignment]
+        rows.append((printable(r["run_id"] or "-", 16), printable(r["user"] or "-", 16),
+                     printable(r["class"] or "-", 20), printable(r["slot"] or "-", 24),
+                     when(ph.get("submitted") or ph.get("started") or ph.get("ended")), dur(r["waited_s"]),
+                     dur(r["ran_s"]), printable(r["outcome"] or "-", 16), printable(r["blame"] or "-", 16),
+                     "-" if r["exit_code"] is None else str(r["exit_code"]), printable(r["label"] or "", 60)))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    lines.append(f"{len(runs)} run(s)")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,76 @@
+"""Expected waits: when will a place in line get a slot?
+
+Deliberately simple and explainable. Every run is assumed to take the
+pool's typical run time: the median `ran_s` of its recent runs in the
+history (a default of 60 s when there are none). A held slot frees when its
+holder reaches that time; a holder already past it gets half a typical run
+more (never "free now"), and never more than its budget allows. The line
+ahead takes the slots in order, each for a typical run; we get the first
+slot that frees after them.
+"""
+
+from __future__ import annotations
+
+import heapq
+import statistics
+
+from .durations import format_duration
+
+DEFAULT_RUN = 60.0
+RECENT = 50  # runs of the pool the typical run time is taken from
+
+
+def typical_run(records: list[dict[str, object]], pool: str | None = None) -> tuple[float, int]:
+    """(typical run time, how many runs it is from): the median `ran_s`
+    of the last RECENT runs of `pool` (all pools if None, or if a record
+    has no pool) that ran."""
+    ran = [float(r["ran_s"]) for r in records  # type: ignore[arg-type]
+           if isinstance(r.get("ran_s"), (int, float)) and float(r["ran_s"]) > 0  # type: ignore[arg-type]
+           and (pool is None or r.get("pool") in (pool, None))][-RECENT:]
+    return (statistics.median(ran), len(ran)) if ran else (DEFAULT_RUN, 0)
+
+
+def slot_free_in(held_s: float, typical: float, budget: float | None = None) -> float:
+    """Seconds until a slot held for `held_s` frees."""
+    left = typical - held_s if held_s < typical else typical / 2
+    if budget is not None and budget > 0:
+        left = min(left, max(0.0, budget - held_s))
+    return max(0.0, left)
+
+
+def expected_wait(slots: list[dict[str, object]], ahead: int, typical: float) -> float:
+    """Seconds until the run with `ahead` runs before it gets a slot.
+    `slots`: status entries (`held`, `held_s`, `budget`)."""
+    free_at = sorted(0.0 if not s.get("held") else
+                     slot_free_in(_num(s.get("held_s")), typical,
+                                  _num(s.get("budget")) if isinstance(s.get("budget"), (int, float)) else None)
+                     for s in slots)
+    if not free_at:
+        return float("inf")
+    for _ in range(ahead):
+        t = heapq.heappop(free_at)
+        heapq.heappush(free_at, t + typical)
+    return free_at[0]
+
+
+def explain(slots: list[dict[str, object]], ahead: int, typical: float, runs: int) -> str:
+    busy = sum(1 for s in slots if s.get("held"))
+    basis = f"median of {runs} recent run(s)" if runs else "no runs yet: assumed"
+    return (f"{ahead} ahead, {busy} of {len(slots)} slot(s) busy, typical run {format_duration(typical)} "
+            f"({basis})")
+
+
+def pool_etas(pool: dict[str, object], records: list[dict[str, object]]) -> dict[str, object]:
+    """For a pool of `status --json`: each waiter's `eta` and the pool's
+    `eta` for a new run, each {"s": seconds, "how": why}."""
+    typical, runs = typical_run(records, str(pool.get("pool")))
+    slots = [s for s in pool.get("slots") or [] if isinstance(s, dict)]  # type: ignore[attr-defined]
+    waiting = [w for w in pool.get("waiting") or [] if isinstance(w, dict)]  # type: ignore[attr-defined]
+    for i, w in enumerate(waiting):
+        w["eta"] = {"s": round(expected_wait(slots, i, typical), 1), "how": explain(slots, i, typical, runs)}
+    return {"s": round(expected_wait(slots, len(waiting), typical), 1),
+            "how": explain(slots, len(waiting), typical, runs), "typical_run_s": round(typical, 3)}
+
+
+def _num(v: object) -> float:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0

@@ -1,0 +1,214 @@
+"""The run history, indexed: `slotq history` and `slotq report`.
+
+The history itself is JSON lines in the state dir (history.py: the spool
+and the monthly segments). This is a per-user SQLite index of them, kept
+beside the user's wait ledger (`<ledger dir>/history-index/<hash>.sqlite`,
+one per state dir), never in the state dir itself: no other user can
+plant a link or a journal file for SQLite to follow, and nobody pays for
+SQLite on a run. Each query first catches up: it reads only what was
+appended to each file since last time (by inode, offset and the file's
+first bytes, so a spool emptied and refilled is read again from its
+start), and keys rows by run id (a line that moved from the spool to a
+segment is the same run). Rows older than the retention are dropped.
+
+Every line is read with limits: at most 64 KiB, JSON with Python's own
+nesting limit; a bad line is skipped and counted (`skipped`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import time
+
+from . import history
+from .ledger import ledger_path_from_env
+from .statefile import StateFileError, open_state
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    key       TEXT PRIMARY KEY,      -- the run id (or file:offset for a line without one)
+    run_id    TEXT, user TEXT, label TEXT, class TEXT, pool TEXT, slot TEXT, host TEXT,
+    outcome   TEXT, blame TEXT, exit_code INTEGER, message TEXT,
+    submitted REAL, slot_at REAL, prepared REAL, started REAL, ended REAL NOT NULL,
+    waited_s  REAL, ran_s REAL
+);
+CREATE INDEX IF NOT EXISTS runs_by_end ON runs (ended);
+CREATE INDEX IF NOT EXISTS runs_by_user ON runs (user, ended);
+CREATE TABLE IF NOT EXISTS files (
+    name TEXT PRIMARY KEY, ino INTEGER, off INTEGER, head BLOB
+);
+CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT);
+"""
+
+COLUMNS = ("run_id", "user", "label", "class", "pool", "slot", "host", "outcome", "blame", "exit_code", "message",
+           "submitted", "slot_at", "prepared", "started", "ended", "waited_s", "ran_s")
+HEAD = 256  # a file's first bytes: a spool emptied and refilled has other ones
+CHUNK = 8 << 20  # read at most this much of a file per step
+
+
+def index_path(state_dir: str) -> str:
+    key = hashlib.sha256(os.path.realpath(state_dir).encode()).hexdigest()[:16]
+    return os.path.join(os.path.dirname(ledger_path_from_env()), "history-index", f"{key}.sqlite")
+
+
+class Index:
+    def __init__(self, state_dir: str, retention_s: float, path: str | None = None) -> None:
+        self.state_dir = state_dir
+        self.retention_s = retention_s
+        self.path = path or index_path(state_dir)
+        os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
+        self.db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.executescript(_SCHEMA)
+        self.skipped = 0
+
+    def close(self) -> None:
+        self.db.close()
+
+    def catch_up(self, now: float | None = None) -> int:
+        """Index what was appended since last time; drop rows past the
+        retention. The number of lines read."""
+        now = time.time() if now is None else now
+        history.prune(self.state_dir, self.retention_s, now)
+        files = [history.history_path(self.state_dir) + ".1", *history.segment_files(self.state_dir),
+                 history.history_path(self.state_dir)]
+        cutoff = now - self.retention_s
+        n = 0
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            for path in files:
+                n += self._read_file(path, cutoff)
+            self.db.execute("DELETE FROM runs WHERE ended < ?", (cutoff,))
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        return n
+
+    def _read_file(self, path: str, cutoff: float) -> int:
+        name = os.path.relpath(path, self.state_dir)
+        try:
+            fd, _ = open_state(path, os.O_RDONLY)
+        except (OSError, StateFileError):
+            return 0
+        try:
+            st = os.fstat(fd)
+            head = os.pread(fd, HEAD, 0)
+            row = self.db.execute("SELECT ino, off, head FROM files WHERE name = ?", (name,)).fetchone()
+            off = 0
+            if row is not None and row[0] == st.st_ino and row[1] <= st.st_size and \
+                    bytes(row[2] or b"")[:len(head)] == head[:len(row[2] or b"")]:
+                off = row[1]
+            n = 0
+            rows = []
+            while off < st.st_size:
+                data = os.pread(fd, min(CHUNK, st.st_size - off), off)
+                end = data.rfind(b"\n")
+                if end < 0:
+                    if len(data) >= history.MAX_LINE + 1:  # one huge line: skip it whole
+                        nl = self._next_newline(fd, off + len(data), st.st_size)
+                        self.skipped += 1
+                        off = nl
+                        continue
+                    break  # a line still being written
+                base = off
+                for line in data[:end].split(b"\n"):
+                    rec = self._parse(line)
+                    if rec is not None and rec[COLUMNS.index("ended")] is not None and \
+                            rec[COLUMNS.index("ended")] >= cutoff:  # type: ignore[operator]
+                        key = rec[0] if isinstance(rec[0], str) and rec[0] else f"{name}:{base}"
+                        rows.append((key, *rec))
+                    base += len(line) + 1
+                    n += 1
+                off += end + 1
+                if len(rows) >= 10_000:
+                    self._insert(rows)
+                    rows = []
+            self._insert(rows)
+            self.db.execute("INSERT OR REPLACE INTO files (name, ino, off, head) VALUES (?, ?, ?, ?)",
+                            (name, st.st_ino, off, head))
+            return n
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _next_newline(fd: int, pos: int, size: int) -> int:
+        while pos < size:
+            data = os.pread(fd, 1 << 20, pos)
+            i = data.find(b"\n")
+            if i >= 0:
+                return pos + i + 1
+            pos += len(data)
+        return size
+
+    def _insert(self, rows: list[tuple[object, ...]]) -> None:
+        if rows:
+            marks = ", ".join("?" * (len(COLUMNS) + 1))
+            self.db.executemany(f"INSERT OR REPLACE INTO runs (key, {', '.join(_q(c) for c in COLUMNS)}) "
+                                f"VALUES ({marks})", rows)
+
+    def _parse(self, line: bytes) -> tuple[object, ...] | None:
+        if not line.strip():
+            return None
+        if len(line) > history.MAX_LINE:
+            self.skipped += 1
+            return None
+        try:
+            raw = json.loads(line)
+        except (ValueError, RecursionError):
+            self.skipped += 1
+            return None
+        if not isinstance(raw, dict):
+            self.skipped += 1
+            return None
+        rec = history.clean_record(raw)
+        ph: dict[str, object] = rec["phases"] or {}  # type: ignore[assignment]
+        ended = ph.get("ended")
+        if ended is None:
+            self.skipped += 1
+            return None
+        fields = {**rec, "submitted": ph.get("submitted"), "slot_at": ph.get("slot"),
+                  "prepared": ph.get("prepared"), "started": ph.get("started"), "ended": ended}
+        return tuple(fields.get(c) for c in COLUMNS)
+
+    def query(self, since: float | None = None, until: float | None = None, user: str | None = None,
+              label: str | None = None, outcome: str | None = None, cls: str | None = None,
+              limit: int | None = None) -> list[dict[str, object]]:
+        """Runs that overlap [since, until] (ended at or after `since`,
+        submitted at or before `until`), oldest first, filtered; `label` is
+        a substring. The newest `limit` if given."""
+        where: list[str] = ["1"]
+        args: list[object] = []
+        if since is not None:
+            where.append("ended >= ?")
+            args.append(since)
+        if until is not None:
+            where.append("COALESCE(submitted, slot_at, started, ended) <= ?")
+            args.append(until)
+        for col, value in (("user", user), ("outcome", outcome), ("class", cls)):
+            if value is not None:
+                where.append(f"{_q(col)} = ?")
+                args.append(value)
+        if label is not None:
+            where.append("instr(label, ?) > 0")
+            args.append(label)
+        sql = f"SELECT {', '.join(_q(c) for c in COLUMNS)} FROM runs WHERE {' AND '.join(where)} ORDER BY ended DESC"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        rows = self.db.execute(sql, args).fetchall()
+        return [_run(dict(zip(COLUMNS, r))) for r in reversed(rows)]
+
+
+def _q(col: str) -> str:
+    return f'"{col}"'
+
+
+def _run(row: dict[str, object]) -> dict[str, object]:
+    """A row in the vocabulary of `run --json`: phases nested."""
+    phases = {"submitted": row.pop("submitted"), "slot": row.pop("slot_at"), "prepared": row.pop("prepared"),
+              "started": row.pop("started"), "ended": row.pop("ended")}
+    return {**row, "phases": phases}

@@ -1,0 +1,202 @@
+"""The durable run history: spool + monthly segments, the per-user index,
+`slotq history`, and `status --history N` reading all of it."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import signal
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from conftest import Run, slotq_cmd, wait_for
+from slotq import history
+from slotq.historydb import Index
+from test_run_e2e import live_tickets, start_holder
+
+Start = Callable[..., Run]
+DAY = 86400.0
+
+
+def record(i: int, ended: float, **extra: object) -> dict[str, object]:
+    phases: dict[str, float | None] = {"submitted": ended - 10, "slot": ended - 5, "started": ended - 5,
+                                       "ended": ended}
+    rec = history.run_record(run_id=f"run{i:07d}", label=f"job {i}", cls="shared", host="h",
+                             outcome="passed" if i % 3 else "failed", exit_code=0 if i % 3 else 1,
+                             message="", phases=phases, pool="shared", slot="shared#0")
+    rec.update(extra)
+    return rec
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(slotq_cmd() + list(args), capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.timeout(60)
+def test_every_run_is_kept_past_the_spool_size_and_status_history_n_reads_them_all(
+        state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(history, "SPOOL_BYTES", 8192)  # ~25 runs: the spool moves to its segment often
+    state_dir.mkdir()
+    now = time.time()
+    for i in range(300):
+        history.append(str(state_dir), record(i, now - 300 + i))
+    assert history.segment_files(str(state_dir)), "the spool was never moved to a segment"
+    assert os.path.getsize(history.history_path(str(state_dir))) <= 8192 + 1024
+    got = history.recent(str(state_dir), 1000)
+    assert [r["run_id"] for r in got] == [f"run{i:07d}" for i in range(300)]
+    proc = cli("status", "--json", "--history", "1000")
+    assert proc.returncode == 0, proc.stderr
+    assert len(json.loads(proc.stdout)["history"]) == 300
+    proc = cli("history", "--json", "--since", "1h")
+    assert proc.returncode == 0, proc.stderr
+    assert [r["run_id"] for r in json.loads(proc.stdout)] == [f"run{i:07d}" for i in range(300)]
+
+
+@pytest.mark.timeout(60)
+def test_history_lists_real_runs_with_phases_and_filters_including_a_run_cancelled_in_line(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    holder = start_holder(runs, state_dir, gate)
+    queued = runs("--label", "gave up", "--", "true", name="queued")
+    wait_for(lambda: len(live_tickets(state_dir)) == 1, what="the second run in line")
+    in_line_from = time.time()
+    wait_for(lambda: time.time() - in_line_from > 0.5, what="half a second in line")
+    queued.proc.send_signal(signal.SIGINT)
+    assert queued.wait() == 130
+    gate.touch()
+    assert holder.wait() == 0
+    assert runs("--label", "bad one", "--class", "landing", "--", "false", name="bad").wait() == 1
+    proc = cli("history", "--json")
+    assert proc.returncode == 0, proc.stderr
+    got = {r["label"]: r for r in json.loads(proc.stdout)}
+    assert set(got) == {"placeholder", "gave up", "bad one"}
+    gave_up = got["gave up"]
+    assert (gave_up["outcome"], gave_up["blame"], gave_up["slot"]) == ("cancelled", "caller", None)
+    assert gave_up["waited_s"] >= 0.5 and gave_up["phases"]["submitted"] is not None
+    assert gave_up["phases"]["started"] is None and gave_up["ran_s"] is None
+    bad = got["bad one"]
+    assert (bad["outcome"], bad["exit_code"], bad["class"], bad["slot"]) == ("failed", 1, "landing", "landing#0")
+    assert bad["user"] == pwd.getpwuid(os.getuid()).pw_name
+    assert all(bad["phases"][k] is not None for k in ("submitted", "slot", "started", "ended"))
+    # The same vocabulary as `run --json`.
+    res = json.loads((tmp_path / "bad.json").read_text())
+    assert res["run_id"] == bad["run_id"] and set(res["phases"]) >= set(bad["phases"])
+    assert "class" in res and "class" in bad
+    for args, labels in ((["--outcome", "failed"], {"bad one"}), (["--label", "gave"], {"gave up"}),
+                         (["--class", "landing"], {"bad one"}), (["--user", "nobody-such"], set()),
+                         (["--user", str(bad["user"])], {"placeholder", "gave up", "bad one"}),
+                         (["--limit", "1"], {"bad one"})):
+        proc = cli("history", "--json", *args)
+        assert {r["label"] for r in json.loads(proc.stdout)} == labels, args
+    text = cli("history").stdout
+    assert text.splitlines()[0].split()[:4] == ["RUN_ID", "USER", "CLASS", "SLOT"]
+    assert "gave up" in text and text.endswith("3 run(s)\n")
+
+
+@pytest.mark.parametrize("args, what", [
+    (["--outcome", "nope"], "--outcome 'nope' is not an outcome"),
+    (["--since", "yesterday-ish"], "--since"),
+    (["--since", "1h", "--until", "2h"], "--until is before --since"),
+    (["--limit", "0"], "--limit"),
+])
+@pytest.mark.timeout(30)
+def test_bad_history_arguments_are_one_line_exit_2(state_dir: Path, args: list[str], what: str) -> None:
+    proc = cli("history", *args)
+    assert proc.returncode == 2 and what in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr
+
+
+@pytest.mark.timeout(60)
+def test_the_index_catches_up_incrementally_without_duplicates_when_the_spool_moves(
+        state_dir: Path, tmp_path: Path) -> None:
+    state_dir.mkdir()
+    now = time.time()
+    for i in range(10):
+        history.append(str(state_dir), record(i, now - 100 + i))
+    index = Index(str(state_dir), 180 * DAY, path=str(tmp_path / "idx.sqlite"))
+    assert index.catch_up() == 10
+    assert index.catch_up() == 0  # nothing new: nothing read
+    assert history.archive(str(state_dir))  # the spool moves to its segment, and is emptied
+    for i in range(10, 15):
+        history.append(str(state_dir), record(i, now - 100 + i))
+    index.catch_up()
+    ids = [r["run_id"] for r in index.query()]
+    assert ids == [f"run{i:07d}" for i in range(15)]
+    # A window: runs that overlap it, by their phases.
+    assert [r["run_id"] for r in index.query(since=now - 92.5, until=now - 88.5)] == \
+        [f"run{i:07d}" for i in range(8, 15)]  # ended >= since, submitted (ended - 10) <= until
+    index.close()
+
+
+@pytest.mark.timeout(60)
+def test_corrupt_lines_are_skipped_and_counted_never_a_crash(state_dir: Path, tmp_path: Path) -> None:
+    state_dir.mkdir()
+    now = time.time()
+    history.append(str(state_dir), record(1, now))
+    with open(history.history_path(str(state_dir)), "ab") as f:
+        f.write(b"[" * 100_000 + b"\n")  # deeper than any parser should go
+        f.write(b'{"run_id": "' + b"x" * 200_000 + b'"}\n')  # too long
+        f.write(b"\xff\xfe not json\n")
+        f.write(b'{"run_id": "no-end", "phases": {"ended": "soon"}}\n')
+    history.append(str(state_dir), record(2, now))
+    index = Index(str(state_dir), 180 * DAY, path=str(tmp_path / "idx.sqlite"))
+    index.catch_up()
+    assert [r["run_id"] for r in index.query()] == ["run0000001", "run0000002"]
+    assert index.skipped == 4
+    index.close()
+    # The status view shows any JSON object (the one without an end too).
+    assert [r["run_id"] for r in history.recent(str(state_dir), 10)] == ["run0000001", "no-end", "run0000002"]
+    proc = cli("history")
+    assert proc.returncode == 0 and "2 run(s)" in proc.stdout
+    assert "4 corrupt line(s)" in proc.stderr
+
+
+@pytest.mark.timeout(60)
+def test_retention_drops_old_runs_and_old_segments(state_dir: Path, tmp_path: Path) -> None:
+    state_dir.mkdir()
+    now = time.time()
+    seg_dir = Path(history.segments_dir(str(state_dir)))
+    seg_dir.mkdir()
+    old = seg_dir / "2001-01.jsonl"
+    old.write_text(json.dumps(record(1, 978_307_200 + 3600)) + "\n")
+    history.append(str(state_dir), record(2, now - 40 * DAY))
+    history.append(str(state_dir), record(3, now - 1 * DAY))
+    (state_dir / "host.toml").write_text('[history]\nretention = "30d"\n')
+    proc = cli("history", "--json", "--since", "3650d")
+    assert proc.returncode == 0, proc.stderr
+    assert [r["run_id"] for r in json.loads(proc.stdout)] == ["run0000003"]
+    assert not old.exists(), "a segment wholly past the retention is deleted"
+    (state_dir / "host.toml").write_text('[history]\nretention = "forever"\n')
+    proc = cli("history")
+    assert proc.returncode == 78 and "[history] retention" in proc.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_window_query_over_200k_runs_takes_milliseconds(state_dir: Path, tmp_path: Path) -> None:
+    state_dir.mkdir()
+    seg_dir = Path(history.segments_dir(str(state_dir)))
+    seg_dir.mkdir()
+    now = time.time()
+    n = 200_000
+    start = now - 90 * DAY
+    step = 90 * DAY / n
+    with open(seg_dir / time.strftime("%Y-%m.jsonl", time.gmtime(now)), "w") as f:
+        for i in range(n):
+            f.write(json.dumps(record(i, start + i * step)) + "\n")
+    index = Index(str(state_dir), 180 * DAY, path=str(tmp_path / "idx.sqlite"))
+    assert index.catch_up() == n
+    times = []
+    for k in range(5):
+        since = start + (k + 1) * 10 * DAY
+        t0 = time.perf_counter()
+        got = index.query(since=since, until=since + 3600)
+        times.append(time.perf_counter() - t0)
+        assert 80 <= len(got) <= 100, len(got)  # one hour of a run every ~39 s
+    index.close()
+    assert statistics.median(times) < 0.05, times

@@ -1,0 +1,223 @@
+"""Issue 14: what a user sees -- the live line on a terminal, ETAs, the
+command's slot environment, and the edges a new user hit."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from conftest import Run, slotq_cmd, wait_for
+from slotq import history
+from test_run_e2e import live_tickets, start_holder
+
+Start = Callable[..., Run]
+
+
+def cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+        ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(slotq_cmd() + list(args), capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL, env=env, cwd=cwd)
+
+
+def read_pty(fd: int, proc: subprocess.Popen[bytes], timeout: float = 30) -> bytes:
+    """Everything written to a pty until its writer ends."""
+    out = b""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        ready, _, _ = select.select([fd], [], [], 0.1)
+        if ready:
+            try:
+                data = os.read(fd, 65536)
+            except OSError:
+                break
+            if not data:
+                break
+            out += data
+        elif proc.poll() is not None:
+            break
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_on_a_terminal_the_waiting_line_is_redrawn_in_place_and_replaced_by_the_slot_line(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    holder = start_holder(runs, state_dir, gate)
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(slotq_cmd() + ["run", "--", "echo", "hi"], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=slave, env=dict(os.environ, TERM="xterm"))
+    os.close(slave)
+    seen = b""
+    # Two redraws (about a second apart) before the slot is given.
+    deadline = time.monotonic() + 20
+    while seen.count(b"\r\x1b[2Kslotq: waiting") < 2 and time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.1)
+        if ready:
+            seen += os.read(master, 65536)
+    gate.touch()
+    seen += read_pty(master, proc)
+    os.close(master)
+    assert proc.wait(timeout=10) == 0 and holder.wait() == 0
+    text = seen.decode()
+    redraws = re.findall(r"\r\x1b\[2K(slotq: waiting [^\r\n]*)", text)
+    assert len(redraws) >= 2, text
+    assert "#1 in shared" in redraws[-1] and "placeholder" in redraws[-1] and "ETA ~" in redraws[-1], redraws
+    # The slot line replaces the live one (erased first), then ordinary lines.
+    assert re.search(r"\r\x1b\[2Kslotq: slot shared#0 acquired after", text), text
+    assert "\n" not in text.split("slotq: slot shared#0")[0].replace("\r\n", "\n").rstrip("\n"), \
+        "the waiting lines were not kept on one line"
+
+
+@pytest.mark.timeout(60)
+def test_in_a_pipe_the_waiting_lines_are_plain_with_an_eta(state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    holder = start_holder(runs, state_dir, gate)
+    waiter = runs("--report-every", "0.2", "--", "true", name="waiter")
+    wait_for(lambda: "expected wait ~" in waiter.err, what="a waiting line with an ETA")
+    gate.touch()
+    assert waiter.wait() == 0 and holder.wait() == 0
+    assert "\x1b" not in waiter.err and "\r" not in waiter.err
+    line = next(ln for ln in waiter.err.splitlines() if "expected wait" in ln)
+    assert "(0 ahead, 1 of 1 slot(s) busy, typical run" in line, line
+
+
+@pytest.mark.timeout(90)
+def test_the_eta_of_the_third_in_line_is_within_25_percent_when_run_times_are_known(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    run_s = 1.5
+    state_dir.mkdir()
+    now = time.time()
+    for i in range(10):  # the pool's history: every run takes 1.5 s
+        history.append(str(state_dir), history.run_record(
+            run_id=f"old{i}", label="old", cls="shared", host="h", outcome="passed", exit_code=0, message="",
+            pool="shared", phases={"submitted": now - 100, "slot": now - 100, "started": now - 100,
+                                   "ended": now - 100 + run_s}))
+    gate = tmp_path / "gate"
+    holder = runs("--", "sh", "-c", f'while [ ! -e "{gate}" ]; do sleep 0.01; done; sleep {run_s}', name="h")
+    wait_for(lambda: not live_tickets(state_dir) and json.loads(cli("status", "--json").stdout)["pools"][0]
+             ["slots"][0]["held"], what="the holder holds the slot")
+    ahead = [runs("--", "sleep", str(run_s), name=f"ahead{i}") for i in range(2)]
+    wait_for(lambda: len(live_tickets(state_dir)) == 2, what="two in line")
+    mine = runs("--", "true", name="mine")
+    wait_for(lambda: len(live_tickets(state_dir)) == 3, what="three in line")
+    gate.touch()  # the holder now runs for 1.5 s: its time left is known
+    snap = json.loads(cli("status", "--json").stdout)
+    t0 = time.time()
+    pool = snap["pools"][0]
+    eta = pool["waiting"][2]["eta"]
+    assert eta["how"].startswith("2 ahead, 1 of 1 slot(s) busy, typical run 1.5s (median of 10 recent run(s))")
+    assert mine.wait() == 0 and holder.wait() == 0 and all(r.wait() == 0 for r in ahead)
+    actual = mine.result()["phases"]["slot"] - t0
+    assert abs(eta["s"] - actual) <= 0.25 * actual, (eta, actual)
+    assert pool["eta"]["s"] >= eta["s"]  # a new run would wait at least as long
+
+
+@pytest.mark.timeout(60)
+def test_the_command_knows_its_slot(state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    (tmp_path / "host.toml").write_text("[pools]\nshared = 2\nlanding = 1\n")
+    env = dict(os.environ, SLOTQ_CONFIG=str(tmp_path / "host.toml"))
+    show = ["sh", "-c", "env | grep ^SLOTQ_ | sort"]
+    out = cli("run", "-q", "--budget", "90s", "--class", "landing", "--", *show, env=env).stdout
+    got = dict(line.split("=", 1) for line in out.splitlines())
+    assert got["SLOTQ_POOL"] == "landing" and got["SLOTQ_SLOT"] == "landing#0" and got["SLOTQ_SLOT_INDEX"] == "0"
+    assert got["SLOTQ_BUDGET"] == "90" and re.fullmatch(r"[0-9a-f]{12}", got["SLOTQ_RUN_ID"])
+    # Two at once in a two-slot pool: each its own index.
+    gate = tmp_path / "gate"
+    first = subprocess.Popen(slotq_cmd() + ["run", "-q", "--", "sh", "-c",
+                                            f'echo $SLOTQ_SLOT; while [ ! -e "{gate}" ]; do sleep 0.01; done'],
+                             env=env, stdout=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    assert first.stdout is not None
+    slot_a = first.stdout.readline().strip()
+    words = cli("run", "-q", "--", "sh", "-c", "echo $SLOTQ_SLOT $SLOTQ_SLOT_INDEX", env=env).stdout.split()
+    gate.touch()
+    first.wait(timeout=30)
+    assert {slot_a, words[0]} == {"shared#0", "shared#1"} and words[1] == words[0][-1]
+
+
+@pytest.mark.timeout(60)
+def test_a_standby_started_command_knows_its_slot_too(state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    # In a one-slot line the next command is started by a keeper waiting
+    # in flock(2): it gets the same variables.
+    gate = tmp_path / "gate"
+    holder = start_holder(runs, state_dir, gate)
+    nxt = runs("--", "sh", "-c", "echo $SLOTQ_POOL $SLOTQ_SLOT $SLOTQ_SLOT_INDEX", name="next")
+    wait_for(lambda: len(live_tickets(state_dir)) == 1, what="next in line")
+    gate.touch()
+    assert nxt.wait() == 0 and holder.wait() == 0
+    assert nxt.out == b"shared shared#0 0\n"
+
+
+@pytest.mark.timeout(30)
+def test_json_to_stdout_starts_on_a_line_of_its_own(state_dir: Path) -> None:
+    proc = cli("run", "-q", "--json", "-", "--", "printf", "abc")
+    assert proc.stdout.startswith("abc\n{"), proc.stdout
+    assert json.loads(proc.stdout[4:])["outcome"] == "passed"
+    proc = cli("run", "-q", "--json", "-", "--", "echo", "abc")
+    assert proc.stdout.startswith("abc\n{"), proc.stdout  # no blank line when the output ended one
+
+
+@pytest.mark.parametrize("args", [["status", "--json"], ["waits", "--json"], ["history", "--json"],
+                                  ["run", "-q", "--json", "-", "--", "true"]])
+@pytest.mark.timeout(30)
+def test_a_reader_that_goes_away_is_a_quiet_exit(state_dir: Path, args: list[str]) -> None:
+    cmd = " ".join(slotq_cmd() + args)
+    proc = subprocess.run(["bash", "-c", f'{cmd} | head -c1 >/dev/null; echo "${{PIPESTATUS[0]}}"'],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.stderr == "", proc.stderr
+    assert proc.stdout.strip() in ("0", "141"), proc.stdout
+    proc = subprocess.run(["bash", "-c", f"{cmd} | no-such-jq-here 2>/dev/null"], capture_output=True, text=True,
+                          timeout=30)
+    assert proc.stderr == "" and "Traceback" not in proc.stdout
+
+
+@pytest.mark.timeout(30)
+def test_the_exec_timeout_message_does_not_restate_a_different_wait(state_dir: Path) -> None:
+    proc = cli("run", "--budget", "0.3", "--kill-grace", "0.1", "--", "sleep", "5")
+    assert proc.returncode == 124
+    last = proc.stderr.splitlines()[-1]
+    assert last.count("waited") == 1, last
+    assert re.search(r"slot acquired at \d\d:\d\d:\d\d; the budget counted from the command's start at "
+                     r"\d\d:\d\d:\d\d", last), last
+
+
+@pytest.mark.timeout(30)
+def test_status_ends_with_a_newline_and_bare_slotq_is_usage_on_stderr(state_dir: Path) -> None:
+    proc = cli("status")
+    assert proc.returncode == 0 and proc.stdout.endswith("\n") and not proc.stdout.endswith("\n\n")
+    proc = cli()
+    assert (proc.returncode, proc.stdout) == (2, "") and proc.stderr.startswith("usage: slotq")
+    proc = cli("--help")
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: slotq") and proc.stderr == ""
+
+
+@pytest.mark.timeout(30)
+def test_one_vocabulary_in_status_json_and_absolute_paths_in_task_json(state_dir: Path, runs: Start,
+                                                                        tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    holder = start_holder(runs, state_dir, gate)
+    snap = json.loads(cli("status", "--json").stdout)
+    gate.touch()
+    assert holder.wait() == 0
+    slot = snap["pools"][0]["slots"][0]
+    assert slot["class"] == "shared" and "cls" not in slot
+    snap = json.loads(cli("status", "--json").stdout)
+    last = snap["history"][-1]
+    assert last["class"] == "shared" and "cls" not in last
+    assert set(last["phases"]) == {"submitted", "slot", "prepared", "started", "ended"}
+    proc = cli("task", "--budget", "10s", "--json", "-", "--", "true", cwd=tmp_path)
+    res = json.loads(proc.stdout)
+    assert os.path.isabs(res["credit_dir"]) and res["credit_dir"] == os.path.realpath(tmp_path), res
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__]))
