@@ -214,3 +214,28 @@ def runs(tmp_path: Path) -> Iterator[Callable[..., Run]]:
     yield start
     for r in started:
         r.kill()
+
+
+def watch_snapshots(args: list[str], count: int = 2, timeout: float = 30.0) -> tuple[int, str]:
+    """Run `slotq status --watch ARGS` in a pipe until it has printed
+    `count` snapshots (lines starting `--- `), then Ctrl-C it: (exit code,
+    what it printed)."""
+    import select
+
+    proc = subprocess.Popen(slotq_cmd() + ["status", "--watch", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    assert proc.stdout is not None
+    out = b""
+    end = time.monotonic() + timeout
+    try:
+        while out.count(b"\n--- ") + out.startswith(b"--- ") < count + 1 and time.monotonic() < end:
+            ready, _, _ = select.select([proc.stdout], [], [], 0.1)
+            if ready:
+                data = os.read(proc.stdout.fileno(), 65536)
+                if not data:
+                    break
+                out += data
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=10)
+    return proc.returncode, (out + rest).decode(errors="replace")

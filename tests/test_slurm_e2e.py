@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from conftest import alive, group_alive, one_line, slotq_cmd, wait_for
+from conftest import alive, group_alive, one_line, slotq_cmd, wait_for, watch_snapshots
 from slotq.ledger import Ledger
 
 CONF = os.environ.get("SLOTQ_TEST_SLURM_CONF", "")
@@ -372,6 +372,9 @@ def test_status_slurm_shows_each_configured_partitions_queue(slurm_env: Path,
     text = subprocess.run(slotq_cmd() + ["status", "--slurm"], capture_output=True, text=True, timeout=30).stdout
     assert f"running   job {holder}  root  placeholder-{tmp.name}" in text, text
     assert re.search(rf"pending +\d+\. job {job}  root  slotq-\w+  reason (Resources|Priority)", text), text
+    code, out = watch_snapshots(["--slurm", "--every", "0.2"], count=2)
+    snaps = [s for s in out.split("--- ")[1:] if s.strip()]
+    assert code == 0 and len(snaps) >= 2 and all(f"job {job}" in s for s in snaps[:2]), out
     caller.kill()
     caller.wait()
 

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from conftest import Run, alive, slotq_cmd, wait_for
+from conftest import Run, alive, slotq_cmd, wait_for, watch_snapshots
 from slotq.ledger import Ledger
 
 Start = Callable[..., Run]
@@ -344,3 +344,6 @@ def test_several_hosts_pick_the_shortest_expected_wait_and_say_why(ssh_config: s
 def test_status_over_ssh_shows_the_remote_queue(remote: Remote) -> None:
     proc = subprocess.run(slotq_cmd() + ["status", *remote.args], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0 and "pool shared" in proc.stdout and "/st-" in proc.stdout
+    code, out = watch_snapshots([*remote.args, "--every", "0.2"], count=2)
+    snaps = [s for s in out.split("--- ")[1:] if s.strip()]
+    assert code == 0 and len(snaps) >= 2 and all("pool shared" in s and "/st-" in s for s in snaps[:2]), out

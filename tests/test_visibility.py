@@ -8,6 +8,7 @@ import os
 import pty
 import re
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ from typing import Callable
 
 import pytest
 
-from conftest import Run, slotq_cmd, wait_for
+from conftest import Run, slotq_cmd, wait_for, watch_snapshots
 from slotq import history
 from test_run_e2e import live_tickets, start_holder
 
@@ -217,6 +218,46 @@ def test_one_vocabulary_in_status_json_and_absolute_paths_in_task_json(state_dir
     proc = cli("task", "--budget", "10s", "--json", "-", "--", "true", cwd=tmp_path)
     res = json.loads(proc.stdout)
     assert os.path.isabs(res["credit_dir"]) and res["credit_dir"] == os.path.realpath(tmp_path), res
+
+
+@pytest.mark.timeout(60)
+def test_status_watch_in_a_pipe_prints_plain_snapshots_at_the_interval(state_dir: Path, runs: Start,
+                                                                       tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    holder = start_holder(runs, state_dir, gate)
+    code, out = watch_snapshots(["--every", "0.2"], count=3)
+    gate.touch()
+    assert holder.wait() == 0
+    assert code == 0, out
+    snaps = [s for s in out.split("--- ")[1:] if s.strip()]
+    assert len(snaps) >= 3 and all("pool shared" in s and "placeholder" in s for s in snaps[:3]), out
+    assert "\x1b" not in out and "\r" not in out
+
+
+@pytest.mark.timeout(60)
+def test_status_watch_on_a_terminal_redraws_in_place_and_leaves_the_terminal_clean(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    holder = start_holder(runs, state_dir, gate, "--budget", "10m")
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(slotq_cmd() + ["status", "--watch", "--every", "0.2"], stdin=subprocess.DEVNULL,
+                            stdout=slave, stderr=slave, env=dict(os.environ, TERM="xterm"))
+    os.close(slave)
+    seen = b""
+    deadline = time.monotonic() + 20
+    while seen.count(b"\x1b[H") < 3 and time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.1)
+        if ready:
+            seen += os.read(master, 65536)
+    proc.send_signal(signal.SIGINT)
+    seen += read_pty(master, proc)
+    os.close(master)
+    gate.touch()
+    assert proc.wait(timeout=10) == 0 and holder.wait() == 0
+    assert seen.startswith(b"\x1b[?1049h\x1b[?25l"), seen[:40]  # the alternate screen, cursor hidden
+    assert seen.count(b"\x1b[H") >= 3  # redrawn in place, not scrolled
+    assert re.search(rb"\[#*-+\] [\d.]+m?s of 10m00s", seen), seen[-600:]  # the holder's time against its budget
+    assert seen.endswith(b"\x1b[?25h\x1b[?1049l"), seen[-40:]  # cursor back, the old screen restored
 
 
 if __name__ == "__main__":

@@ -276,7 +276,22 @@ def _describe_orphan(s: dict[str, object]) -> str:
             f"(pids {', '.join(map(str, pids))}): runner pid {s.get('pid')} and its keeper are gone")
 
 
-def format_snapshot(snap: dict[str, object]) -> str:
+def _bar(held: float, budget: object, width: int = 20) -> str:
+    """`[#######-------------]`: the time held against the budget."""
+    if not isinstance(budget, (int, float)) or budget <= 0:
+        return ""
+    n = min(width, int(width * held / budget))
+    return "[" + "#" * n + "-" * (width - n) + "] "
+
+
+_COLORS = {"passed": "32", "failed": "31", "exec_timeout": "33", "idle_timeout": "33", "unavailable": "35",
+           "backstop": "35", "cancelled": "2", "caller_gone": "2"}
+
+
+def format_snapshot(snap: dict[str, object], bars: bool = False, color: bool = False) -> str:
+    """The status as text. `bars`: each holder's time against its budget
+    as a bar (the live view); `color`: outcomes in colour (a terminal,
+    without NO_COLOR)."""
     lines = [f"host {snap['host']}  load {snap['load1']}/{snap['cores']} cores  state {snap['state_dir']}"]
     for p in snap["pools"]:  # type: ignore[attr-defined]
         lines.append(f"pool {p['pool']} ({len(p['slots'])} slot(s); classes: {', '.join(p['classes'])})")
@@ -291,6 +306,9 @@ def format_snapshot(snap: dict[str, object]) -> str:
                 lines.append(f"  {s['slot']}: {printable(s.get('label') or '?')} (user {s.get('user') or '?'}, "
                              f"run {printable(s.get('run_id'))}, pid {s.get('pid')}, "
                              f"{printable(s.get('phase') or '?')}, held {held}{b})")
+                if bars and isinstance(budget, (int, float)):
+                    lines.append(f"    {_bar(float(s.get('held_s') or 0), budget)}{held} of "
+                                 f"{format_duration(float(budget))}")
                 if s.get("phase") == "orphaned":
                     lines.append("    " + describe_orphan(s))
             elif s.get("error"):
@@ -314,7 +332,10 @@ def format_snapshot(snap: dict[str, object]) -> str:
     if hist:
         lines.append("recent runs:")
         for h in hist:  # type: ignore[attr-defined]
-            lines.append(f"  {printable(h.get('outcome') or '?', 20):14} "
+            outcome = f"{printable(h.get('outcome') or '?', 20):14}"
+            if color and h.get("outcome") in _COLORS:
+                outcome = f"\x1b[{_COLORS[str(h.get('outcome'))]}m{outcome}\x1b[0m"
+            lines.append(f"  {outcome} "
                          f"waited {format_duration(float(h.get('waited_s') or 0)):>7} "
                          f"ran {format_duration(float(h.get('ran_s') or 0)):>7}  {printable(h.get('label') or '')}")
     for w in snap.get("warnings") or []:  # type: ignore[attr-defined]

@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
 import time
+from collections.abc import Callable
 
-from slotq.cli.args import FLAG, Opt, Parser, host_options, positive_int
+from slotq.cli.args import FLAG, Namespace, Opt, Parser, duration, host_options, positive_int
+from slotq.errors import SlotqError
 
 PARSER = Parser(
-    prog="slotq status", usage="slotq status [--json] [--history N] [--host HOST | --slurm]",
+    prog="slotq status", usage="slotq status [--json] [--history N] [--watch [--every D]] [--host HOST | --slurm]",
     description="Show the host's queue: pools, slots and who holds them (phase, age, budget), waiting "
-                "tickets in order with their wait so far, machine load and recent runs.",
+                "tickets in order with their wait so far and expected wait, machine load and recent runs. "
+                "--watch keeps showing it: on a terminal a full-screen view redrawn in place (Ctrl-C leaves "
+                "the terminal as it was); in a pipe a plain snapshot every --every.",
     options=[
-        Opt("--json", kind=FLAG, help="machine-readable output"),
+        Opt("--json", kind=FLAG, help="machine-readable output (with --watch: one JSON object per line)"),
         Opt("--history", metavar="N", convert=positive_int, default=10, help="recent runs to show (default 10)"),
+        Opt("--watch", kind=FLAG, help="keep showing the status until Ctrl-C"),
+        Opt("--every", metavar="D", convert=duration(minimum=0.1), default=2.0,
+            help="with --watch: how often (default 2s)"),
         *host_options(),
         Opt("--slurm", kind=FLAG, help="the Slurm partitions the host config's [slurm.classes] name: running "
                                        "jobs, and pending ones in Slurm's priority order with its reasons"),
@@ -27,48 +36,119 @@ def main(args: list[str]) -> int:
     if opts.slurm and opts.host:
         raise PARSER.error("--slurm and --host name two different places: choose one")
     if opts.slurm:
-        return _slurm(opts.json)
-    if opts.host:
-        from slotq.transports.ssh import SshHost
-
-        for host in [h for h in opts.host.split(",") if h]:
-            remote = SshHost(host, config=opts.ssh_config, options=opts.ssh_option,
-                             remote_slotq=opts.remote_slotq)
-            remote.ensure_master()
-            sys.stdout.write(remote.status(as_json=opts.json))
+        render = _slurm(opts.json)
+    elif opts.host:
+        render = _remote(opts)
+    else:
+        render = _local(opts.history, opts.json)
+    if not opts.watch:
+        sys.stdout.write(render(False, False))
         return 0
+    return watch(render, opts.every, as_json=opts.json)
+
+
+Render = Callable[[bool, bool], str]  # (watching, on a terminal) -> text ending in a newline
+
+
+def watch(render: Render, every: float, as_json: bool = False) -> int:
+    """Show `render()` every `every` seconds until Ctrl-C or SIGTERM. On a
+    terminal: the alternate screen, redrawn in place, cursor hidden; the
+    terminal is restored on the way out, whatever ends us. In a pipe:
+    plain snapshots, each after a line naming its time."""
+    import signal
+
+    tty = not as_json and sys.stdout.isatty() and os.environ.get("TERM", "") not in ("", "dumb")
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    if tty:
+        sys.stdout.write("\x1b[?1049h\x1b[?25l")  # alternate screen, cursor hidden
+    try:
+        while True:
+            try:
+                text = render(True, tty)
+            except SlotqError as e:
+                text = f"slotq status: {e}\n"
+            if tty:
+                rows = shutil.get_terminal_size().lines
+                lines = text.splitlines()[:max(1, rows - 1)]
+                sys.stdout.write("\x1b[H" + "".join(ln + "\x1b[K\n" for ln in lines) + "\x1b[J")
+            elif as_json:
+                sys.stdout.write(text)
+            else:
+                sys.stdout.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')}\n{text}\n")
+            sys.stdout.flush()
+            time.sleep(every)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        if tty:
+            sys.stdout.write("\x1b[?25h\x1b[?1049l")  # cursor back, the screen as it was
+            sys.stdout.flush()
+
+
+def _local(history_n: int, as_json: bool) -> Render:
     from slotq.config import HostConfig, state_dir_from_env
     from slotq.status import format_snapshot, snapshot
 
     state_dir = state_dir_from_env()
-    config = HostConfig.load(state_dir=state_dir)
-    snap = snapshot(state_dir, config, time.time(), opts.history)
-    if opts.json:
-        json.dump(snap, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        print(format_snapshot(snap))
-    return 0
+
+    def render(watching: bool, tty: bool) -> str:
+        config = HostConfig.load(state_dir=state_dir)
+        snap = snapshot(state_dir, config, time.time(), history_n)
+        if as_json:
+            return json.dumps(snap, indent=None if watching else 2) + "\n"
+        return format_snapshot(snap, bars=tty, color=tty and not os.environ.get("NO_COLOR")) + "\n"
+
+    return render
 
 
-def _slurm(as_json: bool) -> int:
+def _remote(opts: Namespace) -> Render:
+    from slotq.transports.ssh import SshHost
+
+    hosts = [SshHost(h, config=opts.ssh_config, options=opts.ssh_option, remote_slotq=opts.remote_slotq)
+             for h in opts.host.split(",") if h]
+
+    def render(watching: bool, tty: bool) -> str:
+        from slotq.status import format_snapshot
+
+        out = []
+        for remote in hosts:
+            remote.ensure_master()
+            if not watching:
+                out.append(remote.status(as_json=opts.json))
+            elif opts.json:
+                out.append(json.dumps(remote.status_snapshot()) + "\n")
+            else:  # drawn here, like a local one
+                out.append(format_snapshot(remote.status_snapshot(), bars=tty,
+                                           color=tty and not os.environ.get("NO_COLOR")) + "\n")
+        return "".join(out)
+
+    return render
+
+
+def _slurm(as_json: bool) -> Render:
     from slotq.config import HostConfig
-    from slotq.errors import HostUnavailable
-    from slotq.transports.slurm import format_partitions, partition_view
 
     config = HostConfig.load()
-    by_partition: dict[str | None, list[str]] = {}
-    for cls, job in sorted(config.slurm.classes.items()):
-        by_partition.setdefault(job.get("partition"), []).append(cls)
-    views = []
-    try:
-        for partition, classes in by_partition.items():
-            views.append(dict(partition_view(partition), classes=classes))
-    except HostUnavailable as e:
-        raise HostUnavailable(f"cannot read Slurm's queue: {e}", host="slurm") from None
-    if as_json:
-        json.dump({"partitions": views}, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        sys.stdout.write(format_partitions(views))
-    return 0
+
+    def render(watching: bool, tty: bool) -> str:
+        from slotq.errors import HostUnavailable
+        from slotq.transports.slurm import format_partitions, partition_view
+
+        by_partition: dict[str | None, list[str]] = {}
+        for cls, job in sorted(config.slurm.classes.items()):
+            by_partition.setdefault(job.get("partition"), []).append(cls)
+        views = []
+        try:
+            for partition, classes in by_partition.items():
+                views.append(dict(partition_view(partition), classes=classes))
+        except HostUnavailable as e:
+            raise HostUnavailable(f"cannot read Slurm's queue: {e}", host="slurm") from None
+        if as_json:
+            return json.dumps({"partitions": views}, indent=None if watching else 2) + "\n"
+        return format_partitions(views)
+
+    return render
