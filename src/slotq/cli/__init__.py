@@ -20,6 +20,7 @@ commands:
            slotq task --budget 30m --credit-dir . -- python agent.py
   waits    what a work dir waited for, and when (the wait ledger)
   history  finished runs on this host, sacct-like:  slotq history --since 7d --user alice
+  report   a timeline page of the runs:  slotq report --html runs.html --since 7d
   completion  print a shell completion script:  slotq completion bash|zsh|fish
   host     host-side commands used by transports (slotq host run ...)
 
@@ -29,7 +30,7 @@ Run `slotq <command> --help` for its options. Exit codes: see `slotq run --help`
 COMMANDS = {"run": "slotq.cli.run", "status": "slotq.cli.status", "cancel": "slotq.cli.cancel",
             "task": "slotq.cli.task",
             "waits": "slotq.cli.waits", "history": "slotq.cli.history",
-            "completion": "slotq.cli.completion", "host": "slotq.cli.host"}
+            "report": "slotq.cli.report", "completion": "slotq.cli.completion", "host": "slotq.cli.host"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -240,10 +240,11 @@ class JsonResult:
     FILE at the end; an existing FILE is untouched until then. A device or
     FIFO (`/dev/stderr`) is opened now and written at the end."""
 
-    def __init__(self, dest: str | None) -> None:
+    def __init__(self, dest: str | None, option: str = "--json") -> None:
         import stat
 
         self.dest = dest
+        self.option = option  # named in errors
         self._fd = -1
         self._tmp: str | None = None
         if not dest or dest == "-":
@@ -253,21 +254,21 @@ class JsonResult:
         except FileNotFoundError:
             st = None
         except OSError as e:
-            raise UsageError(f"cannot write --json file {dest}: {e.strerror}") from None
+            raise UsageError(f"cannot write {option} file {dest}: {e.strerror}") from None
         try:
             if st is not None and stat.S_ISDIR(st.st_mode):
-                raise UsageError(f"cannot write --json file {dest}: it is a directory")
+                raise UsageError(f"cannot write {option} file {dest}: it is a directory")
             if st is not None and not stat.S_ISREG(st.st_mode):
                 self._fd = os.open(dest, os.O_WRONLY | os.O_CLOEXEC)
                 return
             if st is not None and not os.access(dest, os.W_OK):
-                raise UsageError(f"cannot write --json file {dest}: permission denied")
+                raise UsageError(f"cannot write {option} file {dest}: permission denied")
             base = os.path.join(os.path.dirname(os.path.abspath(dest)), "." + os.path.basename(dest))
             self._tmp = f"{base}.{os.getpid()}.{os.urandom(3).hex()}.tmp"
             self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                                0o666 if st is None else stat.S_IMODE(st.st_mode))
         except OSError as e:
-            raise UsageError(f"cannot write --json file {dest}: {e.strerror}") from None
+            raise UsageError(f"cannot write {option} file {dest}: {e.strerror}") from None
 
     def write(self, render: Callable[[], str], open_line: bool = False) -> None:
         """Write `render()` if --json was given. A callable, so a run without
@@ -285,7 +286,7 @@ class JsonResult:
             except BrokenPipeError:
                 pass  # its reader is gone (`| jq` and no jq): quiet, as a pipeline would be
             except OSError as e:
-                _warn(f"slotq: could not write the --json result to stdout: {e.strerror}")
+                _warn(f"slotq: could not write the {self.option} result to stdout: {e.strerror}")
             return
         try:
             view = memoryview(data)
@@ -299,7 +300,7 @@ class JsonResult:
                 os.replace(self._tmp, self.dest)
                 self._tmp = None
         except OSError as e:
-            _warn(f"slotq: could not write the --json result to {self.dest}: {e.strerror}")
+            _warn(f"slotq: could not write the {self.option} result to {self.dest}: {e.strerror}")
         finally:
             self.discard()
 

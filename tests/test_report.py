@@ -1,0 +1,150 @@
+"""`slotq report --html`: the timeline page, rendered in a real headless
+browser (Debian's chromium, driven by its own command line)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import one_line, slotq_cmd
+from slotq import history, report
+
+# Dispatched into a copy of the page: hovering the first bar must show its
+# details; the tooltip's text is copied where --dump-dom shows it.
+HOVER = """<script>
+var bar = document.querySelector("rect.run"), box = bar.getBoundingClientRect();
+bar.dispatchEvent(new MouseEvent("mousemove", {bubbles: true, clientX: box.x + 1, clientY: box.y + 1}));
+document.body.setAttribute("data-tip", document.getElementById("tip").textContent);
+</script>"""
+
+
+def chromium() -> str:
+    path = shutil.which("chromium")
+    if path is None:
+        pytest.skip("chromium is not installed (scripts/test installs it as root)")
+    return path
+
+
+def browse(page: Path, tmp_path: Path, *args: str) -> tuple[str, str]:
+    """(the DOM after the page's scripts ran, chromium's log)."""
+    home = tmp_path / "chromium-home"
+    home.mkdir(exist_ok=True)
+    proc = subprocess.run([chromium(), "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                           f"--user-data-dir={home / 'profile'}", "--enable-logging=stderr", "--v=0",
+                           "--window-size=1300,800", *args, page.as_uri()],
+                          capture_output=True, text=True, timeout=90, env=dict(os.environ, HOME=str(home)),
+                          stdin=subprocess.DEVNULL)
+    return proc.stdout, proc.stderr
+
+
+def console_lines(log: str) -> list[str]:
+    return [ln for ln in log.splitlines() if ":CONSOLE" in ln]
+
+
+def seed(state_dir: Path, n: int) -> float:
+    """n finished runs on two slots (a third of them failed), plus one
+    cancelled while it waited; returns the first submission time."""
+    state_dir.mkdir()
+    now = time.time()
+    first = now - n * 4 - 60
+    for i in range(n):
+        sub = first + i * 4
+        got = sub + (i % 5)
+        history.append(str(state_dir), history.run_record(
+            run_id=f"run{i:05d}", label=f"pytest part {i}", cls="shared", host="h", pool="shared",
+            slot=f"shared#{i % 2}", outcome="failed" if i % 3 == 0 else "passed", exit_code=1 if i % 3 == 0 else 0,
+            message="", phases={"submitted": sub, "slot": got, "started": got, "ended": got + 6}))
+    history.append(str(state_dir), history.run_record(
+        run_id="gaveup", label="gave up", cls="shared", host="h", pool="shared", outcome="cancelled",
+        exit_code=None, message="", phases={"submitted": now - 50, "ended": now - 20}))
+    return first
+
+
+@pytest.mark.timeout(120)
+def test_the_page_renders_in_a_real_browser_one_bar_per_run_hover_and_no_console_errors(
+        state_dir: Path, tmp_path: Path) -> None:
+    seed(state_dir, 300)
+    page = tmp_path / "runs.html"
+    proc = subprocess.run(slotq_cmd() + ["report", "--html", str(page), "--since", "2h"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    text = page.read_text()
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", text), "the page must not need the network"
+    probe = tmp_path / "probe.html"
+    probe.write_text(text.replace("</body>", HOVER + "</body>"))
+    dom, log = browse(probe, tmp_path, "--dump-dom")
+    assert console_lines(log) == [], console_lines(log)
+    assert 'data-ready="1"' in dom, "the page's script did not finish"
+    assert len(re.findall(r'<rect class="run"', dom)) == 301
+    assert len(re.findall(r'<rect class="wait"', dom)) == 301  # each run's wait is drawn, the cancelled one too
+    tip = re.search(r'data-tip="([^"]*)"', dom)
+    assert tip is not None
+    assert "pytest part 0" in tip.group(1) and "failed (exit 1)" in tip.group(1) and "waited 0ms, ran 6.0s" in \
+        tip.group(1), tip.group(1)
+    # The summary per pool: p50/p95 wait, utilisation per slot, runs per outcome.
+    assert re.search(r"<td>shared</td><td>301</td><td>2\.0s</td><td>4\.0s</td><td>shared#0 \d+%, shared#1 \d+%"
+                     r"</td><td>cancelled 1, failed 100, passed 200</td>", text), text[:3000]
+    shot = tmp_path / "report.png"
+    browse(page, tmp_path, f"--screenshot={shot}")
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+    artifacts = os.environ.get("SLOTQ_TEST_ARTIFACTS")
+    if artifacts:  # for the test report
+        shutil.copy(shot, Path(artifacts) / "report.png")
+
+
+@pytest.mark.timeout(120)
+def test_the_console_check_sees_an_error_in_a_broken_page(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.html"
+    broken.write_text("<html><body><script>notDefined();</script></body></html>")
+    _, log = browse(broken, tmp_path, "--dump-dom")
+    assert any("notDefined" in ln for ln in console_lines(log)), log[-2000:]
+
+
+@pytest.mark.timeout(180)
+def test_ten_thousand_runs_make_a_few_hundred_kb_and_all_their_bars(tmp_path: Path) -> None:
+    now = time.time()
+    runs: list[dict[str, object]] = []
+    for i in range(10_000):
+        end = now - (10_000 - i) * 30
+        runs.append({"run_id": f"r{i}", "user": ("alice", "bob", "ci")[i % 3], "label": f"pytest -q tests/part{i % 50}",
+                     "class": "shared", "pool": "shared", "slot": f"shared#{i % 2}",
+                     "outcome": ("passed", "failed", "exec_timeout")[i % 3], "exit_code": i % 3,
+                     "waited_s": 20.0, "ran_s": 25.0,
+                     "phases": {"submitted": end - 45, "slot": end - 25, "prepared": None, "started": end - 25,
+                                "ended": end}})
+    page = tmp_path / "big.html"
+    page.write_text(report.render_html(report.build(runs, now - 7 * 86400, now, "vm")))
+    assert page.stat().st_size < 600_000, page.stat().st_size
+    dom, log = browse(page, tmp_path, "--dump-dom")
+    assert console_lines(log) == [] and 'data-ready="1"' in dom
+    assert len(re.findall(r'<rect class="run"', dom)) == 10_000
+
+
+def test_the_queue_line_counts_the_runs_waiting_at_each_moment() -> None:
+    def run(sub: float, got: float | None, end: float) -> dict[str, object]:
+        return {"run_id": None, "pool": "p", "slot": "p#0" if got else None, "outcome": "passed",
+                "waited_s": None, "phases": {"submitted": sub, "slot": got, "started": got, "ended": end}}
+
+    data = report.build([run(100, 110, 120), run(105, 120, 130), run(106, None, 115)], 0, 1000, "h")
+    since = float(data["since"])  # type: ignore[arg-type]
+    steps = [(round(t / 10 + since), n) for t, n in data["queue"]]  # type: ignore[attr-defined]
+    assert steps == [(100, 1), (105, 2), (106, 3), (110, 2), (115, 1), (120, 0)]
+
+
+@pytest.mark.timeout(30)
+def test_bad_report_arguments_are_one_line_exit_2(state_dir: Path, tmp_path: Path) -> None:
+    proc = subprocess.run(slotq_cmd() + ["report"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and "--html" in one_line(proc)
+    proc = subprocess.run(slotq_cmd() + ["report", "--html", str(tmp_path / "no" / "such" / "dir.html")],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and "cannot write --html file" in one_line(proc)
+    proc = subprocess.run(slotq_cmd() + ["report", "--html", str(tmp_path / "x.html"), "--since", "1h",
+                                         "--until", "2h"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and "--until is not after --since" in one_line(proc)
+    assert not (tmp_path / "x.html").exists() and not list(tmp_path.glob(".x.html*"))
