@@ -33,7 +33,8 @@ CREATE TABLE IF NOT EXISTS runs (
     run_id    TEXT, user TEXT, label TEXT, class TEXT, pool TEXT, slot TEXT, host TEXT,
     outcome   TEXT, blame TEXT, exit_code INTEGER, message TEXT,
     submitted REAL, slot_at REAL, prepared REAL, started REAL, ended REAL NOT NULL,
-    waited_s  REAL, ran_s REAL
+    waited_s  REAL, ran_s REAL,
+    first     REAL NOT NULL          -- its earliest phase: the run spans [first, ended]
 );
 CREATE INDEX IF NOT EXISTS runs_by_end ON runs (ended);
 CREATE INDEX IF NOT EXISTS runs_by_user ON runs (user, ended);
@@ -45,6 +46,7 @@ CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT);
 
 COLUMNS = ("run_id", "user", "label", "class", "pool", "slot", "host", "outcome", "blame", "exit_code", "message",
            "submitted", "slot_at", "prepared", "started", "ended", "waited_s", "ran_s")
+SCHEMA_VERSION = "2"  # the index is a cache: another version is dropped and rebuilt
 HEAD = 256  # a file's first bytes: a spool emptied and refilled has other ones
 CHUNK = 8 << 20  # read at most this much of a file per step
 
@@ -64,6 +66,10 @@ class Index:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(_SCHEMA)
+        row = self.db.execute("SELECT v FROM meta WHERE k = 'schema'").fetchone()
+        if row is None or row[0] != SCHEMA_VERSION:
+            self.db.executescript("DROP TABLE runs; DROP TABLE files; DELETE FROM meta;" + _SCHEMA)
+            self.db.execute("INSERT INTO meta (k, v) VALUES ('schema', ?)", (SCHEMA_VERSION,))
         self.skipped = 0
 
     def close(self) -> None:
@@ -121,7 +127,9 @@ class Index:
                     if rec is not None and rec[COLUMNS.index("ended")] is not None and \
                             rec[COLUMNS.index("ended")] >= cutoff:  # type: ignore[operator]
                         key = rec[0] if isinstance(rec[0], str) and rec[0] else f"{name}:{base}"
-                        rows.append((key, *rec))
+                        ph = [v for v in rec[COLUMNS.index("submitted"):COLUMNS.index("ended") + 1]
+                              if isinstance(v, (int, float))]
+                        rows.append((key, *rec, min(ph)))
                     base += len(line) + 1
                     n += 1
                 off += end + 1
@@ -146,10 +154,20 @@ class Index:
         return size
 
     def _insert(self, rows: list[tuple[object, ...]]) -> None:
+        """Rows of (key, *COLUMNS, first). The longest span indexed so far
+        is kept, so a window query scans only the runs that can reach it."""
         if rows:
-            marks = ", ".join("?" * (len(COLUMNS) + 1))
-            self.db.executemany(f"INSERT OR REPLACE INTO runs (key, {', '.join(_q(c) for c in COLUMNS)}) "
+            marks = ", ".join("?" * (len(COLUMNS) + 2))
+            self.db.executemany(f"INSERT OR REPLACE INTO runs (key, {', '.join(_q(c) for c in COLUMNS)}, first) "
                                 f"VALUES ({marks})", rows)
+            end = COLUMNS.index("ended") + 1
+            longest = max(float(r[end]) - float(r[-1]) for r in rows)  # type: ignore[arg-type]
+            if longest > self._longest():
+                self.db.execute("INSERT OR REPLACE INTO meta (k, v) VALUES ('longest', ?)", (repr(longest),))
+
+    def _longest(self) -> float:
+        row = self.db.execute("SELECT v FROM meta WHERE k = 'longest'").fetchone()
+        return float(row[0]) if row else 0.0
 
     def _parse(self, line: bytes) -> tuple[object, ...] | None:
         if not line.strip():
@@ -187,8 +205,9 @@ class Index:
             where.append("ended >= ?")
             args.append(since)
         if until is not None:
-            where.append("COALESCE(submitted, slot_at, started, ended) <= ?")
-            args.append(until)
+            # A run overlapping the window ends at most `longest` after it.
+            where += ["ended <= ?", "first <= ?"]
+            args += [until + self._longest(), until]
         for col, value in (("user", user), ("outcome", outcome), ("class", cls)):
             if value is not None:
                 where.append(f"{_q(col)} = ?")
