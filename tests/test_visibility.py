@@ -30,11 +30,13 @@ def cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None
                           stdin=subprocess.DEVNULL, env=env, cwd=cwd)
 
 
-def read_pty(fd: int, proc: subprocess.Popen[bytes], timeout: float = 30) -> bytes:
-    """Everything written to a pty until its writer ends."""
+def read_pty(fd: int, proc: subprocess.Popen[bytes], until: Callable[[bytes], bool] | None = None,
+             timeout: float = 30) -> bytes:
+    """What is written to a pty: until `until(all so far)` holds, or (by
+    default) until its writer ends."""
     out = b""
     end = time.monotonic() + timeout
-    while time.monotonic() < end:
+    while time.monotonic() < end and not (until is not None and until(out)):
         ready, _, _ = select.select([fd], [], [], 0.1)
         if ready:
             try:
@@ -44,7 +46,7 @@ def read_pty(fd: int, proc: subprocess.Popen[bytes], timeout: float = 30) -> byt
             if not data:
                 break
             out += data
-        elif proc.poll() is not None:
+        elif until is None and proc.poll() is not None:
             break
     return out
 
@@ -58,13 +60,8 @@ def test_on_a_terminal_the_waiting_line_is_redrawn_in_place_and_replaced_by_the_
     proc = subprocess.Popen(slotq_cmd() + ["run", "--", "echo", "hi"], stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=slave, env=dict(os.environ, TERM="xterm"))
     os.close(slave)
-    seen = b""
     # Two redraws (about a second apart) before the slot is given.
-    deadline = time.monotonic() + 20
-    while seen.count(b"\r\x1b[2Kslotq: waiting") < 2 and time.monotonic() < deadline:
-        ready, _, _ = select.select([master], [], [], 0.1)
-        if ready:
-            seen += os.read(master, 65536)
+    seen = read_pty(master, proc, until=lambda b: b.count(b"\r\x1b[2Kslotq: waiting") >= 2, timeout=20)
     gate.touch()
     seen += read_pty(master, proc)
     os.close(master)
@@ -243,12 +240,7 @@ def test_status_watch_on_a_terminal_redraws_in_place_and_leaves_the_terminal_cle
     proc = subprocess.Popen(slotq_cmd() + ["status", "--watch", "--every", "0.2"], stdin=subprocess.DEVNULL,
                             stdout=slave, stderr=slave, env=dict(os.environ, TERM="xterm"))
     os.close(slave)
-    seen = b""
-    deadline = time.monotonic() + 20
-    while seen.count(b"\x1b[H") < 3 and time.monotonic() < deadline:
-        ready, _, _ = select.select([master], [], [], 0.1)
-        if ready:
-            seen += os.read(master, 65536)
+    seen = read_pty(master, proc, until=lambda b: b.count(b"\x1b[H") >= 3, timeout=20)
     proc.send_signal(signal.SIGINT)
     seen += read_pty(master, proc)
     os.close(master)

@@ -158,6 +158,32 @@ def duration(what: str = "", allow_zero: bool = False, minimum: float = 0.0) -> 
     return parse
 
 
+def window_options() -> list[Opt]:
+    """--since/--until: a time window (the last 24 h by default)."""
+    return [Opt("--since", metavar="T", default="24h",
+                help="window start: a duration ago (2h, 7d), an ISO time (2026-11-30T09:00) or epoch seconds "
+                     "(default: 24h)"),
+            Opt("--until", metavar="T", help="window end (default: now)")]
+
+
+def parse_window(opts: Namespace) -> tuple[float, float]:
+    """(since, until) as epoch seconds from window_options(); a usage
+    error for an unreadable time or an empty window."""
+    import time
+
+    from slotq.durations import parse_when
+
+    now = time.time()
+    try:
+        since = parse_when(opts.since, now, what="--since")
+        until = parse_when(opts.until, now, what="--until") if opts.until else now
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if until <= since:
+        raise UsageError("--until is not after --since")
+    return since, until
+
+
 def positive_int(text: str) -> int:
     try:
         n = int(text)

@@ -6,7 +6,7 @@ import json
 import sys
 import time
 
-from slotq.cli.args import FLAG, Opt, Parser, positive_int
+from slotq.cli.args import FLAG, Opt, Parser, parse_window, positive_int, window_options
 from slotq.errors import UsageError
 
 def _at_least_one(text: str) -> int:
@@ -25,10 +25,7 @@ PARSER = Parser(
                 "label. Runs cancelled or gone while waiting in line are included, with their wait. Kept for "
                 "the host config's [history] retention (default 180d).",
     options=[
-        Opt("--since", metavar="T", default="24h",
-            help="window start: a duration ago (2h, 7d), an ISO time (2026-11-30T09:00) or epoch seconds "
-                 "(default: 24h)"),
-        Opt("--until", metavar="T", help="window end (default: now)"),
+        *window_options(),
         Opt("--user", metavar="U", help="only this user's runs"),
         Opt("--label", metavar="TEXT", help="only runs whose label contains TEXT"),
         Opt("--outcome", metavar="O", help="only runs that ended so (passed, failed, exec_timeout, ...)"),
@@ -42,17 +39,9 @@ PARSER = Parser(
 def main(args: list[str]) -> int:
     opts, _ = PARSER.parse(args)
     from slotq.config import HostConfig, state_dir_from_env
-    from slotq.durations import parse_when
     from slotq.outcome import Outcome
 
-    now = time.time()
-    try:
-        since = parse_when(opts.since, now, what="--since")
-        until = parse_when(opts.until, now, what="--until") if opts.until else now
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    if until < since:
-        raise UsageError("--until is before --since")
+    since, until = parse_window(opts)
     if opts.outcome is not None:
         try:
             Outcome(opts.outcome)

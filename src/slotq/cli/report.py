@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import os
-import time
-
-from slotq.cli.args import Opt, Parser
-from slotq.errors import UsageError
+from slotq.cli.args import Opt, Parser, parse_window, window_options
 
 PARSER = Parser(
     prog="slotq report", usage="slotq report --html FILE [--since T] [--until T]",
@@ -16,9 +13,7 @@ PARSER = Parser(
                 "per pool the p50/p95 wait, utilisation per slot and runs per outcome.",
     options=[
         Opt("--html", metavar="FILE", required=True, help="where to write the page"),
-        Opt("--since", metavar="T", default="24h",
-            help="window start: a duration ago (2h, 7d), an ISO time or epoch seconds (default: 24h)"),
-        Opt("--until", metavar="T", help="window end (default: now)"),
+        *window_options(),
     ],
 )
 
@@ -28,17 +23,9 @@ def main(args: list[str]) -> int:
     from slotq.cli.args import JsonResult
     from slotq.cli.history import query
     from slotq.config import HostConfig, state_dir_from_env
-    from slotq.durations import parse_when
     from slotq.report import build, render_html
 
-    now = time.time()
-    try:
-        since = parse_when(opts.since, now, what="--since")
-        until = parse_when(opts.until, now, what="--until") if opts.until else now
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    if until <= since:
-        raise UsageError("--until is not after --since")
+    since, until = parse_window(opts)
     out = JsonResult(opts.html, "--html")  # checked now: a bad path is a usage error before any work; written whole
     try:
         state_dir = state_dir_from_env()

@@ -7,7 +7,7 @@ import os
 import sys
 import time
 
-from slotq.cli.args import FLAG, Opt, Parser
+from slotq.cli.args import FLAG, Opt, Parser, parse_window, window_options
 from slotq.errors import UsageError
 
 
@@ -19,9 +19,7 @@ PARSER = Parser(
                 "its last heartbeat.",
     options=[
         Opt("--dir", metavar="DIR", default=".", help="the work dir (default: the current one)"),
-        Opt("--since", metavar="T", default="24h",
-            help="window start: a duration ago (1h), an ISO time or epoch seconds (default: 24h)"),
-        Opt("--until", metavar="T", help="window end (default: now)"),
+        *window_options(),
         Opt("--json", kind=FLAG, help="machine-readable output"),
     ],
 )
@@ -29,17 +27,10 @@ PARSER = Parser(
 
 def main(args: list[str]) -> int:
     opts, _ = PARSER.parse(args)
-    from slotq.durations import format_duration, parse_when
+    from slotq.durations import format_duration
     from slotq.ledger import Ledger, ledger_path_from_env, spool_path
 
-    now = time.time()
-    try:
-        since = parse_when(opts.since, now, what="--since")
-        until = parse_when(opts.until, now, what="--until") if opts.until else now
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    if until < since:
-        raise UsageError("--until is before --since")
+    since, until = parse_window(opts)
     if not os.path.isdir(opts.dir):
         raise UsageError(f"--dir {opts.dir}: no such directory")
     path = ledger_path_from_env()
