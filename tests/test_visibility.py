@@ -252,5 +252,28 @@ def test_status_watch_on_a_terminal_redraws_in_place_and_leaves_the_terminal_cle
     assert seen.endswith(b"\x1b[?25h\x1b[?1049l"), seen[-40:]  # cursor back, the old screen restored
 
 
+@pytest.mark.timeout(60)
+def test_status_watch_colours_outcomes_on_a_terminal_unless_no_color(state_dir: Path) -> None:
+    assert cli("run", "-q", "--", "true").returncode == 0  # a passed run in the history
+    screens = {}
+    for no_color in ("", "1"):
+        env = dict(os.environ, TERM="xterm")
+        env.pop("NO_COLOR", None)
+        if no_color:
+            env["NO_COLOR"] = no_color
+        master, slave = pty.openpty()
+        proc = subprocess.Popen(slotq_cmd() + ["status", "--watch", "--every", "0.2"], stdin=subprocess.DEVNULL,
+                                stdout=slave, stderr=slave, env=env)
+        os.close(slave)
+        seen = read_pty(master, proc, until=lambda b: b.count(b"\x1b[H") >= 1 and b"recent runs" in b, timeout=20)
+        proc.send_signal(signal.SIGINT)
+        seen += read_pty(master, proc)
+        os.close(master)
+        assert proc.wait(timeout=10) == 0
+        screens[no_color] = seen
+    assert b"\x1b[32mpassed" in screens[""]
+    assert b"passed" in screens["1"] and b"\x1b[32m" not in screens["1"]
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__]))
