@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -15,6 +16,7 @@ import pytest
 
 from conftest import Run, alive, slotq_cmd, wait_for, watch_snapshots
 from slotq.ledger import Ledger
+from slotq.transports.ssh import SshHost
 
 Start = Callable[..., Run]
 ROOT = Path(__file__).resolve().parent.parent
@@ -347,3 +349,63 @@ def test_status_over_ssh_shows_the_remote_queue(remote: Remote) -> None:
     code, out = watch_snapshots([*remote.args, "--every", "0.2"], count=2)
     snaps = [s for s in out.split("--- ")[1:] if s.strip()]
     assert code == 0 and len(snaps) >= 2 and all("pool shared" in s and "/st-" in s for s in snaps[:2]), out
+
+
+def _runs_in(tmp: Path, remote: Remote, *args: str, env: dict[str, str] | None = None
+             ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(slotq_cmd() + ["run", "-q", "--json", "-", *remote.args, *args], capture_output=True,
+                          text=True, timeout=60, cwd=tmp, env=env, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.timeout(90)
+def test_the_handshake_is_once_per_master_connection(remote: Remote, tmp_path: Path) -> None:
+    # The remote slotq, through a shell function that logs each call.
+    log = f"$HOME/st-{remote.tag}/calls"
+    remote.remote_slotq = (f'f() {{ mkdir -p $HOME/st-{remote.tag}; echo "$*" >> {log}; '
+                           f'SLOTQ_STATE_DIR=$HOME/st-{remote.tag} slotq "$@"; }}; f')
+    remote.args[remote.args.index("--remote-slotq") + 1] = remote.remote_slotq
+    (tmp_path / "f.txt").write_text("one")
+    for _ in range(2):
+        proc = _runs_in(tmp_path, remote, "--", "cat", "f.txt")
+        assert proc.returncode == 0 and proc.stdout.startswith("one"), proc.stderr
+    calls = remote.ssh(f"cat {log}").splitlines()
+    assert calls == ["host hello"] + ["host run --request-stdin --await-sync"] * 2, calls
+    # A new master connection: a new handshake (the host may have changed).
+    control = SshHost(remote.host, config=remote.cfg).control_path
+    stop = subprocess.run(["ssh", "-F", remote.cfg, "-o", f"ControlPath={control}", "-O", "exit", remote.host],
+                          capture_output=True, text=True, timeout=20)
+    assert stop.returncode == 0, stop.stderr
+    proc = _runs_in(tmp_path, remote, "--", "true")
+    assert proc.returncode == 0, proc.stderr
+    calls = remote.ssh(f"cat {log}").splitlines()
+    assert calls[3:] == ["host hello", "host run --request-stdin --await-sync"], calls
+
+
+@pytest.mark.timeout(90)
+def test_every_run_syncs_a_changed_tree_and_restores_what_a_command_changed_there(
+        remote: Remote, tmp_path: Path) -> None:
+    f = tmp_path / "f.txt"
+    f.write_text("v1")
+    assert _runs_in(tmp_path, remote, "--", "cat", "f.txt").stdout.startswith("v1")
+    f.write_text("v2")  # changed here: the next run sees it
+    assert _runs_in(tmp_path, remote, "--", "cat", "f.txt").stdout.startswith("v2")
+    # A command changes the host's copy: the next run gets ours back.
+    assert _runs_in(tmp_path, remote, "--", "sh", "-c", "echo tampered > f.txt; rm -f gone").returncode == 0
+    assert _runs_in(tmp_path, remote, "--", "cat", "f.txt").stdout.startswith("v2")
+
+
+@pytest.mark.timeout(90)
+def test_a_failed_transfer_leaves_no_runner_and_no_ticket_on_the_host(remote: Remote, tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"  # ssh, but no rsync
+    bin_dir.mkdir()
+    (bin_dir / "ssh").symlink_to(shutil.which("ssh") or "/usr/bin/ssh")
+    (tmp_path / "work").mkdir()
+    proc = _runs_in(tmp_path / "work", remote, "--", "true", env=dict(os.environ, PATH=str(bin_dir)))
+    res = json.loads(proc.stdout)
+    assert proc.returncode == 121 and res["outcome"] == "unavailable" and "rsync is not installed" in res["message"]
+    # The runner that was started during the transfer ends without joining the line.
+    wait_for(lambda: subprocess.run(["pgrep", "-f", f"st-{remote.tag} slotq host run"],
+                                    capture_output=True).returncode == 1, what="the waiting runner gone")
+    shared = remote.shared()
+    assert shared["waiting"] == [] and not shared["slots"][0]["held"]
+    assert remote.status()["history"] == []

@@ -31,6 +31,9 @@ PARSER = Parser(
         Opt("--run-id", metavar="ID", help="the run's id (default: a new one)"),
         Opt("--cwd", metavar="DIR", help="work dir of the command (default: the current one)"),
         Opt("--request-stdin", kind=FLAG, help="read the request as one JSON line from stdin (remote transports)"),
+        Opt("--await-sync", kind=FLAG, help="with --request-stdin: after the request, wait for the line "
+                                            "`synced` (the client's work tree transfer, run meanwhile) before "
+                                            "joining the line; anything else ends the run unrecorded"),
         Opt("--slurm-job", kind=FLAG, help="run inside the Slurm job named by $SLURM_JOB_ID: the allocation is "
                                            "the slot, no local queue (the Slurm transport)"),
     ],
@@ -67,6 +70,11 @@ def main(args: list[str]) -> int:
             from slotq.records import printable
 
             raise UsageError(f"bad run request on stdin: {printable(e, 300)}") from None
+        if opts.await_sync:
+            # Started while the client's rsync runs: our start-up overlaps it.
+            word, leftover = _read_line(0, leftover, eof_ok=True)
+            if word != b"synced":
+                return 0  # the transfer failed or the client is gone: nothing was queued
         if spec.work_id is not None:
             spec.cwd = os.path.join(work_root(state_dir), spec.work_id)
             _check_own_dir(spec.cwd, private=False)
@@ -88,13 +96,16 @@ def main(args: list[str]) -> int:
     return 0
 
 
-def _read_line(fd: int) -> tuple[bytes, bytes]:
+def _read_line(fd: int, buf: bytes = b"", eof_ok: bool = False) -> tuple[bytes, bytes]:
+    """One line from `fd` (after what `buf` holds already), and the bytes
+    read past it. End-of-file: b"" if `eof_ok`, else a usage error."""
     from slotq.spec import MAX_REQUEST
 
-    buf = b""
     while b"\n" not in buf:
         chunk = os.read(fd, 65536)
         if not chunk:
+            if eof_ok:
+                return b"", b""
             raise UsageError("no run request on stdin")
         buf += chunk
         if len(buf) > MAX_REQUEST and b"\n" not in buf:

@@ -15,22 +15,34 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import shlex
-import socket
-import subprocess
 import time
 
 from .. import protocol
 from ..errors import HostUnavailable
+from ..records import from_json, to_json
 from ..spec import RunSpec
 from .base import Transport
+from .proc import Proc, run
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import IO
+# A remote run's start-up counts (benchmarks/: a run against raw ssh +
+# rsync): no `json`, `shlex` (both import `re`), `socket`, `tempfile` or
+# OpenSSL's hashlib here; their small parts below.
+def _sha256_hex(data: bytes) -> str:
+    try:
+        import _sha256  # type: ignore[import-not-found]  # CPython's own, without OpenSSL
+    except ImportError:  # a Python built without it
+        import hashlib
+
+        return hashlib.sha256(data).hexdigest()
+    return str(_sha256.sha256(data).hexdigest())
+
+
+def _quote(arg: str) -> str:
+    """A word for a POSIX shell (shlex.quote's rule)."""
+    if arg and all(c.isalnum() or c in "@%+=:,./-_" for c in arg) and arg.isascii():
+        return arg
+    return "'" + arg.replace("'", "'\"'\"'") + "'"
 
 CONTROL_PERSIST = 600
 DEFAULT_OPTIONS = ("BatchMode=yes", "ServerAliveInterval=5", "ServerAliveCountMax=3", "ConnectTimeout=10")
@@ -58,7 +70,7 @@ class SshHost:
         self.options = list(options or [])
         self.remote_slotq = remote_slotq
         key = "\0".join([host, config or "", *self.options]).encode()
-        self.control_path = os.path.join(control_dir(), hashlib.sha256(key).hexdigest()[:20])
+        self.control_path = os.path.join(control_dir(), _sha256_hex(key)[:20])
         self.reused = False
         self.connect_s = 0.0
 
@@ -77,10 +89,12 @@ class SshHost:
         return self._base() + ["-o", "ControlMaster=no", "-T", self.host, remote]
 
     def ssh_command_for_rsync(self) -> str:
-        return shlex.join(self._base() + ["-o", "ControlMaster=no"])
+        return " ".join(_quote(a) for a in self._base() + ["-o", "ControlMaster=no"])
 
     def _master_alive(self) -> bool:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        import _socket
+
+        s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         try:
             s.connect(self.control_path)
             return True
@@ -109,39 +123,72 @@ class SshHost:
             with open(log_path, "wb") as log:
                 # -f: background after authentication. The background master
                 # keeps the stderr it was given: a file, never our pipe.
-                rc = subprocess.call(
-                    self._base() + ["-o", "ControlMaster=yes", "-o", f"ControlPersist={CONTROL_PERSIST}",
-                                    "-f", "-N", self.host],
-                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
+                rc = Proc(self._base() + ["-o", "ControlMaster=yes", "-o", f"ControlPersist={CONTROL_PERSIST}",
+                                          "-f", "-N", self.host], stderr=log.fileno()).wait()
             if rc != 0 or not self._master_alive():
                 raise HostUnavailable(f"cannot connect to host {self.host}: {_last_line(log_path) or f'ssh exited {rc}'}",
                                       host=self.host)
         self.reused = False
         self.connect_s = time.monotonic() - t0
 
+    def handshake(self) -> dict[str, object]:
+        """`hello()`, once per master connection: its answer is kept beside
+        the master's socket and reused while that very socket (inode and
+        time) lives, for the same remote slotq. A later change of the remote
+        slotq's protocol still shows: each run's stream starts with it."""
+        st = os.stat(self.control_path)
+        key = [st.st_ino, st.st_mtime_ns, self.remote_slotq]
+        path = self.control_path + ".hello"
+        try:
+            with open(path, "rb") as f:
+                cached = from_json(f.read(65536).decode())
+            if isinstance(cached, dict) and cached.get("key") == key and isinstance(cached.get("info"), dict):
+                info: dict[str, object] = cached["info"]
+                return info
+        except (OSError, ValueError, RecursionError):
+            pass
+        info = self.hello()
+        try:
+            tmp = f"{path}.{os.getpid()}"
+            with open(tmp, "w") as f:
+                f.write(to_json({"key": key, "info": info}))
+            os.replace(tmp, path)
+        except OSError:
+            pass
+        return info
+
+    def forget_handshake(self) -> None:
+        try:
+            os.unlink(self.control_path + ".hello")
+        except OSError:
+            pass
+
     def hello(self) -> dict[str, object]:
         """The handshake: the host's slotq version, protocol and work root.
         Raises HostUnavailable naming the host and what to install."""
-        proc = subprocess.run(self.command(f"{self.remote_slotq} host hello"), stdin=subprocess.DEVNULL,
-                              capture_output=True, timeout=60)
-        err = proc.stderr.decode(errors="replace").strip()
-        if proc.returncode == 255:
+        try:
+            rc, out, err_bytes = run(self.command(f"{self.remote_slotq} host hello"), timeout=60)
+        except TimeoutError:
+            raise HostUnavailable(f"host {self.host} did not answer the slotq handshake within 60 s",
+                                  host=self.host) from None
+        err = err_bytes.decode(errors="replace").strip()
+        if rc == 255:
             raise HostUnavailable(f"connection to host {self.host} failed: {_last(err)}", host=self.host)
-        if proc.returncode in (126, 127):
+        if rc in (126, 127):
             raise HostUnavailable(
                 f"slotq is not installed on host {self.host} (`{self.remote_slotq}` not found there): "
                 f"install it there (pip install slotq) or name it with --remote-slotq", host=self.host)
         info = None
-        for line in reversed(proc.stdout.decode(errors="replace").splitlines()):
+        for line in reversed(out.decode(errors="replace").splitlines()):
             if line.startswith('{"slotq"'):
                 try:
-                    info = json.loads(line[:65536])
-                except (ValueError, RecursionError):
+                    info = from_json(line[:65536])
+                except ValueError:
                     pass
                 break
-        if proc.returncode != 0 or not isinstance(info, dict):
+        if rc != 0 or not isinstance(info, dict):
             raise HostUnavailable(
-                f"host {self.host} did not answer the slotq handshake (exit {proc.returncode}: {_last(err)}); "
+                f"host {self.host} did not answer the slotq handshake (exit {rc}: {_last(err)}); "
                 f"it needs slotq with `slotq host hello` (this client: protocol {protocol.PROTOCOL_VERSION})",
                 host=self.host)
         if info.get("protocol") != protocol.PROTOCOL_VERSION:
@@ -159,6 +206,8 @@ class SshHost:
 
     def status(self, as_json: bool = True) -> str:
         """The host's `slotq status` output. Raises HostUnavailable."""
+        import subprocess  # status: not a run's path
+
         proc = subprocess.run(self.command(f"{self.remote_slotq} status" + (" --json" if as_json else "")),
                               stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
         if proc.returncode != 0:
@@ -174,6 +223,8 @@ class SshHost:
         text = self.status(as_json=True)
         start = text.find("{")
         try:
+            import json  # status: not a run's path
+
             data = json.loads(text[start:]) if start >= 0 else None
         except (ValueError, RecursionError):
             data = None
@@ -184,23 +235,30 @@ class SshHost:
     def rsync(self, src: str, dest: str) -> None:
         """Mirror the work tree `src` to `dest` on the host: .gitignore'd
         files stay home, deletions propagate."""
-        args = ["rsync", "-a", "--delete", "--protect-args", "--filter=:- .gitignore",
+        # --modify-window=-1: compare modification times to the nanosecond.
+        # rsync's default is whole seconds, so a file changed twice within a
+        # second, its size unchanged (here, or by a command on the host),
+        # would not be sent again.
+        args = ["rsync", "-a", "--delete", "--protect-args", "--modify-window=-1", "--filter=:- .gitignore",
                 "-e", self.ssh_command_for_rsync(), src.rstrip("/") + "/", f"{self.host}:{dest.rstrip('/')}/"]
         try:
-            proc = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True, timeout=3600)
+            rc, _, err = run(args, timeout=3600)
         except FileNotFoundError:
             raise HostUnavailable("rsync is not installed here: install it (apt-get install rsync) "
                                   "or use --sync none", host=self.host) from None
-        if proc.returncode != 0:
-            raise HostUnavailable(f"work tree transfer to host {self.host} failed (rsync exit {proc.returncode}): "
-                                  f"{_last(proc.stderr.decode(errors='replace'))}", host=self.host)
+        except TimeoutError:
+            raise HostUnavailable(f"work tree transfer to host {self.host} took over an hour: stopped",
+                                  host=self.host) from None
+        if rc != 0:
+            raise HostUnavailable(f"work tree transfer to host {self.host} failed (rsync exit {rc}): "
+                                  f"{_last(err.decode(errors='replace'))}", host=self.host)
 
 
 def work_id(workdir: str) -> str:
     """The caller's work dir on a host: a name derived from where it comes
     from, never a path the caller chooses."""
     key = f"{os.uname().nodename}\0{os.getuid()}\0{os.path.realpath(workdir)}".encode()
-    return hashlib.sha256(key).hexdigest()[:24]
+    return _sha256_hex(key)[:24]
 
 
 def _last(text: str) -> str:
@@ -235,21 +293,31 @@ class SshTransport(Transport):
         self.host = host
         self.sync = sync
         self.info: dict[str, object] = {}
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._err: IO[bytes] | None = None
+        self.proc: Proc | None = None
+        self._err = -1  # ssh's stderr: an unnamed temporary file
+        self._fds: tuple[int, int] = (-1, -1)  # to the runner, from it
         self.transfer_s = 0.0
 
     def prepare(self, spec: RunSpec) -> None:
+        """Master, handshake (once per master), work tree. The host runner
+        is started before the rsync and starts up while it runs; it joins
+        the line only once told `synced` (start())."""
         import time
 
         self.ssh.ensure_master()
-        self.info = self.ssh.hello()
+        self.info = self.ssh.handshake()
         if self.sync == "rsync":
             t0 = time.monotonic()
-            spec.work_id = work_id(spec.cwd or os.getcwd())
-            self.ssh.rsync(spec.cwd or os.getcwd(), os.path.join(str(self.info["work_root"]), spec.work_id))
-            self.transfer_s = time.monotonic() - t0
+            src = spec.cwd or os.getcwd()
+            spec.work_id = work_id(src)
             spec.cwd = None
+            self._launch(spec, await_sync=True)
+            try:
+                self.ssh.rsync(src, os.path.join(str(self.info["work_root"]), spec.work_id))
+            except HostUnavailable:
+                self.abandon()
+                raise
+            self.transfer_s = time.monotonic() - t0
         else:
             spec.cwd = os.path.realpath(spec.cwd or os.getcwd())
 
@@ -260,26 +328,57 @@ class SshTransport(Transport):
                 "remote_host": self.info.get("host")}
 
     def start(self, spec: RunSpec) -> tuple[int, int]:
-        import tempfile
+        if self.proc is None:
+            self._launch(spec, await_sync=False)
+        else:
+            os.write(self._fds[0], b"synced\n")  # started during the transfer: go
+        return self._fds
 
+    def _launch(self, spec: RunSpec, await_sync: bool) -> None:
         to_r, to_w = os.pipe()
         from_r, from_w = os.pipe()
-        err = tempfile.TemporaryFile()
-        cmd = self.ssh.command(f"{self.ssh.remote_slotq} host run --request-stdin")
+        err = os.open(os.environ.get("TMPDIR") or "/tmp", os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        cmd = self.ssh.command(f"{self.ssh.remote_slotq} host run --request-stdin"
+                               + (" --await-sync" if await_sync else ""))
         try:
-            self.proc = subprocess.Popen(cmd, stdin=to_r, stdout=from_w, stderr=err)
+            self.proc = Proc(cmd, stdin=to_r, stdout=from_w, stderr=err)
+        except BaseException:
+            os.close(err)
+            raise
         finally:
             os.close(to_r)
             os.close(from_w)
         self._err = err
+        self._fds = (to_w, from_r)
         os.write(to_w, spec.to_request())
-        return to_w, from_r
+
+    def abandon(self) -> None:
+        """The transfer failed: the waiting runner is told nothing (its stdin
+        closes: it ends without joining the line)."""
+        to_w, from_r = self._fds
+        for fd in (to_w, from_r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._fds = (-1, -1)
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=10)
+            except TimeoutError:
+                self.proc.kill()
+                self.proc.wait()
+        if self._err >= 0:
+            os.close(self._err)
+        self.proc, self._err = None, -1
 
     def kill(self) -> None:
         if self.proc is not None:
             self.proc.kill()  # the mux master then closes the session: the runner sees EOF
 
     def after_loss(self, run_id: str) -> str:
+        import subprocess  # only after a lost stream
+
         try:
             proc = subprocess.run(self.ssh.command(f"{self.ssh.remote_slotq} host reap {run_id}"),
                                   stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
@@ -288,12 +387,12 @@ class SshTransport(Transport):
         return proc.stdout.decode(errors="replace").strip() if proc.returncode == 0 else ""
 
     def wait(self) -> str:
-        if self.proc is None or self._err is None:
+        if self.proc is None or self._err < 0:
             return ""
         rc = self.proc.wait()
-        self._err.seek(0)
-        text = self._err.read().decode(errors="replace").strip()
-        self._err.close()
+        text = os.pread(self._err, 1 << 20, 0).decode(errors="replace").strip()
+        os.close(self._err)
+        self._err = -1
         if rc == 255:
             return f"connection to {self.host} lost: {text or 'ssh exited 255'}"
         return text

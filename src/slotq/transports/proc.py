@@ -1,0 +1,101 @@
+"""Child processes for the ssh transport without `subprocess`.
+
+`subprocess` imports `locale`, and with it `re` and `enum`: about 7 ms of
+every remote run's start-up, a tenth of the whole run (benchmarks/: a run
+against raw ssh + rsync). A remote run needs only this: spawn a program
+with given descriptors (posix_spawn: no Python between fork and exec),
+wait for it with a timeout, or run it and collect its output.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import time
+
+
+class Proc:
+    """A started program. `stdin`/`stdout`/`stderr`: descriptors to give
+    it (None: /dev/null). Ours are close-on-exec, so it inherits nothing
+    else. FileNotFoundError if the program is not on PATH."""
+
+    def __init__(self, argv: list[str], stdin: int | None = None, stdout: int | None = None,
+                 stderr: int | None = None) -> None:
+        devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            actions = [(os.POSIX_SPAWN_DUP2, devnull if fd is None else fd, target)
+                       for target, fd in ((0, stdin), (1, stdout), (2, stderr))]
+            self.pid = os.posix_spawnp(argv[0], argv, os.environ, file_actions=actions)
+        finally:
+            os.close(devnull)
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Its exit code (-N: killed by signal N); TimeoutError past `timeout`."""
+        if self.returncode is not None:
+            return self.returncode
+        if timeout is None:
+            _, status = os.waitpid(self.pid, 0)
+            self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
+        fd = os.pidfd_open(self.pid)
+        try:
+            if not select.select([fd], [], [], max(0.0, timeout))[0]:
+                raise TimeoutError(f"{self.pid} still running after {timeout:g}s")
+        finally:
+            os.close(fd)
+        _, status = os.waitpid(self.pid, 0)
+        self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, 9)
+            except ProcessLookupError:
+                pass
+
+
+def run(argv: list[str], timeout: float, limit: int = 1 << 20) -> tuple[int, bytes, bytes]:
+    """Run a program with no input: (exit code, stdout, stderr), each kept
+    to its last `limit` bytes. Past `timeout` it is killed: TimeoutError."""
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    try:
+        proc = Proc(argv, stdout=out_w, stderr=err_w)
+    except BaseException:
+        for fd in (out_r, err_r):
+            os.close(fd)
+        raise
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+    streams = {out_r: "out", err_r: "err"}
+    data = {"out": b"", "err": b""}
+    end = time.monotonic() + timeout
+    try:
+        while streams:
+            left = end - time.monotonic()
+            if left <= 0:
+                proc.kill()
+                proc.wait()
+                raise TimeoutError(f"{argv[0]} did not finish within {timeout:g}s")
+            for fd in select.select(list(streams), [], [], left)[0]:
+                chunk = os.read(fd, 65536)
+                if chunk:
+                    name = streams[fd]
+                    data[name] = (data[name] + chunk)[-limit:]
+                else:
+                    os.close(fd)
+                    del streams[fd]
+    finally:
+        for fd in streams:
+            os.close(fd)
+    return proc.wait(max(0.1, end - time.monotonic())), data["out"], data["err"]
