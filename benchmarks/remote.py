@@ -130,8 +130,8 @@ def _large(work: Path, slotq: list[str], rsync: list[str], env: dict[str, str], 
         ours.append(transfer())
         raw.append(_ms([*rsync, "--filter=:- .gitignore", "./", f"{HOST}:bench-raw-{tag}-{dest}/"], cwd=tree))
         unchanged.append(transfer())
-        for f in (build / "o0").iterdir():
-            f.write_bytes(os.urandom(100))
+        for obj in (build / "o0").iterdir():
+            obj.write_bytes(os.urandom(100))
         ignored.append(transfer())
     return {"large_files": 20_000, "large_mb": 200, "large_slotq_ms": round(statistics.median(ours), 1),
             "large_raw_ms": round(statistics.median(raw), 1),

@@ -11,10 +11,11 @@ slot that frees after them.
 
 from __future__ import annotations
 
-import heapq
-import statistics
-
 from .durations import format_duration
+
+# No `statistics` here: a waiting run computes this, and `statistics` pulls
+# in decimal, fractions, random and re -- about 1 MB more in every queued
+# caller and its keeper (benchmarks/: memory per waiter).
 
 DEFAULT_RUN = 60.0
 RECENT = 50  # runs of the pool the typical run time is taken from
@@ -27,7 +28,13 @@ def typical_run(records: list[dict[str, object]], pool: str | None = None) -> tu
     ran = [float(r["ran_s"]) for r in records  # type: ignore[arg-type]
            if isinstance(r.get("ran_s"), (int, float)) and float(r["ran_s"]) > 0  # type: ignore[arg-type]
            and (pool is None or r.get("pool") in (pool, None))][-RECENT:]
-    return (statistics.median(ran), len(ran)) if ran else (DEFAULT_RUN, 0)
+    return (_median(ran), len(ran)) if ran else (DEFAULT_RUN, 0)
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
 
 
 def slot_free_in(held_s: float, typical: float, budget: float | None = None) -> float:
@@ -47,9 +54,9 @@ def expected_wait(slots: list[dict[str, object]], ahead: int, typical: float) ->
                      for s in slots)
     if not free_at:
         return float("inf")
-    for _ in range(ahead):
-        t = heapq.heappop(free_at)
-        heapq.heappush(free_at, t + typical)
+    for _ in range(ahead):  # each run ahead takes the slot that frees first
+        free_at[0] += typical
+        free_at.sort()
     return free_at[0]
 
 
