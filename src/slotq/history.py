@@ -216,6 +216,9 @@ def clean_record(rec: dict[str, object]) -> dict[str, object]:
     from .outcome import Outcome
 
     out = dict(rec)
+    uid = out.get("uid")
+    if not isinstance(out.get("user"), str) and isinstance(uid, int) and not isinstance(uid, bool) and uid >= 0:
+        out["user"] = _user_name(uid)
     if "class" not in out and "cls" in out:
         out["class"] = out.pop("cls")
     for k in _TEXT:
@@ -240,6 +243,17 @@ def clean_record(rec: dict[str, object]) -> dict[str, object]:
     return out
 
 
+_names: dict[int, str] = {}
+
+
+def _user_name(uid: int) -> str:
+    if uid not in _names:
+        from .orphans import user_name
+
+        _names[uid] = user_name(uid)
+    return _names[uid]
+
+
 def _number(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) < 1e12
 
@@ -250,13 +264,11 @@ def run_record(*, run_id: object, label: object, cls: object, host: object, outc
     """A history line, in the one vocabulary; `waited_s` from the phases
     (submitted -> slot, or -> the end for a run that never got one: a wait
     cancelled in line keeps its wait), `ran_s` started -> ended."""
-    from .orphans import user_name
-
-    uid = os.getuid() if uid is None else uid
+    uid = os.getuid() if uid is None else uid  # the name is looked up by readers (clean_record): not a run's cost
     sub, got, started, ended = (phases.get(k) for k in ("submitted", "slot", "started", "ended"))
     until = got if got is not None else ended
     return {
-        "run_id": run_id, "user": user_name(uid), "uid": uid, "label": label, "class": cls, "pool": pool,
+        "run_id": run_id, "uid": uid, "label": label, "class": cls, "pool": pool,
         "slot": slot, "host": host, "outcome": outcome, "exit_code": exit_code, "message": message,
         "phases": {k: phases.get(k) for k in PHASES},
         "waited_s": round(max(0.0, until - sub), 3) if sub is not None and until is not None else None,
