@@ -24,6 +24,9 @@ Scenarios (see README "Benchmarks"):
               whether the dead holder's command was still running then.
   slurm       slotq --slurm against raw srun (submit -> start) and raw sbatch
               (hand-over) on a private one-node cluster; benchmarks/slurm.py.
+  waiters     slotq alone: N = 100 and 1000 callers queued in a one-slot pool
+              (Pss per queued caller, idle CPU, all pass, ticket order) and
+              N = 1000 in a two-slot pool; benchmarks/memory.py.
   remote      slotq --host against raw ssh + python + rsync over the same warm
               master, one-file and 20,000-file trees; benchmarks/remote.py.
   history     slotq alone: a million runs in the run history (append, index
@@ -429,7 +432,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer repetitions, no N=500")
     ap.add_argument("--only", help="comma-separated scenarios: "
-                                   "handoff,idle,order,throughput,percall,crash,remote,slurm,history,chaos")
+                                   "handoff,idle,order,throughput,percall,crash,waiters,remote,slurm,history,chaos")
     ap.add_argument("--chaos-callers", type=int, default=200, help="callers in the chaos scenario (default 200)")
     ap.add_argument("--tools", default="slotq,flock,sem,task-spooler")
     ap.add_argument("--reps", type=int, help="repetitions per scenario (default 5; 2 with --quick)")
@@ -479,6 +482,13 @@ def main() -> int:
         slurm_text = ["", *slurm.format_slurm(slurm_report)]
         slurm_targets = [f"- {'PASS' if ok else 'MISS'} {name}: {detail}"
                          for name, ok, detail in slurm.targets(slurm_report)]
+    waiters_text: list[str] = []
+    if want("waiters"):
+        import memory
+
+        waiters_report = memory.run((100, 300) if args.quick else (100, 1000))
+        results["waiters"] = {"slotq": waiters_report}
+        waiters_text = ["", *memory.format_waiters(waiters_report)]
     remote_text: list[str] = []
     remote_targets: list[str] = []
     if want("remote"):
@@ -505,8 +515,8 @@ def main() -> int:
     text = [f"slotq benchmarks, {time.strftime('%Y-%m-%d %H:%M')} on {os.uname().nodename} "
             f"({os.cpu_count()} cores), {time.time() - started:.0f} s; medians [min–max] of the repetitions",
             f"bare: `true` {bare['true_ms']:.1f} ms, `{Path(PYTHON).name} -c pass` {bare['python_ms']:.1f} ms", "",
-            table({k: v for k, v in results.items() if k not in ("chaos", "slurm", "history", "remote")}, tools),
-            *remote_text, *slurm_text,
+            table({k: v for k, v in results.items() if k not in ("chaos", "slurm", "history", "remote", "waiters")}, tools),
+            *waiters_text, *remote_text, *slurm_text,
             *history_text,
             *chaos_text, "", "targets:", *check_targets(results), *remote_targets,
             *slurm_targets]

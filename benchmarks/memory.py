@@ -1,0 +1,129 @@
+"""A thousand waiters (`--only waiters`): N callers queued behind one
+holder in a one-slot pool, then in a two-slot pool.
+
+  Pss per queued caller   the caller's process and any helper of it (its
+                          standby keeper), /proc/PID/smaps_rollup, summed
+                          and divided by N, once all N are in line
+  idle CPU                CPU seconds all of them burn over 10 s in line
+  completed, in order     every run ends `passed`; start order = ticket order
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+from tools import SLOTQ
+
+
+def _pss_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            return next((int(line.split()[1]) for line in f if line.startswith("Pss:")), 0)
+    except OSError:
+        return 0
+
+
+def _cpu_s(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        return 0.0
+
+
+def _children(pids: set[int]) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) in pids:
+                        out.append(int(entry))
+            except OSError:
+                pass
+    return out
+
+
+def line_of(n: int, slots: int) -> dict[str, object]:
+    work = tempfile.mkdtemp(prefix="slotq-bench-waiters-")
+    try:
+        state = os.path.join(work, "state")
+        with open(os.path.join(work, "host.toml"), "w") as f:
+            f.write(f"[pools]\nshared = {slots}\nlanding = 1\n")
+        env = dict(os.environ, SLOTQ_STATE_DIR=state, SLOTQ_LEDGER=os.path.join(work, "ledger.sqlite"),
+                   SLOTQ_CONFIG=os.path.join(work, "host.toml"))
+        gate = os.path.join(work, "gate")
+        hold = f'while [ ! -e {gate} ]; do sleep 0.05; done'
+        holders = [subprocess.Popen([SLOTQ, "run", "-q", "--", "sh", "-c", hold], env=env,
+                                    stdin=subprocess.DEVNULL) for _ in range(slots)]
+        end = time.time() + 30
+        while len(glob.glob(os.path.join(state, "tickets", "shared", "*.t"))) and time.time() < end:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        order_file = os.path.join(work, "order")
+        procs = []
+        for i in range(n):
+            procs.append(subprocess.Popen([SLOTQ, "run", "-q", "--json", os.path.join(work, f"r{i}.json"), "--",
+                                           "sh", "-c", f"echo {i} >> {order_file}"], env=env,
+                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL))
+        end = time.time() + 300
+        while len(glob.glob(os.path.join(state, "tickets", "shared", "*.t"))) < n and time.time() < end:
+            time.sleep(0.2)
+        time.sleep(3)  # first status reports and standby keepers done
+        pids = {p.pid for p in procs}
+        helpers = _children(pids)
+        pss = sum(_pss_kb(p) for p in [*pids, *helpers])
+        cpu0 = sum(_cpu_s(p) for p in [*pids, *helpers])
+        time.sleep(10)
+        cpu = sum(_cpu_s(p) for p in [*pids, *helpers]) - cpu0
+        with open(gate, "w"):
+            pass
+        codes = [p.wait(timeout=600) for p in procs]
+        for h in holders:
+            h.wait(timeout=60)
+        outcomes = [json.load(open(os.path.join(work, f"r{i}.json")))["outcome"] for i in range(n)]
+        tickets = [json.load(open(os.path.join(work, f"r{i}.json")))["ticket"] for i in range(n)]
+        started = [int(x) for x in open(order_file).read().split()]
+        by_ticket = sorted(range(n), key=lambda i: tickets[i])
+        inversions = sum(1 for a, b in zip(started, started[1:]) if tickets[a] > tickets[b]) if slots == 1 else None
+        return {"n": n, "slots": slots, "pss_mb_per_caller": round(pss / n / 1024, 2),
+                "helpers": len(helpers), "idle_cpu_s": round(cpu, 3),
+                "passed": sum(1 for c, o in zip(codes, outcomes) if c == 0 and o == "passed"),
+                "inversions": inversions, "in_ticket_order": started == by_ticket if slots == 1 else None}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run(ns: tuple[int, ...] = (100, 1000)) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for n in ns:
+        out[f"one_slot_{n}"] = line_of(n, 1)
+        print(f"waiters: {out[f'one_slot_{n}']}", file=sys.stderr)
+    out[f"two_slots_{ns[-1]}"] = line_of(ns[-1], 2)
+    print(f"waiters: {out[f'two_slots_{ns[-1]}']}", file=sys.stderr)
+    return out
+
+
+def format_waiters(r: dict[str, object]) -> list[str]:
+    lines = ["waiters (one holder, N queued callers), per queued caller and for all of them:",
+             "| pool | N | Pss per queued caller (caller + its keeper) | idle CPU, 10 s | passed | start order |",
+             "|---|---|---|---|---|---|"]
+    for key, v in r.items():
+        d: dict[str, object] = v  # type: ignore[assignment]
+        order = ("ticket order" if d["in_ticket_order"] else f"{d['inversions']} inversions") \
+            if d["slots"] == 1 else "–"
+        lines.append(f"| {d['slots']} slot(s) | {d['n']} | {d['pss_mb_per_caller']} MB | {d['idle_cpu_s']} s "
+                     f"| {d['passed']} of {d['n']} | {order} |")
+    return lines
+
+
+if __name__ == "__main__":
+    print("\n".join(format_waiters(run(tuple(int(a) for a in sys.argv[1:]) or (100, 1000)))))
