@@ -418,3 +418,46 @@ def test_wait_turn_waits_in_the_kernel_for_the_live_ticket_ahead_and_skips_dead_
         waiter.kill()
         head.kill()
         mine.withdraw()
+
+
+@pytest.mark.timeout(30)
+def test_the_ticket_counter_wait_gives_up_only_when_nobody_takes_tickets(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A crowd (a thousand callers started at once on two cores) keeps the
+    # counter moving: waiting longer than the limit is then no reason to
+    # give up. A holder that sits on it, the counter still, is.
+    import fcntl
+
+    from slotq import ticket
+    from slotq.errors import StateDirError
+
+    monkeypatch.setattr(ticket, "SEQ_LOCK_LIMIT", 0.3)
+    seq = tmp_path / "seq"
+    seq.write_text("%020d\n" % 0)
+    holder = os.open(seq, os.O_RDWR)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    stop = threading.Event()
+
+    def crowd() -> None:  # tickets taken all the time, the lock never free to us
+        n = 0
+        while not stop.wait(0.05):
+            n += 1
+            os.pwrite(holder, b"%020d\n" % n, 0)
+
+    t = threading.Thread(target=crowd)
+    t.start()
+    mine = os.open(seq, os.O_RDWR)
+    try:
+        threading.Timer(1.5, lambda: (stop.set(), fcntl.flock(holder, fcntl.LOCK_UN))).start()
+        t0 = time.monotonic()
+        ticket._lock_seq(mine, str(seq), None)  # 5x the limit, and it is ours
+        assert time.monotonic() - t0 >= 1.4
+        fcntl.flock(mine, fcntl.LOCK_UN)
+        t.join()
+        fcntl.flock(holder, fcntl.LOCK_EX)  # now a holder that sits still
+        with pytest.raises(StateDirError, match="with no ticket taken meanwhile"):
+            ticket._lock_seq(mine, str(seq), None)
+    finally:
+        stop.set()
+        os.close(mine)
+        os.close(holder)

@@ -165,13 +165,17 @@ def take_ticket(state_dir: str, pool: str, info: dict[str, object],
 def _lock_seq(fd: int, path: str, wait: Callable[[float], None] | None) -> None:
     """Take the sequence lock. Honest holders keep it for microseconds; if
     it stays taken, pass the time with `wait` (the caller can still cancel)
-    and after SEQ_LOCK_LIMIT give up, naming who holds it."""
+    and give up, naming who holds it, once nobody has taken a ticket for
+    SEQ_LOCK_LIMIT -- the counter did not move. A crowd taking tickets (a
+    thousand callers started at once on two cores) is progress, not a
+    stuck holder, however long our own turn takes."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return
     except BlockingIOError:
         pass
     start = time.monotonic()
+    counter = os.pread(fd, 32, 0)
     delay = 0.0005
     while True:
         if wait is not None:
@@ -183,13 +187,16 @@ def _lock_seq(fd: int, path: str, wait: Callable[[float], None] | None) -> None:
             return
         except BlockingIOError:
             pass
+        if time.monotonic() - start >= SEQ_LOCK_LIMIT and (now := os.pread(fd, 32, 0)) != counter:
+            counter, start = now, time.monotonic()  # tickets were taken meanwhile: the line moves
         if time.monotonic() - start >= SEQ_LOCK_LIMIT:
             from .proclocks import describe_holders
 
             st = os.fstat(fd)
             who = describe_holders(st.st_dev, st.st_ino) or "a process slotq cannot see"
             raise StateDirError(f"cannot join the line: the ticket counter {path} has been locked for "
-                                f"{SEQ_LOCK_LIMIT:g}s by {who} (honest runs hold it for microseconds)", path)
+                                f"{SEQ_LOCK_LIMIT:g}s by {who}, with no ticket taken meanwhile (honest runs "
+                                "hold it for microseconds)", path)
         delay = min(delay * 2, 0.05)
 
 
