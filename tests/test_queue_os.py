@@ -448,7 +448,11 @@ def test_the_ticket_counter_wait_gives_up_only_when_nobody_takes_tickets(tmp_pat
     t.start()
     mine = os.open(seq, os.O_RDWR)
     try:
-        threading.Timer(1.5, lambda: (stop.set(), fcntl.flock(holder, fcntl.LOCK_UN))).start()
+        def crowd_done() -> None:
+            stop.set()
+            fcntl.flock(holder, fcntl.LOCK_UN)
+
+        threading.Timer(1.5, crowd_done).start()
         t0 = time.monotonic()
         ticket._lock_seq(mine, str(seq), None)  # 5x the limit, and it is ours
         assert time.monotonic() - t0 >= 1.4
