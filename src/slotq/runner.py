@@ -340,7 +340,7 @@ class HostRunner:
         ahead, total = waiter.position()
         healed = self._heal(pool, waiter.slot_count) if ahead == 0 else []
         wall = self.clock.wall()
-        if self._typical is None or wall - self._typical[2] > 30:  # the history, read at most every 30 s
+        if self._typical is None or wall - self._typical[2] > 300:  # the history: read at most every 5 min
             self._typical = (*eta.typical_run(history.recent(self.state_dir, 200), pool), wall)
         typical, runs, _ = self._typical
         slots = holders(self.state_dir, pool, waiter.slot_count, wall)
