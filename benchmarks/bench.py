@@ -163,7 +163,7 @@ def order(tool: Tool, n: int = 20, spacing: float = 0.02) -> dict[str, float]:
             rec = json.loads(line)
             cmd = str(rec.get("label") or "")
             if cmd.startswith("order-"):
-                queued[int(cmd[6:])] = rec["phases"]["queued"]
+                queued[int(cmd[6:])] = rec["phases"]["submitted"]
         by_ticket = sorted(queued, key=lambda i: queued[i])
         rank = {i: r for r, i in enumerate(by_ticket)}
         ranked = [rank[i] for i in seq if i in rank]
