@@ -561,37 +561,3 @@ def test_in_process_runs_leave_no_descriptor_thread_or_child_behind(state_dir: P
         os.waitpid(-1, os.WNOHANG)
     os.close(out_r)
     os.close(out_w)
-
-
-def _children_of(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        out.append(int(entry))
-            except OSError:
-                pass
-    return out
-
-
-@pytest.mark.timeout(60)
-def test_only_the_waiters_near_the_head_keep_a_standby_keeper_and_the_line_keeps_its_order(
-        state_dir: Path, runs: Start, tmp_path: Path) -> None:
-    from slotq.runner import STANDBY_AHEAD
-
-    gate = tmp_path / "gate"
-    holder = start_holder(runs, state_dir, gate)
-    order = tmp_path / "order"
-    line = []
-    for i in range(STANDBY_AHEAD + 4):
-        line.append(runs("--", "sh", "-c", f"echo {i} >> {order}", name=f"w{i}"))
-        wait_for(lambda: len(live_tickets(state_dir)) == i + 1, what=f"waiter {i} in line")
-    def with_keeper() -> list[int]:
-        return [i for i, r in enumerate(line) if _children_of(r.proc.pid)]
-
-    wait_for(lambda: with_keeper() == list(range(STANDBY_AHEAD)), what="keepers for the first waiters only")
-    gate.touch()
-    assert holder.wait() == 0 and all(r.wait() == 0 for r in line)
-    assert order.read_text().split() == [str(i) for i in range(len(line))]

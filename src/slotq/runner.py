@@ -31,15 +31,10 @@ from .slot import GrantedSlot, SlotLease, slot_name
 from .spec import RunSpec
 from .ticket import Ticket
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from .lockwait import LockWaits
-
 # A running command becomes reachable by `slotq cancel` after this long:
 # nobody cancels a run by hand sooner, and a run that ends first never pays
 # for the socket module (about 0.5 ms of start-up, on every run).
 CONTROL_AFTER = 0.1
-STANDBY_AHEAD = 4  # waiters this near the head have a standby keeper (a fast hand-over); the rest wait lighter
 
 
 class _Ended(Exception):
@@ -169,16 +164,11 @@ class HostRunner:
         start = self.clock.monotonic()
         next_report = start
         standby: tuple[Child, dict[int, bytes]] | None = None
-        # A one-slot line waits in the kernel, like flock(1): the keepers of
-        # the first STANDBY_AHEAD waiters, forked ahead of time, wait for
-        # the tickets ahead to go, then for the slot, and start the command
-        # the moment the slot is released. A hand-over then wakes one
-        # keeper and forks nothing. A waiter further back has no keeper yet
-        # (a process less: memory, with a thousand in line): a thread of
-        # ours waits in flock(2) for the ticket STANDBY_AHEAD places ahead to
-        # go, then we look again.
+        # A one-slot line waits in the kernel, like flock(1): each waiter's
+        # keeper, forked at once, waits for the tickets ahead to go, then
+        # for the slot, and starts the command the moment the slot is
+        # released. A hand-over then wakes one keeper and forks nothing.
         by_keeper = waiter.slot_count == 1 and not spec.prepare
-        far: LockWaits | None = None
         # Waiting has no limit unless the caller sets one (--max-wait): a
         # policy with its own outcome, never a timeout.
         give_up = start + spec.max_wait if spec.max_wait is not None else INF
@@ -199,9 +189,7 @@ class HostRunner:
                         preload_for_start()  # we have time now; the hand-over will not
                     self._report(waiter, pool, now - start)
                     next_report = now + spec.report_every
-                if standby is None and by_keeper and next_report > start:
-                    far = self._far_back(waiter, pool, far)
-                if standby is None and by_keeper and far is None:
+                if standby is None and by_keeper:
                     # After the first report: what that loads and touches is
                     # then shared with the keeper, not copied (about 1 MB
                     # less for each of the two).
@@ -218,12 +206,9 @@ class HostRunner:
                 fds = self.link.fds()
                 if standby is not None:
                     fds.append(standby[0].done_fd)
-                elif far is not None:
-                    fds.append(far.wake_r)
                 elif waiter.fileno() >= 0:
                     fds.append(waiter.fileno())
-                until = (next_report - now if standby is not None or far is not None
-                         else min(next_report - now, waiter.wait_timeout()))
+                until = next_report - now if standby is not None else min(next_report - now, waiter.wait_timeout())
                 timeout = max(0.0, min(until, give_up - now))
                 ready, _, _ = select.select(fds, [], [], timeout)
                 if standby is not None and standby[0].done_fd in ready and standby[0].on_readable():
@@ -245,9 +230,7 @@ class HostRunner:
                     if standby is not None:
                         end = self._stop_standby(standby)
                     raise _Ended(ended, end)
-                if far is not None:
-                    far.drain()  # the ticket we watched went (or nothing did): `_far_back` looks again
-                elif standby is None:
+                if standby is None:
                     lease = waiter.attempt()
                     if lease is None and waiter.is_head and self.clock.monotonic() >= self._next_heal:
                         # Woken and still no slot: was it a holder's death? At
@@ -258,33 +241,7 @@ class HostRunner:
         except BaseException:
             waiter.withdraw()
             raise
-        finally:
-            if far is not None:
-                far.close()
         return lease
-
-    def _far_back(self, waiter: Waiter, pool: str, far: LockWaits | None) -> LockWaits | None:
-        """Further back than STANDBY_AHEAD: wait (a thread in flock) for the
-        ticket that many places ahead to go; None once we are near enough
-        to fork our standby keeper."""
-        from .ticket import ahead_of, pool_dir, probe
-
-        pdir = pool_dir(self.state_dir, pool)
-        while True:
-            ahead = ahead_of(pdir, waiter.ticket.path)
-            if len(ahead) < STANDBY_AHEAD:
-                if far is not None:
-                    far.close()
-                return None
-            target = ahead[-STANDBY_AHEAD]
-            if probe(target):  # live: wait for it; a dead one is removed (with its history line), look again
-                break
-        if far is None:
-            from .lockwait import LockWaits
-
-            far = LockWaits()
-        far.watch_only([target], exclusive=False)
-        return far
 
     def _pass_time(self, seconds: float) -> None:
         """Someone holds the ticket counter: wait a moment, still listening
