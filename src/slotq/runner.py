@@ -297,15 +297,21 @@ class HostRunner:
         ahead, total = waiter.position()
         healed = self._heal(pool, waiter.slot_count) if ahead == 0 else []
         wall = self.clock.wall()
-        if self._typical is None or wall - self._typical[2] > 300:  # the history: read at most every 5 min
-            self._typical = (*eta.typical_run(history.recent(self.state_dir, 200), pool), wall)
-        typical, runs, _ = self._typical
         slots = holders(self.state_dir, pool, waiter.slot_count, wall)
-        expected = eta.expected_wait(slots, ahead, typical)
+        fields: dict[str, object] = {}
+        if waited > 0.05:
+            # The ETA from the second report on: the first comes the moment
+            # a run must wait, often for a slot that frees in milliseconds,
+            # and reading the history then would cost every short wait (and
+            # the hand-over it competes with for the CPU) a few ms.
+            if self._typical is None or wall - self._typical[2] > 300:  # the history: at most every 5 min
+                self._typical = (*eta.typical_run(history.recent(self.state_dir, 2 * eta.RECENT), pool), wall)
+            typical, runs, _ = self._typical
+            expected = eta.expected_wait(slots, ahead, typical)
+            fields = {"eta_s": round(expected, 1) if expected < 1e9 else 1e9,
+                      "eta_how": eta.explain(slots, ahead, typical, runs)}
         self.link.event(protocol.QUEUED, waited_s=round(waited, 3), ahead=ahead, position=ahead + 1,
-                        waiting=total, pool=pool, holders=slots, notes=healed,
-                        eta_s=round(expected, 1) if expected < 1e9 else 1e9,
-                        eta_how=eta.explain(slots, ahead, typical, runs), **load())
+                        waiting=total, pool=pool, holders=slots, notes=healed, **fields, **load())
 
     def _hold(self, lease: SlotLease) -> Outcome:
         spec = self.spec
