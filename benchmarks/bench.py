@@ -472,40 +472,37 @@ def main() -> int:
     if want("crash"):
         results["crash handoff"] = measure(tools, "crash", crash, 2 if args.quick else 3)
 
-    slurm_text: list[str] = []
-    slurm_targets: list[str] = []
-    if want("slurm"):
-        import slurm
+    # The scenarios of slotq alone that live in modules of their own: each
+    # has run(), format_*() and maybe targets(); their text follows the table.
+    own_text: list[str] = []
+    own_targets: list[str] = []
 
-        slurm_report = slurm.run(2 if args.quick else 5)
-        results["slurm"] = {"slotq": slurm_report}
-        slurm_text = ["", *slurm.format_slurm(slurm_report)]
-        slurm_targets = [f"- {'PASS' if ok else 'MISS'} {name}: {detail}"
-                         for name, ok, detail in slurm.targets(slurm_report)]
-    waiters_text: list[str] = []
+    def own(key: str, report: dict[str, object], lines: list[str],
+            targets: list[tuple[str, bool, str]] | None = None) -> None:
+        results[key] = {"slotq": report}
+        own_text.extend(["", *lines])
+        own_targets.extend(f"- {'PASS' if ok else 'MISS'} {name}: {detail}" for name, ok, detail in targets or [])
+
     if want("waiters"):
         import memory
 
-        waiters_report = memory.run((100, 300) if args.quick else (100, 1000))
-        results["waiters"] = {"slotq": waiters_report}
-        waiters_text = ["", *memory.format_waiters(waiters_report)]
-    remote_text: list[str] = []
-    remote_targets: list[str] = []
+        r = memory.run((100, 300) if args.quick else (100, 1000))
+        own("waiters", r, memory.format_waiters(r))
     if want("remote"):
         import remote
 
-        remote_report = remote.run(5 if args.quick else 15, large=True)
-        results["remote"] = {"slotq": remote_report}
-        remote_text = ["", *remote.format_remote(remote_report)]
-        remote_targets = [f"- {'PASS' if ok else 'MISS'} {name}: {detail}"
-                          for name, ok, detail in remote.targets(remote_report)]
-    history_text: list[str] = []
+        r = remote.run(5 if args.quick else 15, large=True)
+        own("remote", r, remote.format_remote(r), remote.targets(r))
+    if want("slurm"):
+        import slurm
+
+        r = slurm.run(2 if args.quick else 5)
+        own("slurm", r, slurm.format_slurm(r), slurm.targets(r))
     if want("history"):
         import history
 
-        history_report = history.run(200_000 if args.quick else 1_000_000)
-        results["history"] = {"slotq": history_report}
-        history_text = ["", *history.format_history(history_report)]
+        r = history.run(200_000 if args.quick else 1_000_000)
+        own("history", r, history.format_history(r))
     chaos_text: list[str] = []
     if want("chaos"):
         chaos_report = chaos(args.chaos_callers, 2 if args.quick else 3)
@@ -515,11 +512,9 @@ def main() -> int:
     text = [f"slotq benchmarks, {time.strftime('%Y-%m-%d %H:%M')} on {os.uname().nodename} "
             f"({os.cpu_count()} cores), {time.time() - started:.0f} s; medians [min–max] of the repetitions",
             f"bare: `true` {bare['true_ms']:.1f} ms, `{Path(PYTHON).name} -c pass` {bare['python_ms']:.1f} ms", "",
-            table({k: v for k, v in results.items() if k not in ("chaos", "slurm", "history", "remote", "waiters")}, tools),
-            *waiters_text, *remote_text, *slurm_text,
-            *history_text,
-            *chaos_text, "", "targets:", *check_targets(results), *remote_targets,
-            *slurm_targets]
+            table({k: v for k, v in results.items()
+                   if k not in ("chaos", "slurm", "history", "remote", "waiters")}, tools),
+            *own_text, *chaos_text, "", "targets:", *check_targets(results), *own_targets]
     notes = [f"- {t} in {s}: {e['note']}" for s, per in results.items() for t, e in per.items() if "note" in e]
     if notes:
         text += ["", "notes:", *notes]

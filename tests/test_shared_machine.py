@@ -227,8 +227,8 @@ def test_a_config_written_by_another_user_is_ignored_with_a_warning(legacy: Worl
     cfg = w.state / "host.toml"
     assert w.py(w.b, f"open({str(cfg)!r}, 'w').write('[pools]\\nshared = 8\\n[defaults]\\nbudget = \"1s\"\\n')"
                 ).returncode == 0
-    # sleep-ok: the command's own work, longer than the 1 s budget B planted
-    run = w.run(w.a, "run", "--", "python3", "-c", "import time; time.sleep(1.5)")
+    run = w.run(w.a, "run", "--", "python3", "-c",
+                "import time; time.sleep(1.5)")  # sleep-ok: the command's own work, past the 1 s budget B planted
     assert run.returncode == 0, run.stderr  # the planted budget of 1s was not applied
     assert f"ignoring host config {cfg}" in run.stderr and "slotqb" in run.stderr
     status = w.run(w.a, "status", "--json")
