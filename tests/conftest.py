@@ -41,6 +41,17 @@ def wait_for(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condit
         time.sleep(interval)  # sleep-ok: bounded polling step of wait_for
 
 
+def catches(pid: int, signum: int) -> bool:
+    """Whether process `pid` has a handler for `signum` (its SigCgt mask):
+    a signal sent sooner would meet the default action, not slotq's."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            mask = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(mask >> (signum - 1) & 1)
+
+
 def one_line(proc: subprocess.CompletedProcess[str]) -> str:
     """The single line a failing slotq command writes to stderr (never a
     traceback)."""

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import one_line, slotq_cmd, wait_for
+from conftest import catches, one_line, slotq_cmd, wait_for
 from shared_world import FLOCK_BY_HAND, GROUP, USERS, World, make_root, snapshot_files, stop_users_processes, \
     ticket_by_hand
 
@@ -363,6 +363,7 @@ def test_a_held_ticket_counter_is_named_and_a_waiting_run_can_still_be_stopped(w
         stuck = w.popen(w.a, "run", "--", "true")
         text = w.run(w.a, "status").stdout
         assert f"the ticket counter {w.state / 'seq'} is locked by pid {blocker.pid} (user {w.b}" in text, text
+        wait_for(lambda: catches(stuck.pid, signal.SIGTERM), what="the waiting run's SIGTERM handler")
         t0 = time.monotonic()
         stuck.send_signal(signal.SIGTERM)
         assert stuck.wait(timeout=10) == 130
