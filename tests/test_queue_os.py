@@ -420,6 +420,42 @@ def test_wait_turn_waits_in_the_kernel_for_the_live_ticket_ahead_and_skips_dead_
         mine.withdraw()
 
 
+@pytest.mark.timeout(20)
+def test_wait_turn_far_back_in_line_does_not_open_every_ticket_that_went(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # 100 tickets ahead; all but the closest go while we wait on the closest.
+    # When it goes too, our turn comes after one listing of the directory --
+    # not after an open (failing) for each of the 99 gone: on every
+    # hand-over of a long line, that was milliseconds of CPU.
+    from slotq import ticket
+
+    ahead = [Waiter(str(tmp_path), CFG, "shared", {}) for _ in range(100)]
+    mine = Waiter(str(tmp_path), CFG, "shared", {})
+    opened: list[str] = []
+    real_open = ticket.open_state
+
+    def counting(path: str, flags: int, **kw: object) -> tuple[int, bool]:
+        opened.append(path)
+        return real_open(path, flags, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ticket, "open_state", counting)
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (ticket.wait_turn(mine.ticket.path, mine.ticket.seq), done.set()),
+                         daemon=True)
+    t.start()
+    try:
+        wait_for(lambda: opened == [ahead[-1].ticket.path], what="the wait on the closest ticket ahead")
+        for w in ahead[:-1]:
+            w.withdraw()
+        assert not done.wait(0.2)  # sleep-ok: the closest is still there; no turn yet
+        ahead[-1].withdraw()
+        assert done.wait(5)
+        assert opened == [ahead[-1].ticket.path], f"{len(opened)} opens"
+    finally:
+        for w in [*ahead, mine]:
+            w.withdraw()
+
+
 @pytest.mark.timeout(30)
 def test_the_ticket_counter_wait_gives_up_only_when_nobody_takes_tickets(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:

@@ -340,17 +340,31 @@ def wait_turn(path: str, seq: int) -> None:
     """Block until no live ticket is ahead of ours (`seq`, at `path`) in its
     line: wait in flock(2) for each ticket ahead, closest first, to go -- it
     leaves or its holder dies; a dead one is granted at once -- and remove
-    it. No ticket is ever created ahead of ours, so one listing serves."""
-    for ahead in reversed(ahead_of(os.path.dirname(path), path)):
+    it. No ticket is ever created ahead of ours, so one listing serves.
+
+    After each wait, most tickets of that listing have gone (the one we
+    waited for was usually the last of them): one listing of the names
+    drops those, rather than an open that fails for each -- hundreds, far
+    back in a long line, on every hand-over."""
+    pdir = os.path.dirname(path)
+    ahead = ahead_of(pdir, path)
+    while ahead:
+        closest = ahead.pop()
         try:
-            fd, _ = open_state(ahead, os.O_RDONLY)
+            fd, _ = open_state(closest, os.O_RDONLY)
         except OSError:
             continue  # gone, or no ticket
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)  # the wait, in the kernel
-            bury(ahead, fd)  # dead now (its owner never locks it again)
+            bury(closest, fd)  # dead now (its owner never locks it again)
         finally:
             os.close(fd)
+        if ahead:
+            try:
+                present = set(os.listdir(pdir))
+            except OSError:
+                continue
+            ahead = [p for p in ahead if os.path.basename(p) in present]
 
 
 def bury(path: str, fd: int) -> None:
