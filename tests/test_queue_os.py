@@ -427,12 +427,12 @@ def test_wait_turn_far_back_in_line_does_not_open_every_ticket_that_went(tmp_pat
     # When it goes too, our turn comes after one listing of the directory --
     # not after an open (failing) for each of the 99 gone: on every
     # hand-over of a long line, that was milliseconds of CPU.
-    from slotq import ticket
+    from slotq import statefile, ticket
 
     ahead = [Waiter(str(tmp_path), CFG, "shared", {}) for _ in range(100)]
     mine = Waiter(str(tmp_path), CFG, "shared", {})
     opened: list[str] = []
-    real_open = ticket.open_state
+    real_open = statefile.open_state
 
     def counting(path: str, flags: int, **kw: object) -> tuple[int, bool]:
         opened.append(path)
@@ -440,9 +440,12 @@ def test_wait_turn_far_back_in_line_does_not_open_every_ticket_that_went(tmp_pat
 
     monkeypatch.setattr(ticket, "open_state", counting)
     done = threading.Event()
-    t = threading.Thread(target=lambda: (ticket.wait_turn(mine.ticket.path, mine.ticket.seq), done.set()),
-                         daemon=True)
-    t.start()
+
+    def turn() -> None:
+        ticket.wait_turn(mine.ticket.path, mine.ticket.seq)
+        done.set()
+
+    threading.Thread(target=turn, daemon=True).start()
     try:
         wait_for(lambda: opened == [ahead[-1].ticket.path], what="the wait on the closest ticket ahead")
         for w in ahead[:-1]:
