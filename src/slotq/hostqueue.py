@@ -256,19 +256,29 @@ class Waiter:
                 self._watcher.unwatch(path)
         return found
 
-    def position(self) -> tuple[int, int]:
+    def position(self, locked: set[tuple[int, int]] | None = None) -> tuple[int, int]:
         """(live tickets ahead of ours, total live tickets in the pool)."""
-        from .proclocks import held
+        ahead, total, _ = self.line(locked)
+        return ahead, total
 
+    def line(self, locked: set[tuple[int, int]] | None = None) -> tuple[int, int, list[int]]:
+        """(live tickets ahead of ours, total live tickets in the pool, their
+        numbers in line order). `locked`: the kernel's lock table
+        (proclocks.held()), read here if not given."""
         pdir = pool_dir(self.state_dir, self.pool)
         mine = self.ticket.path
-        live = live_tickets(pdir, held())
+        if locked is None:
+            from .proclocks import held
+
+            locked = held()
+        live = live_tickets(pdir, locked)
         if live is None:  # no /proc/locks: probe each ticket
             live = [(seq, path) for seq, path in list_tickets(pdir) if path == mine or probe(path)]
         paths = [path for _, path in live]
+        seqs = [seq for seq, _ in live]
         if mine not in paths:
-            return len(paths), len(paths) + 1
-        return paths.index(mine), len(paths)
+            return len(paths), len(paths) + 1, seqs
+        return paths.index(mine), len(paths), seqs
 
     def _drop_probe(self) -> None:
         if self._probe is not None:

@@ -291,13 +291,27 @@ class HostRunner:
         return child.end if child.started is not None else None
 
     def _report(self, waiter: Waiter, pool: str, waited: float) -> None:
-        from . import eta
+        from . import eta, lineview
         from .status import holders, load  # only runs that wait pay for it
 
-        ahead, total = waiter.position()
-        healed = self._heal(pool, waiter.slot_count) if ahead == 0 else []
         wall = self.clock.wall()
-        slots = holders(self.state_dir, pool, waiter.slot_count, wall)
+        # Far back in a line, this user's view of it from the last few
+        # seconds (lineview.py); near the head, or without one, afresh.
+        view = lineview.read(self.state_dir, pool, waiter.ticket.seq, wall)
+        if view is not None and view[0] >= lineview.NEAR:
+            ahead, total, slots = view
+            healed: list[str] = []
+        else:
+            from .proclocks import owners
+
+            table = owners()  # the kernel's lock table: read once for all below
+            locked = None if table is None else set(table)
+            ahead, total, live = waiter.line(locked)
+            healed = self._heal(pool, waiter.slot_count) if ahead == 0 else []
+            slots = holders(self.state_dir, pool, waiter.slot_count, wall, locked if not healed else None,
+                            table if not healed else None)
+            if total > lineview.NEAR:  # someone may be far enough back to use it
+                lineview.write(self.state_dir, pool, live, slots, wall)
         fields: dict[str, object] = {}
         if waited > 0.05:
             # The ETA from the second report on: the first comes the moment

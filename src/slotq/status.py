@@ -28,16 +28,18 @@ def load() -> dict[str, object]:
 
 
 def holders(state_dir: str, pool: str, count: int, now: float,
-            locked: set[tuple[int, int]] | None = None) -> list[dict[str, object]]:
+            locked: set[tuple[int, int]] | None = None, table: Table | None = None) -> list[dict[str, object]]:
     """One entry per slot of `pool`: held or free, and the holder record.
-    `locked`: the kernel's lock table (proclocks.held()); read if not given.
+    `table`, `locked`: the kernel's lock table (proclocks.owners(), and
+    its keys as a set); read if not given.
 
     The phase shown is the truth about the holder's processes, not just what
     its record says: `running` (or `prepare`) only while its runner lives,
     `stopping` while only its keeper does (it is ending the command),
     `orphaned` when both are gone and the command still holds the slot --
     then with the orphan's pids and user. Nothing is signalled here."""
-    table = owners()
+    if table is None:
+        table = owners()
     if locked is None:
         locked = None if table is None else set(table)
     out: list[dict[str, object]] = []

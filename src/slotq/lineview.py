@@ -1,0 +1,117 @@
+"""A line as its waiting runs report it, shared by one user's waiting runs.
+
+Every waiting run reports every 30 s how many are ahead and who holds the
+slot. Worked out afresh, that reads the kernel's lock table (/proc/locks:
+two entries per waiter) and lists every ticket: with a thousand in line,
+33 reports a second at 5-15 ms each kept the machine a quarter busy while
+nothing moved. So a run that works the line out writes what it found to
+its user's own file in the state dir, and a run of that user further back
+than NEAR uses a view at most MAX_AGE old. Near the head, where the
+numbers change fastest and the head heals orphaned holders, the view is
+always fresh.
+
+The file is trusted only as the host config cache is: this user's own
+regular file, writable by nobody else, read with limits -- a first line
+of JSON (at most MAX_HEADER bytes: when, and the slots as `status.holders`
+gave them), then the live tickets' numbers in line order, separated by
+spaces (at most MAX_VIEW bytes in all). Anything else is no view: the run
+works the line out itself.
+"""
+
+from __future__ import annotations
+
+import os
+
+NEAR = 8  # this close to the head (or closer), a run works its line out afresh
+MAX_AGE = 5.0  # seconds a view is used for
+MAX_HEADER = 64 * 1024
+MAX_VIEW = 4 * 1024 * 1024  # a line of ~200,000 tickets
+
+_DIGITS = b"0123456789"
+
+
+def view_path(state_dir: str, pool: str) -> str:
+    # One per user and pool: a view another user wrote is not trusted.
+    return os.path.join(state_dir, f".line-view.{pool}.{os.getuid()}")
+
+
+def read(state_dir: str, pool: str, seq: int, now: float) -> tuple[int, int, list[dict[str, object]]] | None:
+    """(ahead, waiting, slots) for ticket `seq` from this user's view of
+    `pool`, if there is one at most MAX_AGE old that has `seq` in it;
+    else None."""
+    import stat
+
+    from .records import from_json
+
+    try:
+        fd = os.open(view_path(state_dir, pool), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+            return None
+        if st.st_size > MAX_VIEW:
+            return None
+        raw = os.read(fd, st.st_size + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    header, nl, tail = raw.partition(b"\n")
+    if not nl or len(header) > MAX_HEADER or len(raw) > MAX_VIEW:
+        return None
+    try:
+        head = from_json(header.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(head, dict):
+        return None
+    at, slots = head.get("at"), head.get("slots")
+    if isinstance(at, bool) or not isinstance(at, (int, float)) or not isinstance(slots, list):
+        return None
+    if not now - MAX_AGE <= at <= now + 1.0 or not all(isinstance(s, dict) for s in slots):
+        return None
+    if tail.translate(None, _DIGITS + b" \n"):
+        return None  # not numbers and spaces
+    live = tail.split()
+    try:
+        ahead = live.index(b"%d" % seq)
+    except ValueError:
+        return None  # not in it (joined since): work it out
+    for s in slots:
+        held = s.get("held_s")
+        if isinstance(held, (int, float)) and not isinstance(held, bool):
+            s["held_s"] = round(held + max(0.0, now - at), 3)
+    return ahead, len(live), slots
+
+
+def write(state_dir: str, pool: str, live: list[int], slots: list[dict[str, object]], now: float) -> None:
+    """Share a line just worked out with this user's other waiting runs
+    (best effort: a view that cannot be written is simply not shared)."""
+    from .records import to_json
+
+    try:
+        header = to_json({"at": now, "slots": slots})
+    except (TypeError, ValueError):
+        return
+    data = b"%s\n%s\n" % (header.encode(), " ".join(map(str, live)).encode())
+    if len(header) > MAX_HEADER or len(data) > MAX_VIEW:
+        return
+    target = view_path(state_dir, pool)
+    tmp = f"{target}.{os.getpid()}.{os.urandom(4).hex()}.new"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return
+    try:
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)  # atomic: readers see the old view or the new one, whole
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass

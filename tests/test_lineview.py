@@ -1,0 +1,119 @@
+"""A user's waiting runs share their view of the line (lineview.py): far
+back in a long line a report reads it instead of the kernel's lock table
+and every ticket; near the head it is always worked out afresh; a view that
+is not this user's own, fresh, well-formed file is never used."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from conftest import Run, wait_for
+from slotq import lineview
+from slotq.ticket import list_tickets, pool_dir
+from test_run_e2e import live_tickets, start_holder
+
+Start = Callable[..., Run]
+SLOTS: list[dict[str, object]] = [{"slot": "shared#0", "held": True, "label": "lint", "user": "alice",
+                                   "held_s": 2.0, "phase": "running"}]
+
+
+@pytest.mark.timeout(10)
+def test_a_view_is_read_back_with_our_place_in_it_and_its_age_added(tmp_path: Path) -> None:
+    now = time.time()
+    lineview.write(str(tmp_path), "shared", [5, 7, 9, 11], SLOTS, now)
+    path = Path(lineview.view_path(str(tmp_path), "shared"))
+    assert path.stat().st_mode & 0o777 == 0o600
+    got = lineview.read(str(tmp_path), "shared", 9, now + 1.5)
+    assert got is not None
+    ahead, waiting, slots = got
+    assert (ahead, waiting) == (2, 4)
+    assert slots[0]["label"] == "lint" and slots[0]["held_s"] == 3.5
+    assert lineview.read(str(tmp_path), "shared", 8, now) is None  # not in it: joined since
+    assert lineview.read(str(tmp_path), "shared", 9, now + lineview.MAX_AGE + 0.1) is None  # too old
+    assert lineview.read(str(tmp_path), "shared", 9, now - 2) is None  # from the future
+    assert lineview.read(str(tmp_path), "landing", 9, now) is None  # another pool's
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temp file left
+
+
+def _symlinked(p: Path) -> None:
+    p.rename(p.with_name("elsewhere"))
+    p.symlink_to(p.with_name("elsewhere"))
+
+
+def _fifo(p: Path) -> None:
+    p.unlink()
+    os.mkfifo(p)
+
+
+BAD_VIEWS: list[tuple[str, Callable[[Path, float], object]]] = [
+    ("group-writable", lambda p, now: p.chmod(0o620)),
+    ("another user's", lambda p, now: os.chown(p, 65534, -1)),
+    ("a symlink to a good one", lambda p, now: _symlinked(p)),
+    ("a FIFO", lambda p, now: _fifo(p)),
+    ("no header line", lambda p, now: p.write_bytes(b"5 7 9")),
+    ("a header that is not JSON", lambda p, now: p.write_bytes(b"{at: 1}\n5 7 9\n")),
+    ("a header nested 5000 deep", lambda p, now: p.write_bytes(b"[" * 5000 + b"\n5 7 9\n")),
+    ("a header too long", lambda p, now: p.write_bytes(json.dumps({"at": now, "slots": [], "x": "y" * 70000})
+                                                       .encode() + b"\n5 7 9\n")),
+    ("a time that is not a number", lambda p, now: p.write_bytes(b'{"at": true, "slots": []}\n5 7 9\n')),
+    ("slots that are not a list", lambda p, now: p.write_bytes(b'{"at": %f, "slots": {}}\n5 7 9\n' % now)),
+    ("not numbers after it", lambda p, now: p.write_bytes(b'{"at": %f, "slots": []}\n5 x7 9\n' % now)),
+    ("larger than the limit", lambda p, now: os.truncate(p, lineview.MAX_VIEW + 1)),
+]
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("what,spoil", BAD_VIEWS, ids=[w for w, _ in BAD_VIEWS])
+def test_a_view_that_is_not_this_users_own_well_formed_file_is_not_used(
+        tmp_path: Path, what: str, spoil: Callable[[Path, float], object]) -> None:
+    now = time.time()
+    lineview.write(str(tmp_path), "shared", [5, 7, 9], SLOTS, now)
+    assert lineview.read(str(tmp_path), "shared", 9, now) is not None  # good until spoilt
+    spoil(Path(lineview.view_path(str(tmp_path), "shared")), now)
+    assert lineview.read(str(tmp_path), "shared", 9, now) is None, what
+
+
+def _plant(state_dir: Path, seq: int, place: int, label: str) -> None:
+    """This user's view of the line, rewritten by hand: ticket `seq` at
+    index `place`, the holder named `label`."""
+    path = Path(lineview.view_path(str(state_dir), "shared"))
+    header = json.loads(path.read_bytes().split(b"\n", 1)[0])
+    for s in header["slots"]:
+        s["label"] = label
+    live = [10**9 + i for i in range(place)] + [seq] + [2 * 10**9 + i for i in range(9)]
+    lineview.write(str(state_dir), "shared", live, header["slots"], time.time())
+
+
+@pytest.mark.timeout(90)
+def test_far_back_a_report_uses_the_shared_view_and_near_the_head_works_the_line_out(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    holder = start_holder(runs, state_dir, gate)
+    ahead = [runs("--", "true", name=f"ahead{i}") for i in range(lineview.NEAR)]  # report once, at once
+    wait_for(lambda: len(live_tickets(state_dir)) == lineview.NEAR, what="the line ahead")
+    last = runs("--report-every", "0.2", "--", "true", name="last")
+    view = Path(lineview.view_path(str(state_dir), "shared"))
+    # Its first report: no view yet, so worked out afresh -- and shared.
+    wait_for(lambda: f"({lineview.NEAR} ahead)" in last.err and view.exists(), what="a fresh report, shared")
+    seq = list_tickets(pool_dir(str(state_dir), "shared"))[-1][0]
+    assert lineview.read(str(state_dir), "shared", seq, time.time())[:2] == (lineview.NEAR, lineview.NEAR + 1)  # type: ignore[index]
+
+    # Far back by the view (20 ahead): its reports read the view.
+    def far_report() -> bool:
+        _plant(state_dir, seq, 20, "from-the-view")
+        return any("(20 ahead)" in ln and "from-the-view" in ln for ln in last.err.splitlines())
+    wait_for(far_report, timeout=20, what="a report from the view", interval=0.1)
+    # Near the head by the view (3 ahead): never trusted there; afresh again.
+    _plant(state_dir, seq, 3, "near-the-head-view")
+    n = len(last.err.splitlines())
+    wait_for(lambda: any(f"({lineview.NEAR} ahead)" in ln and "placeholder" in ln
+                         for ln in last.err.splitlines()[n:]), timeout=20, what="a fresh report again")
+    assert "(3 ahead)" not in last.err and "near-the-head-view" not in last.err
+    gate.touch()
+    assert holder.wait() == 0 and last.wait() == 0 and all(r.wait() == 0 for r in ahead)
