@@ -5,10 +5,10 @@ slot. Worked out afresh, that reads the kernel's lock table (/proc/locks:
 two entries per waiter) and lists every ticket: with a thousand in line,
 33 reports a second at 5-15 ms each kept the machine a quarter busy while
 nothing moved. So a run that works the line out writes what it found to
-its user's own file in the state dir, and a run of that user further back
-than NEAR uses a view at most MAX_AGE old. Near the head, where the
-numbers change fastest and the head heals orphaned holders, the view is
-always fresh.
+its user's own file in the state dir, and a run of that user NEAR or more
+places from the head uses a view at most MAX_AGE old. Nearer the head,
+where the numbers change fastest and the head heals orphaned holders, the
+view is always fresh.
 
 The file is trusted only as the host config cache is: this user's own
 regular file, writable by nobody else, read with limits -- a first line
