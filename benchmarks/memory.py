@@ -112,6 +112,31 @@ def run(ns: tuple[int, ...] = (100, 1000)) -> dict[str, object]:
     return out
 
 
+# "0 CPU while they wait", as the idle scenario reads it for 50 waiters
+# (<= 0.02 s over 20 s): at most 20 us of CPU per waiter and second. What
+# remains at N = 1000 is the status report every waiter makes every 30 s.
+CPU_PER_WAITER_S = 0.02 / 50 / 20
+PSS_LIMIT_MB = 4.0
+
+
+def targets(r: dict[str, object]) -> list[tuple[str, bool, str]]:
+    out = []
+    for v in r.values():
+        d: dict[str, float] = v  # type: ignore[assignment]
+        n, slots = int(d["n"]), int(d["slots"])
+        where = f"{slots} slot(s), N={n}"
+        out.append((f"waiters, {where}: every run passed" + (", in ticket order" if slots == 1 else ""),
+                    d["passed"] == n and (slots != 1 or bool(d["in_ticket_order"])),
+                    f"{d['passed']} of {n} passed" + (f", {d['inversions']} inversions" if slots == 1 else "")))
+        limit = CPU_PER_WAITER_S * n * 10
+        out.append((f"waiters, {where}: idle CPU over 10 s <= {limit:.2f} s (20 us per waiter-second)",
+                    d["idle_cpu_s"] <= limit, f"{d['idle_cpu_s']} s"))
+        if slots == 1:
+            out.append((f"waiters, {where}: Pss per queued caller <= {PSS_LIMIT_MB} MB",
+                        d["pss_mb_per_caller"] <= PSS_LIMIT_MB, f"{d['pss_mb_per_caller']} MB"))
+    return out
+
+
 def format_waiters(r: dict[str, object]) -> list[str]:
     lines = ["waiters (one holder, N queued callers), per queued caller and for all of them:",
              "| pool | N | Pss per queued caller (caller + its keeper) | idle CPU, 10 s | passed | start order |",

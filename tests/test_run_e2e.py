@@ -535,6 +535,22 @@ def test_an_uncontended_run_imports_no_heavy_module_in_the_caller(state_dir: Pat
 
 
 @pytest.mark.timeout(30)
+def test_garbage_collection_is_off_only_while_a_run_starts(state_dir: Path, tmp_path: Path) -> None:
+    # bin/slotq turns the collector off (collections over the import-time
+    # objects cost ~1 ms a run); a run turns it back on, frozen, once its
+    # command starts, and every other command at once (`status --watch`
+    # runs for hours).
+    script = Path(slotq_cmd()[0]).read_text()
+    assert "gc.disable()" in script.split("from slotq.cli import main")[0]
+    probe = ("import gc, sys\ngc.disable()\nfrom slotq.cli import main\n"
+             "code = main(sys.argv[1:])\nprint(code, gc.isenabled(), gc.get_freeze_count() > 0)\n")
+    for args, frozen in ((["run", "-q", "--", "true"], "True"), (["status"], "False")):
+        out = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True, timeout=30,
+                             cwd=tmp_path)
+        assert out.stdout.strip().splitlines()[-1] == f"0 True {frozen}", (args, out.stdout + out.stderr)
+
+
+@pytest.mark.timeout(30)
 def test_in_process_runs_leave_no_descriptor_thread_or_child_behind(state_dir: Path, tmp_path: Path) -> None:
     # The host side runs in a thread of the caller: a library caller making
     # many runs must not collect descriptors, threads or zombies.

@@ -414,12 +414,28 @@ def _check_sequence(ev: dict[str, object], seen: set[str]) -> None:
     seen.add(name)
 
 
+def collect_from_now_on() -> None:
+    """Garbage collection back on, once the run waits or its command runs
+    (bin/slotq starts with it off: collections walking the objects slotq's
+    imports make cost about 1 ms of every run, and those objects live as
+    long as the process). What exists now is frozen first: collections
+    from here on walk only what is made later -- and never write to the
+    pages a forked keeper shares with us."""
+    import gc
+
+    if not gc.isenabled():
+        gc.freeze()
+        gc.enable()
+
+
 def _on_event(ev: dict[str, object], result: RunResult, dogs: Watchdogs,
               say: Callable[[str], None], spec: RunSpec, live: Callable[[str], None] | None = None) -> bool:
     """Apply one event; True when it is the final `exited`."""
     name = ev.get("event")
     at = ev.get("at")
     at = float(at) if isinstance(at, (int, float)) else None
+    if name in (protocol.QUEUED, protocol.STARTED):
+        collect_from_now_on()
     if name == protocol.QUEUED:
         if live is not None:
             live(format_queued(ev, compact=True))

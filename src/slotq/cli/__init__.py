@@ -50,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     if module is None:
         sys.stderr.write(f"slotq: error: unknown command {args[0]!r} (try: {', '.join(COMMANDS)})\n")
         return 2
+    if args[0] != "run":
+        import gc
+
+        gc.enable()  # bin/slotq turns it off for `run`'s start-up only (client.collect_from_now_on)
     from slotq.errors import SlotqError
 
     try:
