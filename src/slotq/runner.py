@@ -185,9 +185,10 @@ class HostRunner:
                     raise _Ended(Outcome.NOT_ADMITTED, self._stop_standby(standby) if standby else None,
                                  self._not_admitted(waiter, pool, now - start))
                 if now >= next_report:
-                    if next_report == start:
+                    first = next_report == start
+                    if first:
                         preload_for_start()  # we have time now; the hand-over will not
-                    self._report(waiter, pool, now - start)
+                    self._report(waiter, pool, now - start, with_eta=not first)
                     next_report = now + spec.report_every
                 if standby is None and by_keeper:
                     # After the first report: what that loads and touches is
@@ -290,7 +291,7 @@ class HostRunner:
             os.close(fd)
         return child.end if child.started is not None else None
 
-    def _report(self, waiter: Waiter, pool: str, waited: float) -> None:
+    def _report(self, waiter: Waiter, pool: str, waited: float, with_eta: bool = True) -> None:
         from . import eta, lineview
         from .status import holders, load  # only runs that wait pay for it
 
@@ -313,11 +314,14 @@ class HostRunner:
             if total > lineview.NEAR:  # someone may be far enough back to use it
                 lineview.write(self.state_dir, pool, live, slots, wall)
         fields: dict[str, object] = {}
-        if waited > 0.05:
+        if with_eta:
             # The ETA from the second report on: the first comes the moment
             # a run must wait, often for a slot that frees in milliseconds,
             # and reading the history then would cost every short wait (and
-            # the hand-over it competes with for the CPU) a few ms.
+            # the hand-over it competes with for the CPU) a few ms. (Not
+            # "after 50 ms of waiting": on a busy machine the first report
+            # itself comes later than that -- 200 callers at once paid ~20 ms
+            # of CPU each for ETAs nobody saw.)
             if self._typical is None or wall - self._typical[2] > 300:  # the history: at most every 5 min
                 self._typical = (*eta.typical_run(history.recent(self.state_dir, 2 * eta.RECENT), pool), wall)
             typical, runs, _ = self._typical
