@@ -313,27 +313,16 @@ def _cached(state_dir: str, key: list[object]) -> dict[str, object] | None:
     (path, device, inode, size, mtime, ctime); else None. The cache must be
     this user's own regular file, writable by nobody else; it is JSON, read
     with limits (size, depth)."""
-    import stat
-
     from .records import from_json
+    from .statefile import read_private
 
-    path = _cache_path(state_dir)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+    raw = read_private(_cache_path(state_dir), MAX_CACHE)
+    if raw is None:
         return None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
-            return None
-        raw = os.read(fd, MAX_CACHE + 1)
-        if len(raw) > MAX_CACHE:
-            return None
         cached = from_json(raw.decode("utf-8"))
-    except (OSError, ValueError):
+    except ValueError:  # UnicodeDecodeError is one too
         return None
-    finally:
-        os.close(fd)
     if not isinstance(cached, dict) or cached.get("key") != key:
         return None
     data = cached.get("data")
@@ -342,25 +331,10 @@ def _cached(state_dir: str, key: list[object]) -> dict[str, object] | None:
 
 def _store(state_dir: str, key: list[object], data: dict[str, object]) -> None:
     from .records import to_json
+    from .statefile import write_private
 
-    target = _cache_path(state_dir)
-    tmp = f"{target}.{os.urandom(6).hex()}.tmp"
     try:
         text = to_json({"key": key, "data": data})
     except TypeError:
         return  # a value JSON cannot hold (a TOML date): no cache, parse each time
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except OSError:
-        return
-    try:
-        try:
-            os.write(fd, text.encode())
-        finally:
-            os.close(fd)
-        os.replace(tmp, target)  # atomic: readers see the old or the new whole
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+    write_private(_cache_path(state_dir), text.encode())

@@ -39,27 +39,14 @@ def read(state_dir: str, pool: str, seq: int, now: float) -> tuple[int, int, lis
     """(ahead, waiting, slots) for ticket `seq` from this user's view of
     `pool`, if there is one at most MAX_AGE old that has `seq` in it;
     else None."""
-    import stat
-
     from .records import from_json
+    from .statefile import read_private
 
-    try:
-        fd = os.open(view_path(state_dir, pool), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+    raw = read_private(view_path(state_dir, pool), MAX_VIEW)
+    if raw is None:
         return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
-            return None
-        if st.st_size > MAX_VIEW:
-            return None
-        raw = os.read(fd, st.st_size + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
     header, nl, tail = raw.partition(b"\n")
-    if not nl or len(header) > MAX_HEADER or len(raw) > MAX_VIEW:
+    if not nl or len(header) > MAX_HEADER:
         return None
     try:
         head = from_json(header.decode("utf-8"))
@@ -90,6 +77,7 @@ def write(state_dir: str, pool: str, live: list[int], slots: list[dict[str, obje
     """Share a line just worked out with this user's other waiting runs
     (best effort: a view that cannot be written is simply not shared)."""
     from .records import to_json
+    from .statefile import write_private
 
     try:
         header = to_json({"at": now, "slots": slots})
@@ -98,20 +86,4 @@ def write(state_dir: str, pool: str, live: list[int], slots: list[dict[str, obje
     data = b"%s\n%s\n" % (header.encode(), " ".join(map(str, live)).encode())
     if len(header) > MAX_HEADER or len(data) > MAX_VIEW:
         return
-    target = view_path(state_dir, pool)
-    tmp = f"{target}.{os.getpid()}.{os.urandom(4).hex()}.new"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except OSError:
-        return
-    try:
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
-        os.replace(tmp, target)  # atomic: readers see the old view or the new one, whole
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+    write_private(view_path(state_dir, pool), data)

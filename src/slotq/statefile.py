@@ -153,3 +153,46 @@ def _check_dir(path: str) -> None:
         raise StateFileError(describe_error(path, e), path) from None
     if not stat.S_ISDIR(st.st_mode):
         raise StateFileError(f"state path {path} is {kind(st.st_mode)}, not a directory: refused", path)
+
+
+def read_private(path: str, limit: int) -> bytes | None:
+    """The bytes of `path` if it is this user's own regular file, writable
+    by nobody else, of at most `limit` bytes; else None. For a user's own
+    caches in a shared directory: one another user planted or could have
+    changed is never used."""
+    try:
+        fd = os.open(path, os.O_RDONLY | _SAFE)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022 or st.st_size > limit:
+            return None
+        raw = os.read(fd, limit + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return raw if len(raw) <= limit else None
+
+
+def write_private(path: str, data: bytes) -> None:
+    """Replace `path` with `data`, mode 0600, whole: written to a new file
+    of ours first, then renamed over it (readers see the old or the new).
+    Best effort: a cache that cannot be written is simply not kept."""
+    tmp = f"{path}.{os.getpid()}.{os.urandom(4).hex()}.new"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _SAFE, 0o600)
+    except OSError:
+        return
+    try:
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
