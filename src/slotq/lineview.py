@@ -8,7 +8,10 @@ nothing moved. So a run that works the line out writes what it found to
 its user's own file in the state dir, and a run of that user NEAR or more
 places from the head uses a view at most MAX_AGE old. Nearer the head,
 where the numbers change fastest and the head heals orphaned holders, the
-view is always fresh.
+view is always fresh. (A run that came to the head within a view's few
+seconds reports its old place once; its next report -- and the healing a
+report at the head does -- is worked out afresh: nobody behind it writes a
+view that puts it NEAR or more from the head.)
 
 The file is trusted only as the host config cache is: this user's own
 regular file, writable by nobody else, read with limits -- a first line
