@@ -348,6 +348,7 @@ def wait_turn(path: str, seq: int) -> None:
     back in a long line, on every hand-over."""
     pdir = os.path.dirname(path)
     ahead = ahead_of(pdir, path)
+    names = {os.path.basename(p) for p in ahead}  # now, while waiting costs nothing
     while ahead:
         closest = ahead.pop()
         try:
@@ -361,9 +362,12 @@ def wait_turn(path: str, seq: int) -> None:
             os.close(fd)
         if ahead:
             try:
-                present = set(os.listdir(pdir))
+                listed = os.listdir(pdir)
             except OSError:
                 continue
+            if names.isdisjoint(listed):  # the usual case, at C speed: all gone
+                return
+            present = set(listed)
             ahead = [p for p in ahead if os.path.basename(p) in present]
 
 
