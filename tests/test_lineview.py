@@ -102,6 +102,13 @@ def test_far_back_a_report_uses_the_shared_view_and_near_the_head_works_the_line
     # Its first report: no view yet, so worked out afresh -- and shared.
     wait_for(lambda: f"({lineview.NEAR} ahead)" in last.err and view.exists(), what="a fresh report, shared")
     seq = list_tickets(pool_dir(str(state_dir), "shared"))[-1][0]
+    # What is shared (and sent with every report) is what a status line
+    # shows, not the whole holder record: every report of a long line
+    # writes, reads and parses it.
+    header = json.loads(view.read_bytes().split(b"\n", 1)[0])
+    assert header["slots"][0]["label"] == "placeholder"
+    assert set(header["slots"][0]) <= {"slot", "held", "error", "label", "user", "held_s", "budget", "phase",
+                                       "lock_holders", "run_id", "pid", "orphan_pids", "orphan_user"}, header
     assert lineview.read(str(state_dir), "shared", seq, time.time())[:2] == (lineview.NEAR, lineview.NEAR + 1)  # type: ignore[index]
 
     # Far back by the view (20 ahead): its reports read the view.

@@ -37,6 +37,14 @@ from .ticket import Ticket
 CONTROL_AFTER = 0.1
 
 
+# What a waiting run's report says of each slot: what its status line shows
+# (client.format_queued, status.describe_orphan) and the ETA uses. The
+# rest of a holder record stays in `slotq status`: every field here is
+# written, read and parsed again by each report of a long line.
+_REPORTED = frozenset(("slot", "held", "error", "label", "user", "held_s", "budget", "phase", "lock_holders",
+                       "run_id", "pid", "orphan_pids", "orphan_user"))
+
+
 class _Ended(Exception):
     """The wait ended without a slot (the caller went away or asked to stop,
     the admission limit, a lost keeper); carries the outcome (and how a
@@ -309,8 +317,9 @@ class HostRunner:
             locked = None if table is None else set(table)
             ahead, total, live = waiter.line(locked)
             healed = self._heal(pool, waiter.slot_count) if ahead == 0 else []
-            slots = holders(self.state_dir, pool, waiter.slot_count, wall, locked if not healed else None,
-                            table if not healed else None)
+            slots = [{k: v for k, v in s.items() if k in _REPORTED}
+                     for s in holders(self.state_dir, pool, waiter.slot_count, wall, locked if not healed else None,
+                                      table if not healed else None)]
             if total > lineview.NEAR:  # someone may be far enough back to use it
                 lineview.write(self.state_dir, pool, live, slots, wall)
         fields: dict[str, object] = {}
