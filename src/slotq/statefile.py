@@ -168,12 +168,12 @@ def read_private(path: str, limit: int) -> bytes | None:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022 or st.st_size > limit:
             return None
-        raw = os.read(fd, limit + 1)
+        raw = os.read(fd, st.st_size + 1)  # what fstat said (a buffer of `limit` would cost every read)
     except OSError:
         return None
     finally:
         os.close(fd)
-    return raw if len(raw) <= limit else None
+    return raw if len(raw) <= st.st_size else None  # grown meanwhile: not what we checked
 
 
 def write_private(path: str, data: bytes) -> None:
