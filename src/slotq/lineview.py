@@ -32,6 +32,46 @@ MAX_VIEW = 4 * 1024 * 1024  # a line of ~200,000 tickets
 
 _DIGITS = b"0123456789"
 
+# What a report says of each slot: what a waiting run's status line shows
+# (client.format_queued, status.describe_orphan) and its ETA uses. The
+# rest of a holder record stays in `slotq status`: every field here is
+# written, read and parsed again by each report of a long line.
+REPORTED = frozenset(("slot", "held", "error", "label", "user", "held_s", "budget", "phase", "lock_holders",
+                      "run_id", "pid", "orphan_pids", "orphan_user"))
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from .hostqueue import Waiter
+
+
+def survey(state_dir: str, pool: str, waiter: Waiter, now: float,
+           heal: Callable[[set[tuple[int, int]] | None], list[str]]
+           ) -> tuple[int, int, list[dict[str, object]], list[str]]:
+    """The line as `waiter`'s status report tells it: (ahead, waiting,
+    slots, notes). NEAR or more from the head, from this user's view; else
+    afresh -- the kernel's lock table read once -- and shared as the view.
+    At the head, `heal(locked)` first ends orphaned holders; what it did
+    are the notes."""
+    from .proclocks import owners
+    from .status import holders
+
+    view = read(state_dir, pool, waiter.ticket.seq, now)
+    if view is not None and view[0] >= NEAR:
+        return (*view, [])
+    table = owners()
+    locked = None if table is None else set(table)
+    ahead, total, live = waiter.line(locked)
+    notes = heal(locked) if ahead == 0 else []
+    if notes:  # a holder was ended: the table is stale
+        table = locked = None
+    slots = [{k: v for k, v in s.items() if k in REPORTED}
+             for s in holders(state_dir, pool, waiter.slot_count, now, locked, table)]
+    if total > NEAR:  # someone may be far enough back to use it
+        write(state_dir, pool, live, slots, now)
+    return ahead, total, slots, notes
+
 
 def view_path(state_dir: str, pool: str) -> str:
     # One per user and pool: a view another user wrote is not trusted.

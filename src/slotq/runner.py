@@ -37,14 +37,6 @@ from .ticket import Ticket
 CONTROL_AFTER = 0.1
 
 
-# What a waiting run's report says of each slot: what its status line shows
-# (client.format_queued, status.describe_orphan) and the ETA uses. The
-# rest of a holder record stays in `slotq status`: every field here is
-# written, read and parsed again by each report of a long line.
-_REPORTED = frozenset(("slot", "held", "error", "label", "user", "held_s", "budget", "phase", "lock_holders",
-                       "run_id", "pid", "orphan_pids", "orphan_user"))
-
-
 class _Ended(Exception):
     """The wait ended without a slot (the caller went away or asked to stop,
     the admission limit, a lost keeper); carries the outcome (and how a
@@ -265,16 +257,19 @@ class HostRunner:
         return (f"not admitted: waited {format_duration(waited)} in line for pool {pool} ({ahead} still ahead), "
                 f"the limit set by --max-wait {format_duration(self.spec.max_wait or 0)}")
 
-    def _heal(self, pool: str, count: int) -> list[str]:
+    def _heal(self, pool: str, count: int, locked: set[tuple[int, int]] | None = None) -> list[str]:
         """At the head of the line: a slot whose holder's runner and keeper
         are both gone is held by an orphaned command. Ours (same user): end
         it now (TERM, grace, KILL) and write its history line. Another
         user's: left alone; status and our reports name it. Returns what
-        was done, for our next status line."""
-        from .proclocks import held
+        was done, for our next status line. `locked`: the kernel's lock
+        table (proclocks.held()), read here if not given."""
         from .slot import read_slot
 
-        locked = held()
+        if locked is None:
+            from .proclocks import held
+
+            locked = held()
         done: list[str] = []
         for i in range(count):
             is_held, info = read_slot(self.state_dir, pool, i, locked)
@@ -301,27 +296,11 @@ class HostRunner:
 
     def _report(self, waiter: Waiter, pool: str, waited: float, with_eta: bool = True) -> None:
         from . import eta, lineview
-        from .status import holders, load  # only runs that wait pay for it
+        from .status import load  # only runs that wait pay for it
 
         wall = self.clock.wall()
-        # Far back in a line, this user's view of it from the last few
-        # seconds (lineview.py); near the head, or without one, afresh.
-        view = lineview.read(self.state_dir, pool, waiter.ticket.seq, wall)
-        if view is not None and view[0] >= lineview.NEAR:
-            ahead, total, slots = view
-            healed: list[str] = []
-        else:
-            from .proclocks import owners
-
-            table = owners()  # the kernel's lock table: read once for all below
-            locked = None if table is None else set(table)
-            ahead, total, live = waiter.line(locked)
-            healed = self._heal(pool, waiter.slot_count) if ahead == 0 else []
-            slots = [{k: v for k, v in s.items() if k in _REPORTED}
-                     for s in holders(self.state_dir, pool, waiter.slot_count, wall, locked if not healed else None,
-                                      table if not healed else None)]
-            if total > lineview.NEAR:  # someone may be far enough back to use it
-                lineview.write(self.state_dir, pool, live, slots, wall)
+        ahead, total, slots, healed = lineview.survey(
+            self.state_dir, pool, waiter, wall, lambda locked: self._heal(pool, waiter.slot_count, locked))
         fields: dict[str, object] = {}
         if with_eta:
             # The ETA from the second report on: the first comes the moment
