@@ -3,13 +3,20 @@ channel, stdout the framed stream."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from conftest import slotq_cmd, wait_for
 from slotq import protocol
+from slotq.clock import Clock
+from slotq.config import HostConfig
+from slotq.runner import HostRunner
+from slotq.spec import RunSpec
 from slotq.slot import read_slot
 from slotq.ticket import list_tickets, pool_dir, probe
 
@@ -74,3 +81,56 @@ def test_help_explains_commands_and_exit_codes() -> None:
         assert needle in run.stdout
     bad = subprocess.run(slotq_cmd() + ["frobnicate"], capture_output=True, text=True, timeout=10)
     assert bad.returncode == 2 and "unknown command 'frobnicate'" in bad.stderr
+
+
+class _SlowClock(Clock):
+    """The real clock, each reading 0.1 s later than the one before: a
+    machine so busy that a run's first report comes long after its ticket."""
+
+    def __init__(self) -> None:
+        self.skew = 0.0
+
+    def monotonic(self) -> float:
+        self.skew += 0.1
+        return time.monotonic() + self.skew
+
+
+@pytest.mark.timeout(30)
+def test_the_first_report_of_a_wait_has_no_eta_however_late_it_comes(state_dir: Path, tmp_path: Path) -> None:
+    # The ETA reads the run history: the first report, made the moment a run
+    # must wait (often for a slot that frees in milliseconds), skips it --
+    # also on a busy machine, where that moment comes late.
+    gate = tmp_path / "gate"
+    holder = subprocess.Popen(slotq_cmd() + ["host", "run", "--", "sh", "-c",
+                                             f"while [ ! -e {gate} ]; do sleep 0.01; done"],
+                              stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    wait_for(lambda: read_slot(str(state_dir), "shared", 0)[0], what="the holder in the slot")
+    in_r, in_w = os.pipe()
+    out_r, out_w = os.pipe()
+    runner = HostRunner(RunSpec(["true"], budget=30, cwd=str(tmp_path)), state_dir=str(state_dir),
+                        config=HostConfig(), in_fd=in_r, out_fd=out_w, clock=_SlowClock())
+    done = threading.Thread(target=runner.run, daemon=True)
+    done.start()
+    try:
+        decoder = protocol.Decoder()
+        queued: list[dict[str, object]] = []
+        while not queued:
+            data = os.read(out_r, 65536)
+            assert data, "the stream ended before a report"
+            queued = [p for k, p in decoder.feed(data)
+                      if k == protocol.EVENT and isinstance(p, dict) and p.get("event") == "queued"]
+        first = queued[0]
+        assert float(first["waited_s"]) > 0.05  # type: ignore[arg-type]  # late, as on a busy machine
+        assert "eta_s" not in first and "eta_how" not in first, first
+    finally:
+        os.close(in_w)  # the caller is gone: the run leaves the line
+        done.join(10)
+        gate.touch()
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=10)
+        for fd in (in_r, out_r, out_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
