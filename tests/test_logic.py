@@ -169,12 +169,26 @@ def test_outcome_values_are_interned_strings() -> None:
         Outcome("exploded")
 
 
+@pytest.fixture(params=["hand-written", "C scanner"])
+def json_parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """records.from_json and to_json with each of their two implementations
+    (the hand-written ones serve a local run's start, the C ones the rest)."""
+    from slotq import records
+
+    monkeypatch.setattr(records, "_scan", None)
+    monkeypatch.setattr(records, "_encode", None)
+    if request.param == "C scanner":
+        records.load_scanner()
+        assert records._scan is not None
+    return str(request.param)
+
+
 @pytest.mark.parametrize("value", [
     {"a": 1, "b": [1.5, None, True, False], "c": {"d": "é ✓ \u65e5"}},
     {"q": 'quote " backslash \\ newline \n tab \t ctl \x01 del \x7f'},
-    [], {}, "plain", 0, -3, 1e-300,
+    [], {}, "plain", 0, -3, 1e-300, -0.5, 12e30, ["[{", "}]", '\\"[', {"x": "\\"}],
 ])
-def test_records_json_is_plain_json_both_ways(value: object) -> None:
+def test_records_json_is_plain_json_both_ways(value: object, json_parser: str) -> None:
     import json
 
     from slotq.records import from_json, to_json
@@ -184,18 +198,65 @@ def test_records_json_is_plain_json_both_ways(value: object) -> None:
     assert from_json(json.dumps(value, indent=2)) == value
 
 
-@pytest.mark.parametrize("bad", ["{", "[1,", '{"a" 1}', "tru", '"abc', "1 2", '"\\x"'])
-def test_records_json_reader_rejects_malformed_input(bad: str) -> None:
+@pytest.mark.parametrize("bad", ["{", "[1,", '{"a" 1}', "tru", '"abc', "1 2", '"\\x"', "", "  ", "[1,]", '{"a":1,}',
+                                 "01", "+1", "1.", ".5", "1e", "1e+-5", "-", "NaN", "Infinity", "-Infinity",
+                                 '"raw\ncontrol"', '"tab\there"', '{"a":1}x', "[1 2]", "9" * 5000])
+def test_records_json_reader_rejects_malformed_input(bad: str, json_parser: str) -> None:
     from slotq.records import from_json
 
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError) as e:
         from_json(bad)
+    assert str(e.value)  # a message to show, never an empty one
 
 
-def test_records_json_turns_non_finite_floats_into_null() -> None:
+def test_records_json_reader_limits_depth_not_brackets_in_strings(json_parser: str) -> None:
+    from slotq.records import from_json
+
+    assert from_json("[" * 32 + "]" * 32) == from_json("[" * 32 + "]" * 32, 32)
+    for deep in ("[" * 33 + "]" * 33, "[" * 5000, '{"a":' * 40 + "1" + "}" * 40, "[" * 200000 + "]" * 200000):
+        with pytest.raises(ValueError, match="nested too deeply"):
+            from_json(deep)
+    assert from_json('[[["a", 1]]]', 3) == [[["a", 1]]]
+    with pytest.raises(ValueError, match="nested too deeply"):
+        from_json('[[["a", 1]]]', 2)
+    # Brackets inside strings, escaped quotes and backslashes among them, do not nest.
+    flat = '["' + "[{" * 100 + '", "\\"[[[", "\\\\", "[[[[\\\\\\"[[["]'
+    assert from_json(flat, 1) == ["[{" * 100, '"[[[', "\\", '[[[[\\"[[[']
+    with pytest.raises(ValueError, match="nested too deeply"):
+        from_json('["\\\\", [["x"]]]', 2)  # an escaped backslash must not hide a quote's end
+
+
+def test_records_json_reader_is_strict_in_both_parsers_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Whatever the parser, the same text means the same thing or is refused.
+    from slotq import records
+
+    monkeypatch.setattr(records, "_scan", None)
+
+    texts = ['{"a": [1, 2.5e-3, -0, true, null], "b": "\\u00e9\\ud83d\\ude00\\n"}', "01", '"a\nb"', "NaN",
+             '["\\"]"]', "1e400", "-1E+2"]
+    results = []
+    for load in (False, True):
+        records._scan = None
+        if load:
+            records.load_scanner()
+        out = []
+        for t in texts:
+            try:
+                out.append(("ok", records.from_json(t)))
+            except ValueError:
+                out.append(("refused", None))
+        results.append(out)
+    assert results[0] == results[1]
+    assert [r for r, _ in results[0]] == ["ok", "refused", "refused", "refused", "ok", "ok", "ok"]
+
+
+def test_records_json_turns_non_finite_floats_into_null(json_parser: str) -> None:
     from slotq.records import to_json
 
     assert to_json({"x": float("nan"), "y": float("inf")}) == '{"x":null,"y":null}'
+    assert to_json([1.5, float("-inf"), "é"]) in ('[1.5,null,"é"]', '[1.5,null,"\\u00e9"]')
+    with pytest.raises(TypeError, match="cannot encode set"):
+        to_json({"x": {1}})
 
 
 def test_option_parser_handles_forms_and_errors() -> None:

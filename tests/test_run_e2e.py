@@ -528,10 +528,38 @@ def test_an_uncontended_run_imports_no_heavy_module_in_the_caller(state_dir: Pat
     # the run path must not need them. A regression here showed up as a
     # third more per-call cost in benchmarks/.
     probe = ("import sys\nfrom slotq.cli import main\ncode = main(['run', '-q', '--', 'true'])\n"
-             "heavy = ('re', 'json', 'enum', 'sqlite3', 'tomllib', 'argparse', 'subprocess', 'warnings', '_socket')\n"
+             "heavy = ('re', 'json', 'enum', 'sqlite3', 'tomllib', 'argparse', 'subprocess', 'warnings', '_socket',\n"
+             "         '_json')\n"
              "print(code, sorted(m for m in heavy if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=30, cwd=tmp_path)
     assert out.stdout.strip() == "0 []", out.stdout + out.stderr
+
+
+@pytest.mark.timeout(60)
+def test_a_run_that_waits_reads_with_the_c_json_scanner(runs: Start, state_dir: Path, tmp_path: Path) -> None:
+    # Once a run waits it reads other users' records, the history and its
+    # reports: with the standard library's C scanner, not the hand-written
+    # parser that serves an uncontended run's start (records.py).
+    gate = tmp_path / "gate"
+    holder = start_holder(runs, state_dir, gate)
+    probe = ("import sys\nfrom slotq import records\nfrom slotq.cli import main\n"
+             "code = main(['run', '--', 'true'])\n"
+             "print(code, records._scan is not None, 're' in sys.modules)\n")
+    proc = subprocess.Popen([sys.executable, "-c", probe], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=tmp_path, stdin=subprocess.DEVNULL)
+    try:
+        assert proc.stderr is not None
+        while "waiting" not in proc.stderr.readline():  # its first report: it waits
+            assert proc.poll() is None, "the run ended without waiting"
+        gate.touch()
+        out, _ = proc.communicate(timeout=30)
+        assert out.strip() == "0 True False", out
+        assert holder.wait(timeout=20) == 0
+    finally:
+        gate.touch()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.mark.timeout(30)

@@ -1,7 +1,20 @@
-"""JSON for the state files (tickets, slot holder records, history) without
-importing `json`, which pulls in `re`: every `slotq run` writes these, and
-that import alone costs a noticeable share of its start-up (benchmarks/).
-Readers (`slotq status`) use the `json` module; the output is plain JSON.
+"""JSON for the state files (tickets, slot holder records, history), the
+stream and the requests.
+
+Reading: `from_json`, with a depth limit (callers bound the size). It
+parses with the standard library's C scanner (`_json`, what `json` itself
+uses; about ten times faster) once `load_scanner()` was called. Everything
+that meets other users' or another host's data calls it first: every
+command but `run`, the remote transports, the host side of a remote run,
+a run once it waits (its reports read the line, other users' records and
+the history), a run that buries a dead ticket. Before that -- the start of
+a local run that gets its slot at once, reading only its own thread's
+stream and its own cache -- a small hand-written parser does: importing
+`_json` costs about 0.5 ms, every run's, and `json` itself pulls in `re`.
+Both refuse the same malformed input with a ValueError.
+
+Writing: `to_json`, likewise: the C encoder once loaded, before it a
+hand-written one.
 """
 
 from __future__ import annotations
@@ -25,7 +38,19 @@ def _string(s: str) -> str:
 
 
 def to_json(value: object) -> str:
-    """Encode dicts (str keys), lists, tuples, str, int, float, bool, None."""
+    """Encode dicts (str keys), lists, tuples, str, int, float, bool, None
+    (NaN and the infinities as null). With the C scanner comes the C
+    encoder; it writes non-ASCII text as \\u escapes."""
+    encode = _encode
+    if encode is not None:
+        try:
+            return "".join(encode(value, 0))
+        except (ValueError, TypeError):
+            pass  # NaN or an infinity (null, below), or a type neither knows (said below)
+    return _to_json(value)
+
+
+def _to_json(value: object) -> str:
     if value is None:
         return "null"
     if value is True:
@@ -41,24 +66,113 @@ def to_json(value: object) -> str:
             return "null"
         return repr(value)
     if isinstance(value, dict):
-        return "{" + ",".join(_string(str(k)) + ":" + to_json(v) for k, v in value.items()) + "}"
+        return "{" + ",".join(_string(str(k)) + ":" + _to_json(v) for k, v in value.items()) + "}"
     if isinstance(value, (list, tuple)):
-        return "[" + ",".join(to_json(v) for v in value) + "]"
+        return "[" + ",".join(_to_json(v) for v in value) + "]"
     raise TypeError(f"cannot encode {type(value).__name__} as JSON")
 
 
 MAX_DEPTH = 32
 
+# The C scanner and encoder, once loaded (load_scanner).
+_scan: Callable[[str, int], tuple[object, int]] | None = None
+_encode: Callable[[object, int], Iterable[str]] | None = None
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+
+class _Strict:
+    """The scanner's settings (what `json.JSONDecoder` passes it): plain
+    JSON only -- no control characters in strings, no NaN or Infinity."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+
+    @staticmethod
+    def parse_constant(name: str) -> object:
+        raise ValueError(f"{name} is not JSON")
+
+
+def load_scanner() -> None:
+    """Parse (and encode) with the standard library's C code from now on."""
+    global _scan, _encode
+    if _scan is None:
+        try:
+            from _json import encode_basestring_ascii, make_encoder, make_scanner
+        except ImportError:  # a Python built without it: the hand-written code serves
+            return
+        _scan = make_scanner(_Strict())  # type: ignore[arg-type]  # (typeshed: a JSONDecoder-like context)
+        # No circular-reference markers (what we encode is made here), no
+        # default, ASCII out, no indent, compact separators, keys in order,
+        # no keys skipped, NaN refused (and then written as null, above).
+        _encode = make_encoder(None, _refuse, encode_basestring_ascii, None, ":", ",", False, False, False)
+
+
+def _refuse(value: object) -> object:
+    raise TypeError(f"cannot encode {type(value).__name__} as JSON")
+
 
 def from_json(text: str, max_depth: int = MAX_DEPTH) -> object:
-    """Parse JSON (what `to_json` writes, and any other plain JSON) without
-    the `json` module. Raises ValueError on malformed input, and on nesting
+    """Parse JSON. Raises ValueError on malformed input, and on nesting
     deeper than `max_depth` (state files are flat; a deep one is corrupt or
     hostile, and must not cost a RecursionError). Callers bound the size."""
-    value, end = _parse(text, _skip(text, 0), max_depth)
+    scan = _scan
+    if scan is None:
+        value, end = _parse(text, _skip(text, 0), max_depth)
+    else:
+        if _too_deep(text, max_depth):
+            raise ValueError("nested too deeply")
+        start = len(text) - len(text.lstrip(_WS))
+        try:
+            value, end = scan(text, start)
+        except (StopIteration, ValueError, RecursionError, SystemError):
+            raise ValueError(_why(scan, text, start)) from None
     if _skip(text, end) != len(text):
         raise ValueError(f"extra data at {end}")
     return value
+
+
+_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
+
+
+def _too_deep(text: str, max_depth: int) -> bool:
+    """Whether `text` nests more than `max_depth` deep -- checked before
+    the C scanner, which nests as deep as the recursion limit allows."""
+    if text.count("[") + text.count("{") <= max_depth:
+        return False
+    # Brackets in strings do not nest: take the strings out (escaped
+    # backslashes first, then escaped quotes), then follow the brackets.
+    outside = text.replace("\\\\", "").replace('\\"', "").split('"')[0::2]
+    brackets = "".join(outside).encode("utf-8", "surrogatepass").translate(None, _NOT_BRACKETS)
+    depth = 0
+    for b in brackets:
+        if b in b"[{":
+            depth += 1
+            if depth > max_depth:
+                return True
+        else:
+            depth -= 1
+    return False
+
+
+def _why(scan: Callable[[str, int], tuple[object, int]], text: str, start: int) -> str:
+    """What is wrong with `text`, in the scanner's words. Its messages
+    need `json.decoder`; without it, a bad string ends in a bare
+    SystemError. Imported here, on bad input only."""
+    import json.decoder  # noqa: F401
+
+    try:
+        scan(text, start)
+    except StopIteration as e:
+        return f"expected a JSON value at {e.value}"
+    except (ValueError, RecursionError) as e:
+        return str(e)
+    return "malformed JSON"
 
 
 _WS = " \t\n\r"
@@ -123,10 +237,21 @@ def _parse(s: str, i: int, depth: int) -> tuple[object, int]:
     token = s[i:j]
     if not token:
         raise ValueError(f"unexpected {c!r} at {i}")
+    if not _is_number(token):
+        raise ValueError(f"bad number {token!r} at {i}")
     try:
         return (int(token) if token.lstrip("-").isdigit() else float(token)), j
-    except ValueError:
+    except ValueError:  # an integer of more digits than Python converts
         raise ValueError(f"bad number {token!r} at {i}") from None
+
+
+def _is_number(token: str) -> bool:
+    """JSON's number: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?"""
+    mantissa, e, exponent = token.removeprefix("-").replace("E", "e").partition("e")
+    whole, dot, fraction = mantissa.partition(".")
+    if not whole.isdigit() or (whole[0] == "0" and len(whole) > 1) or (dot and not fraction.isdigit()):
+        return False
+    return not e or exponent.removeprefix("+").removeprefix("-").isdigit() and exponent[:2] not in ("+-", "-+")
 
 
 def _string_at(s: str, i: int) -> tuple[str, int]:
@@ -136,7 +261,10 @@ def _string_at(s: str, i: int) -> tuple[str, int]:
         j = i
         while j < len(s) and s[j] not in '"\\':
             j += 1
-        out.append(s[i:j])
+        chunk = s[i:j]
+        if chunk and min(chunk) < " ":
+            raise ValueError(f"control character in a string at {i}")
+        out.append(chunk)
         if j >= len(s):
             raise ValueError("unterminated string")
         if s[j] == '"':

@@ -25,6 +25,7 @@ from .durations import format_duration
 from .errors import AdmissionRefused, StateDirError
 from .hostqueue import Waiter, ensure_state_dir
 from .outcome import Outcome
+from .records import load_scanner
 from .child import Child, ChildEnd
 from .process import preload_for_start, spawn
 from .slot import GrantedSlot, SlotLease, slot_name
@@ -187,7 +188,11 @@ class HostRunner:
                 if now >= next_report:
                     first = next_report == start
                     if first:
-                        preload_for_start()  # we have time now; the hand-over will not
+                        # We have time now; the hand-over will not. From here
+                        # on this run reads other users' records, the history
+                        # and its reports with the C JSON scanner.
+                        preload_for_start()
+                        load_scanner()
                     self._report(waiter, pool, now - start, with_eta=not first)
                     next_report = now + spec.report_every
                 if standby is None and by_keeper:

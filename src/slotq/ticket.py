@@ -31,7 +31,7 @@ import os
 import time
 
 from .errors import AdmissionRefused, StateDirError
-from .records import from_json, to_json
+from .records import from_json, load_scanner, to_json
 from .statefile import StateFileError, make_dirs, open_state, read_limited, share_created
 
 TYPE_CHECKING = False
@@ -382,6 +382,7 @@ def bury(path: str, fd: int) -> None:
         os.unlink(path)
     except OSError:
         return  # gone already: withdrawn, or buried by another (or not ours to remove)
+    load_scanner()  # another user's record, maybe: the C scanner reads it
     try:
         info = from_json(raw.decode("utf-8", "replace") or "null")
     except ValueError:

@@ -53,7 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     if args[0] != "run":
         import gc
 
+        from slotq.records import load_scanner
+
         gc.enable()  # bin/slotq turns it off for `run`'s start-up only (client.collect_from_now_on)
+        load_scanner()  # the C JSON scanner: `run` loads it only once it waits (records.py)
     from slotq.errors import SlotqError
 
     try:

@@ -38,7 +38,7 @@ from .. import signals as signal
 from ..clock import INF
 from ..config import HostConfig
 from ..errors import HostUnavailable, ProtocolError, UsageError
-from ..records import to_json
+from ..records import load_scanner, to_json
 from ..spec import RunSpec
 from .base import Transport
 
@@ -243,6 +243,7 @@ class SlurmTransport(Transport):
 
     def __init__(self, config: HostConfig, options: list[str] | None = None,
                  env: dict[str, str] | None = None) -> None:
+        load_scanner()  # the node's stream: the C JSON scanner reads it
         self.config = config
         self.options = list(config.slurm.options) + list(options or [])
         self.env = env

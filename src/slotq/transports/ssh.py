@@ -20,7 +20,7 @@ import time
 
 from .. import protocol
 from ..errors import HostUnavailable
-from ..records import from_json, to_json
+from ..records import from_json, load_scanner, to_json
 from ..spec import RunSpec
 from .base import Transport
 from .proc import Proc, run
@@ -65,6 +65,7 @@ class SshHost:
                  remote_slotq: str = "slotq") -> None:
         if not host or host.startswith("-"):
             raise HostUnavailable(f"not a host name: {host!r}", host=host)
+        load_scanner()  # the host's handshake and stream: the C JSON scanner reads them
         self.host = host
         self.config = config
         self.options = list(options or [])
