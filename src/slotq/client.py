@@ -257,7 +257,7 @@ def run(
     unknown class); every other ending is a `RunResult`.
     """
     clock = clock or Clock()
-    say = status or (lambda line: None)
+    say = status or _silent
     result = RunResult(spec, transport.host)
     result.details = transport.details
     result.phases["submitted"] = clock.wall()
@@ -428,6 +428,10 @@ def collect_from_now_on() -> None:
         gc.enable()
 
 
+def _silent(line: str) -> None:
+    """Where status lines go with -q."""
+
+
 def _on_event(ev: dict[str, object], result: RunResult, dogs: Watchdogs,
               say: Callable[[str], None], spec: RunSpec, live: Callable[[str], None] | None = None) -> bool:
     """Apply one event; True when it is the final `exited`."""
@@ -439,7 +443,7 @@ def _on_event(ev: dict[str, object], result: RunResult, dogs: Watchdogs,
     if name == protocol.QUEUED:
         if live is not None:
             live(format_queued(ev, compact=True))
-        else:
+        elif say is not _silent:  # (-q: a report every 30 s, formatted for nobody)
             say(format_queued(ev))
     elif name == protocol.SLOT:
         result.phases["slot"] = at

@@ -384,6 +384,7 @@ class WaitRecorder:
         self.warn = warn
         self.path = path or ledger_path_from_env()
         self._broken = False
+        self._made_dir = False  # the spool's directory exists (made once, not every 30 s)
         self._open: str | None = None  # key of the open wait
 
     def _append(self, what: str, event: dict[str, object]) -> bool:
@@ -393,7 +394,9 @@ class WaitRecorder:
 
         spool = spool_path(self.path)
         try:
-            os.makedirs(os.path.dirname(spool) or ".", exist_ok=True)
+            if not self._made_dir:
+                os.makedirs(os.path.dirname(spool) or ".", exist_ok=True)
+                self._made_dir = True
             lock_fd = os.open(spool + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
             try:
                 fcntl.flock(lock_fd, fcntl.LOCK_SH)  # appenders share; an ingest excludes us
