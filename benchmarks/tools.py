@@ -152,7 +152,7 @@ class Slotq(Tool):
 
     def queued(self) -> int:
         sys.path.insert(0, str(REPO / "src"))
-        from slotq.ticket import list_tickets, pool_dir, probe
+        from slotq.host.ticket import list_tickets, pool_dir, probe
 
         return sum(1 for _, p in list_tickets(pool_dir(str(self.state), "shared")) if probe(p))
 

@@ -6,7 +6,7 @@ import errno
 import os
 import sys
 
-from slotq import inotify
+from slotq.host import inotify
 from slotq.cli import main
 
 

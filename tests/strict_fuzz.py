@@ -21,7 +21,7 @@ import threading
 import time
 
 from slotq import protocol
-from slotq.client import run
+from slotq.client.caller import run
 from slotq.errors import SlotqError
 from slotq.outcome import Outcome
 from slotq.spec import RunSpec

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slotq.choose import describe_choice, expected_wait, rank_hosts
+from slotq.client.choose import describe_choice, expected_wait, rank_hosts
 
 
 def snap(slots: list[tuple[bool, float]], waiting: int = 0, runs: list[float] | None = None,

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from slotq.clock import FakeClock
-from slotq.deadline import Deadline
-from slotq.ledger import Ledger
+from slotq.client.deadline import Deadline
+from slotq.client.ledger import Ledger
 from slotq.outcome import Outcome
 
 

@@ -15,10 +15,10 @@ from conftest import slotq_cmd, wait_for
 from slotq import protocol
 from slotq.clock import Clock
 from slotq.config import HostConfig
-from slotq.runner import HostRunner
+from slotq.host.runner import HostRunner
 from slotq.spec import RunSpec
-from slotq.slot import read_slot
-from slotq.ticket import list_tickets, pool_dir, probe
+from slotq.host.slot import read_slot
+from slotq.host.ticket import list_tickets, pool_dir, probe
 
 
 def decode(raw: bytes) -> list[tuple[bytes, object]]:

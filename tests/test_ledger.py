@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from slotq.ledger import Ledger, process_start, union_seconds
+from slotq.client.ledger import Ledger, process_start, union_seconds
 
 T0 = 1_800_000_000.0
 
@@ -93,7 +93,7 @@ def test_waits_below_the_dir_count_and_siblings_do_not(ledger: Ledger, tmp_path:
 
 WRITER = """
 import sys
-from slotq.ledger import Ledger
+from slotq.client.ledger import Ledger
 led = Ledger(sys.argv[1])
 for i in range(int(sys.argv[3])):
     w = led.open_wait(run_id=f"{sys.argv[2]}-{i}", workdir=sys.argv[4], host="h", kind="queue", start=1e9 + i)
@@ -120,7 +120,7 @@ def test_fifty_concurrent_writers_lose_nothing(tmp_path: Path) -> None:
 
 SPOOL_WRITER = """
 import sys
-from slotq.ledger import WaitRecorder
+from slotq.client.ledger import WaitRecorder
 for i in range(int(sys.argv[3])):
     r = WaitRecorder(run_id=f"{sys.argv[2]}-{i}", workdir=sys.argv[4], host="h", warn=print, path=sys.argv[1])
     r.open("queue", 1e9 + i)
@@ -149,7 +149,7 @@ def test_fifty_concurrent_runs_spooling_while_readers_ingest_lose_nothing(tmp_pa
 
 
 def test_a_spooled_wait_in_progress_is_not_credited_until_closed(tmp_path: Path) -> None:
-    from slotq.ledger import WaitRecorder
+    from slotq.client.ledger import WaitRecorder
 
     path = str(tmp_path / "ledger.sqlite")
     r = WaitRecorder(run_id="r", workdir=str(tmp_path), host="h", warn=print, path=path)

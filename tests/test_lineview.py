@@ -14,8 +14,8 @@ from typing import Callable
 import pytest
 
 from conftest import Run, wait_for
-from slotq import lineview
-from slotq.ticket import list_tickets, pool_dir
+from slotq.host import lineview
+from slotq.host.ticket import list_tickets, pool_dir
 from test_run_e2e import live_tickets, start_holder
 
 Start = Callable[..., Run]

@@ -15,10 +15,10 @@ import pytest
 
 from conftest import blocked_in_flock, group_alive, wait_for
 from slotq.config import HostConfig
-from slotq.hostqueue import Waiter
-from slotq.process import spawn
-from slotq.slot import SlotLease, SlotProbe, read_slot
-from slotq.ticket import list_tickets, pool_dir, probe
+from slotq.host.hostqueue import Waiter
+from slotq.host.process import spawn
+from slotq.host.slot import SlotLease, SlotProbe, read_slot
+from slotq.host.ticket import list_tickets, pool_dir, probe
 
 CFG = HostConfig()
 
@@ -46,8 +46,8 @@ def holder_process(state_dir: Path, what: str) -> subprocess.Popen[str]:
     code = f"""
 import sys
 from slotq.config import HostConfig
-from slotq.hostqueue import Waiter
-from slotq.slot import SlotProbe
+from slotq.host.hostqueue import Waiter
+from slotq.host.slot import SlotProbe
 if {what!r} == "slot":
     lease = SlotProbe({str(state_dir)!r}, "shared", 1).try_lease()
     assert lease is not None
@@ -200,7 +200,7 @@ def test_a_status_probe_at_the_moment_of_release_wakes_the_head_again(tmp_path: 
     read-write: IN_CLOSE_WRITE), or the head sleeps with the slot free."""
     import fcntl
 
-    from slotq import slot as slot_module
+    from slotq.host import slot as slot_module
 
     lease = take_slot(tmp_path)
     b = Waiter(str(tmp_path), CFG, "shared", {})
@@ -310,7 +310,7 @@ def no_inotify_instances(monkeypatch: pytest.MonkeyPatch) -> None:
     """As if the per-user cap on inotify instances were reached (EMFILE)."""
     import errno
 
-    from slotq import inotify
+    from slotq.host import inotify
 
     def refuse(*a: object) -> None:
         raise OSError(errno.EMFILE, "Too many open files")
@@ -357,7 +357,7 @@ def test_without_inotify_instances_order_holds_and_dead_waiters_are_skipped(
 
 
 def test_status_reads_the_kernel_lock_table_and_wakes_nobody(tmp_path: Path) -> None:
-    from slotq.proclocks import held
+    from slotq.host.proclocks import held
     from slotq.status import snapshot
 
     first = Waiter(str(tmp_path), CFG, "shared", {"label": "first"})
@@ -401,7 +401,7 @@ def test_wait_turn_waits_in_the_kernel_for_the_live_ticket_ahead_and_skips_dead_
     dead.kill()
     dead.wait()
     mine = Waiter(str(tmp_path), CFG, "shared", {})
-    code = ("import sys\nfrom slotq.ticket import wait_turn\n"
+    code = ("import sys\nfrom slotq.host.ticket import wait_turn\n"
             f"wait_turn({mine.ticket.path!r}, {mine.ticket.seq})\nprint('turn', flush=True)\n")
     waiter = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
@@ -427,7 +427,8 @@ def test_wait_turn_far_back_in_line_does_not_open_every_ticket_that_went(tmp_pat
     # When it goes too, our turn comes after one listing of the directory --
     # not after an open (failing) for each of the 99 gone: on every
     # hand-over of a long line, that was milliseconds of CPU.
-    from slotq import statefile, ticket
+    from slotq import statefile
+    from slotq.host import ticket
 
     ahead = [Waiter(str(tmp_path), CFG, "shared", {}) for _ in range(100)]
     mine = Waiter(str(tmp_path), CFG, "shared", {})
@@ -467,7 +468,7 @@ def test_the_ticket_counter_wait_gives_up_only_when_nobody_takes_tickets(tmp_pat
     # give up. A holder that sits on it, the counter still, is.
     import fcntl
 
-    from slotq import ticket
+    from slotq.host import ticket
     from slotq.errors import StateDirError
 
     monkeypatch.setattr(ticket, "SEQ_LOCK_LIMIT", 0.3)

@@ -16,11 +16,11 @@ import pytest
 
 from conftest import Run, blocked_in_flock, fd_targets, group_alive, slotq_cmd, wait_for
 from slotq import history, protocol
-from slotq.client import run
+from slotq.client.caller import run
 from slotq.clock import Clock, Timer
-from slotq.slot import read_slot
+from slotq.host.slot import read_slot
 from slotq.spec import RunSpec
-from slotq.ticket import list_tickets, pool_dir, probe
+from slotq.host.ticket import list_tickets, pool_dir, probe
 from slotq.transports.local import LocalTransport
 
 Start = Callable[..., Run]
@@ -189,10 +189,10 @@ def test_a_waiter_that_cannot_fork_its_keeper_waits_by_itself(
         state_dir: Path, runs: Start, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # No process to spare for the keeper (EAGAIN at the fork): the run keeps
     # its ticket and its place, and waits for the slot in its own process.
-    import slotq.runner
+    from slotq.host import runner
 
     refused: list[str] = []
-    real_spawn = slotq.runner.spawn  # type: ignore[attr-defined]
+    real_spawn = runner.spawn  # type: ignore[attr-defined]
 
     def spawn(argv: list[str], **kw: Any) -> Any:
         if kw.get("lock_path"):  # the standby keeper's fork, only
@@ -200,7 +200,7 @@ def test_a_waiter_that_cannot_fork_its_keeper_waits_by_itself(
             raise BlockingIOError(11, "Resource temporarily unavailable")
         return real_spawn(argv, **kw)
 
-    monkeypatch.setattr(slotq.runner, "spawn", spawn)
+    monkeypatch.setattr(runner, "spawn", spawn)
     gate = tmp_path / "gate"
     start_holder(runs, state_dir, gate)
     out_r, out_w = os.pipe()

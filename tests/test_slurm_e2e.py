@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from conftest import alive, group_alive, one_line, slotq_cmd, wait_for, watch_snapshots
-from slotq.ledger import Ledger
+from slotq.client.ledger import Ledger
 
 CONF = os.environ.get("SLOTQ_TEST_SLURM_CONF", "")
 pytestmark = pytest.mark.skipif(not CONF or not Path(CONF).exists(),

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from conftest import Run, alive, slotq_cmd, wait_for, watch_snapshots
-from slotq.ledger import Ledger
+from slotq.client.ledger import Ledger
 from slotq.transports.ssh import SshHost
 
 Start = Callable[..., Run]

@@ -17,11 +17,11 @@ import pytest
 
 from conftest import one_line, slotq_cmd
 from slotq import protocol
-from slotq.client import run
+from slotq.client.caller import run
 from slotq.outcome import Outcome
-from slotq.slot import SlotProbe, slot_path
+from slotq.host.slot import SlotProbe, slot_path
 from slotq.spec import RunSpec
-from slotq.ticket import take_ticket
+from slotq.host.ticket import take_ticket
 from strict_fuzz import HELLO, StreamTransport, ev
 
 HERE = Path(__file__).resolve().parent
@@ -62,7 +62,7 @@ def test_a_five_byte_event_claiming_gigabytes_is_unavailable_without_allocating(
     code_ = (
         "import resource, os, sys\n"
         "resource.setrlimit(resource.RLIMIT_AS, (512 << 20, 512 << 20))\n"
-        "from slotq import protocol\nfrom slotq.client import run\nfrom slotq.spec import RunSpec\n"
+        "from slotq import protocol\nfrom slotq.client.caller import run\nfrom slotq.spec import RunSpec\n"
         "from strict_fuzz import HELLO, StreamTransport\n"
         "data = protocol.MAGIC + HELLO + protocol.frame(protocol.EVENT, b'[\\xff\\xff\\xff\\x0f')\n"
         "null = os.open(os.devnull, os.O_WRONLY)\n"
@@ -207,7 +207,7 @@ def test_ticket_numbers_keep_rising_when_a_line_empties(tmp_path: Path) -> None:
 @pytest.mark.timeout(30)
 def test_a_bad_spool_line_is_set_aside_and_counted_never_a_jam(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    from slotq.ledger import Ledger, spool_path
+    from slotq.client.ledger import Ledger, spool_path
 
     path = str(tmp_path / "ledger.sqlite")
     monkeypatch.setenv("SLOTQ_LEDGER", path)

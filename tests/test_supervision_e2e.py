@@ -21,7 +21,7 @@ import pytest
 
 from conftest import alive, group_alive, slotq_cmd, wait_for
 from slotq import history
-from slotq.ledger import Ledger
+from slotq.client.ledger import Ledger
 from test_run_e2e import Start, gate_cmd, live_tickets, slot_holder, start_holder
 
 TERM_IGNORING = "trap '' TERM HUP; echo $$ > {pidf}; sleep 300 & sleep 300"

@@ -11,7 +11,7 @@ from typing import Callable
 import pytest
 
 from conftest import Run, slotq_cmd, wait_for
-from slotq.slot import read_slot
+from slotq.host.slot import read_slot
 
 Start = Callable[..., Run]
 

@@ -16,14 +16,14 @@ _EXPORTS = {
     "exit_code_for": "slotq.outcome",
     "EXIT_CODES": "slotq.outcome",
     "RunSpec": "slotq.spec",
-    "Deadline": "slotq.deadline",
-    "Extension": "slotq.deadline",
-    "Ledger": "slotq.ledger",
-    "Credit": "slotq.ledger",
-    "run_task": "slotq.task",
-    "TaskResult": "slotq.task",
-    "RunResult": "slotq.client",
-    "run": "slotq.client",
+    "Deadline": "slotq.client.deadline",
+    "Extension": "slotq.client.deadline",
+    "Ledger": "slotq.client.ledger",
+    "Credit": "slotq.client.ledger",
+    "run_task": "slotq.client.task",
+    "TaskResult": "slotq.client.task",
+    "RunResult": "slotq.client.caller",
+    "run": "slotq.client.caller",
     "Clock": "slotq.clock",
     "FakeClock": "slotq.clock",
     "Timer": "slotq.clock",
@@ -41,12 +41,12 @@ __all__ = ["__version__", *_EXPORTS]
 if TYPE_CHECKING:
     from typing import Any
 
-    from .client import RunResult, run
+    from .client.caller import RunResult, run
+    from .client.deadline import Deadline, Extension
+    from .client.ledger import Credit, Ledger
+    from .client.task import TaskResult, run_task
     from .clock import Clock, FakeClock, Timer
     from .config import HostConfig
-    from .deadline import Deadline, Extension
-    from .ledger import Credit, Ledger
-    from .task import TaskResult, run_task
     from .durations import parse_duration
     from .errors import ConfigError, ProtocolError, SlotqError, StateDirError, UsageError
     from .outcome import EXIT_CODES, Outcome, exit_code_for

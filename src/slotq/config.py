@@ -281,7 +281,7 @@ def _untrusted(st: os.stat_result, state_dir: str, explicit: bool) -> str | None
     """Why a config file may not be used, or None if it may."""
     import stat
 
-    from .orphans import user_name
+    from .host.orphans import user_name
 
     if not stat.S_ISREG(st.st_mode):
         return "it is not a regular file"

@@ -24,7 +24,7 @@ import sqlite3
 import time
 
 from . import history
-from .ledger import ledger_path_from_env
+from .client.ledger import ledger_path_from_env
 from .statefile import StateFileError, open_state
 
 _SCHEMA = """

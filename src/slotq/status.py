@@ -6,14 +6,15 @@ from __future__ import annotations
 import os
 import stat
 
-from . import history, orphans
+from . import history
 from .config import HostConfig
 from .durations import format_duration
-from .proclocks import describe_holders, holder_pids, owners
+from .host import orphans
+from .host.proclocks import describe_holders, holder_pids, owners
+from .host.slot import read_slot, slot_name, slot_path
+from .host.ticket import list_tickets, pool_dir, probe, read_info, remove_stale_temps, scan
 from .records import printable
-from .slot import read_slot, slot_name, slot_path
 from .statefile import StateFileError, kind, open_state
-from .ticket import list_tickets, pool_dir, probe, read_info, remove_stale_temps, scan
 
 Table = dict[tuple[int, int], list[int]]
 

@@ -43,8 +43,8 @@ def main(args: list[str]) -> int:
             _say(f"slotq cancel: no live run matches{' --label ' + opts.label if opts.label else ''}"
                  f"{' --mine' if opts.mine else ''}")
             return EXIT_NOT_FOUND
-    from slotq.control import send_cancel
-    from slotq.orphans import user_name
+    from slotq.host.control import send_cancel
+    from slotq.host.orphans import user_name
 
     code = 0
     for run_id in targets:
@@ -103,7 +103,7 @@ def _matching(label: str | None, mine: bool) -> list[str]:
     from fnmatch import fnmatchcase
 
     from slotq.config import HostConfig, state_dir_from_env
-    from slotq.orphans import alive, uid_of
+    from slotq.host.orphans import alive, uid_of
     from slotq.status import snapshot
 
     state_dir = state_dir_from_env()

@@ -56,7 +56,7 @@ def main(args: list[str]) -> int:
                          "slotq host reap RUN_ID | slotq host run [options] -- CMD [ARGS...]")
     opts, command = PARSER.parse(args[1:])
     from slotq.config import HostConfig, state_dir_from_env
-    from slotq.runner import HostRunner
+    from slotq.host.runner import HostRunner
     from slotq.spec import RunSpec
 
     state_dir = state_dir_from_env()
@@ -121,9 +121,9 @@ def reap(run_id: str) -> int:
     import time
 
     from slotq.config import HostConfig, state_dir_from_env
-    from slotq.orphans import end_orphan, holder_state
-    from slotq.proclocks import held
-    from slotq.slot import read_slot
+    from slotq.host.orphans import end_orphan, holder_state
+    from slotq.host.proclocks import held
+    from slotq.host.slot import read_slot
 
     state_dir = state_dir_from_env()
     config = HostConfig.load(state_dir=state_dir)
@@ -163,7 +163,7 @@ def reap(run_id: str) -> int:
 def hello() -> int:
     from slotq import __version__, protocol
     from slotq.config import state_dir_from_env
-    from slotq.hostqueue import ensure_state_dir
+    from slotq.host.hostqueue import ensure_state_dir
     from slotq.records import to_json
 
     state_dir = state_dir_from_env()

@@ -59,7 +59,7 @@ PARSER = Parser(
 
 def main(args: list[str]) -> int:
     opts, command = PARSER.parse(args)
-    from slotq.client import run
+    from slotq.client.caller import run
     from slotq.transports.base import Transport
     from slotq.spec import RunSpec
 
@@ -113,7 +113,7 @@ def _remote(opts: Namespace) -> "SshTransport":
         raise UsageError("--host: no host named")
     host = hosts[0]
     if len(hosts) > 1:
-        from slotq.choose import describe_choice, rank_hosts
+        from slotq.client.choose import describe_choice, rank_hosts
         from slotq.transports.ssh import SshHost
 
         def fetch(h: str) -> dict[str, object]:

@@ -46,8 +46,8 @@ def main(args: list[str]) -> int:
     if not os.path.isdir(opts.credit_dir):
         raise UsageError(f"--credit-dir {opts.credit_dir}: no such directory")
     json_result = JsonResult(opts.json)
-    from slotq.deadline import Deadline
-    from slotq.task import describe_extension, run_task
+    from slotq.client.deadline import Deadline
+    from slotq.client.task import describe_extension, run_task
 
     def say(line: str) -> None:
         if not opts.quiet:

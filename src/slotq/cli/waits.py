@@ -28,7 +28,7 @@ PARSER = Parser(
 def main(args: list[str]) -> int:
     opts, _ = PARSER.parse(args)
     from slotq.durations import format_duration
-    from slotq.ledger import Ledger, ledger_path_from_env, spool_path
+    from slotq.client.ledger import Ledger, ledger_path_from_env, spool_path
 
     since, until = parse_window(opts)
     if not os.path.isdir(opts.dir):

@@ -94,7 +94,7 @@ class LocalTransport(Transport):
     def _host_side(self, spec: RunSpec, ctl_r: int, ev_w: int, done: Any) -> None:
         runner = None
         try:
-            from ..runner import HostRunner
+            from ..host.runner import HostRunner
 
             runner = HostRunner(spec, state_dir=self.state_dir, config=self.config, in_fd=ctl_r, out_fd=ev_w)
             runner.run()

@@ -20,9 +20,9 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from .clock import INF, Clock, Timer
+from ..clock import INF, Clock, Timer
+from ..outcome import Outcome
 from .ledger import Ledger, union_seconds
-from .outcome import Outcome
 
 CREDIT_MODES = ("union", "sum")
 DEFAULT_RECHECK = 60.0

@@ -164,7 +164,7 @@ def end_orphan(state_dir: str, info: dict[str, object], grace: float, by: str) -
     from .terminate import end_processes
 
     ended = end_processes(lambda: {p: u for p, u in orphan_processes(info).items() if u == uid}, grace)
-    from . import history
+    from .. import history
 
     since = info.get("since")
     since = since if isinstance(since, (int, float)) else None

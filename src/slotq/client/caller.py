@@ -14,14 +14,14 @@ from __future__ import annotations
 import os
 import select
 
-from . import protocol
-from . import signals as signal
-from .clock import INF, Clock, Timer
-from .durations import format_duration
-from .errors import HostUnavailable, ProtocolError, UsageError
-from .outcome import Outcome, exit_code_for
-from .spec import RunSpec
-from .transports.base import Transport
+from .. import protocol
+from .. import signals as signal
+from ..clock import INF, Clock, Timer
+from ..durations import format_duration
+from ..errors import HostUnavailable, ProtocolError, UsageError
+from ..outcome import Outcome, exit_code_for
+from ..spec import RunSpec
+from ..transports.base import Transport
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -133,7 +133,7 @@ class RunResult:
 def format_queued(ev: dict[str, object], compact: bool = False) -> str:
     """One status line for a `queued` event; `compact`: the short form of
     a terminal's live line (waited, position, holder and how long, ETA)."""
-    from .records import printable
+    from ..records import printable
 
     slurm = ev.get("slurm")
     if isinstance(slurm, dict):
@@ -153,7 +153,7 @@ def format_queued(ev: dict[str, object], compact: bool = False) -> str:
             + (" (stopping)" if h.get("phase") == "stopping" else "") for h in live)
         parts.append(f"slot held by {desc}")
     if len(live) < len(held):
-        from .status import describe_orphan
+        from ..status import describe_orphan
 
         parts += [describe_orphan(h) for h in held if h.get("phase") == "orphaned"]
     if isinstance(ev.get("eta_s"), (int, float)):
@@ -167,7 +167,7 @@ def format_queued(ev: dict[str, object], compact: bool = False) -> str:
 
 
 def _compact_queued(ev: dict[str, object]) -> str:
-    from .records import printable
+    from ..records import printable
 
     parts = [f"waiting {format_duration(_num(ev.get('waited_s')))}",
              f"#{printable(ev.get('position'))} in {printable(ev.get('pool'))}"]
@@ -185,7 +185,7 @@ def format_pending(waited: float, view: dict[str, object]) -> str:
     """One status line for a pending Slurm job (transports/slurm.py's
     pending_view): position in Slurm's priority order, Slurm's reason, who
     holds the partition, the expected start."""
-    from .records import printable
+    from ..records import printable
 
     parts = [f"waiting {format_duration(waited)}",
              f"position {printable(view.get('position'))} of {printable(view.get('pending'))} pending in "
@@ -475,7 +475,7 @@ def _on_event(ev: dict[str, object], result: RunResult, dogs: Watchdogs,
                     result.phases[k] = float(phases[k])
         return True
     elif name == protocol.ERROR:
-        from .records import printable
+        from ..records import printable
 
         message = printable(ev.get("message") or "error", 2000)
         if ev.get("kind") == "usage":
@@ -483,13 +483,13 @@ def _on_event(ev: dict[str, object], result: RunResult, dogs: Watchdogs,
         if ev.get("kind") == "state":
             # The host's state directory is unusable (missing, full, read-only,
             # an odd file in it): exit 73, as documented.
-            from .errors import StateDirError
+            from ..errors import StateDirError
 
             raise StateDirError(f"host {result.host}: {message}", result.host)
         result.outcome = Outcome.UNAVAILABLE
         result.message = f"host {result.host}: {message}"
     elif name == protocol.HELLO:
-        from .records import printable
+        from ..records import printable
 
         for w in ev.get("warnings") or []:  # type: ignore[attr-defined]
             say(f"slotq: warning: {printable(w, 1000)}")
@@ -506,7 +506,7 @@ def summary_line(result: RunResult) -> str:
     bits.append(f"ran {format_duration(ran) if ran is not None else '-'}")
     line = ", ".join(bits)
     if result.outcome not in (Outcome.PASSED,) and result.message:
-        from .records import printable
+        from ..records import printable
 
         line += f" — {printable(result.message, 4000)}"
     return line

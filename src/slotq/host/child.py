@@ -13,7 +13,7 @@ from __future__ import annotations
 import errno
 import os
 
-from . import signals as signal
+from .. import signals as signal
 
 
 class ChildEnd:

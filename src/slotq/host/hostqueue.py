@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import os
 
+from ..config import HostConfig
+from ..errors import StateDirError
 from . import inotify
-from .config import HostConfig
-from .errors import StateDirError
 from .slot import SlotLease, SlotProbe
 from .ticket import Ticket, ahead_of, list_tickets, live_tickets, pool_dir, probe, take_ticket
 
@@ -48,7 +48,7 @@ RECHECKS = (0.002, 0.02, 0.2)
 
 def ensure_state_dir(state_dir: str) -> None:
     """Create the state directory tree, or raise StateDirError naming it."""
-    from .statefile import make_dirs
+    from ..statefile import make_dirs
 
     try:
         os.makedirs(state_dir, exist_ok=True)

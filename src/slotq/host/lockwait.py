@@ -24,7 +24,7 @@ class LockWatch:
         self.exclusive = exclusive
         # Slot files are opened read-write so that our eventual close raises
         # IN_CLOSE_WRITE for inotify watchers (see slot.py).
-        from .statefile import open_state
+        from ..statefile import open_state
 
         self.fd, _ = open_state(path, os.O_RDWR if exclusive else os.O_RDONLY)
         self.granted = False

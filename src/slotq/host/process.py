@@ -40,9 +40,9 @@ import gc
 import os
 import time
 
-from . import signals as signal
+from .. import signals as signal
+from ..errors import SlotqError
 from .child import Child, ChildEnd
-from .errors import SlotqError
 from .terminate import terminate_group
 
 TYPE_CHECKING = False
@@ -281,16 +281,16 @@ def _keeper(
         spawn_env[os.fsencode(k)] = os.fsencode(v)
     keeper_start = 0
     if record is not None and slot_path is not None:
+        from ..records import to_json  # now, not after the command's start
         from . import orphans
-        from .records import to_json  # now, not after the command's start
 
         keeper_start = orphans.own_start()
     lock_fd = -1
     if lock_path is not None:
         from .ticket import wait_turn
 
+        from ..statefile import open_state
         from .slot import still_at_path
-        from .statefile import open_state
 
         try:
             lock_fd, _ = open_state(lock_path, os.O_RDWR)
@@ -432,7 +432,7 @@ def _orphan_history(history: tuple[str, dict[str, object]] | None, status: int |
     (outcome caller_gone)."""
     if history is None:
         return
-    from . import history as hist
+    from .. import history as hist
 
     state_dir, record = history
     phases = dict(record.get("phases") or {})  # type: ignore[call-overload]

@@ -54,8 +54,8 @@ def survey(state_dir: str, pool: str, waiter: Waiter, now: float,
     afresh -- the kernel's lock table read once -- and shared as the view.
     At the head, `heal(locked)` first ends orphaned holders; what it did
     are the notes."""
+    from ..status import holders
     from .proclocks import owners
-    from .status import holders
 
     view = read(state_dir, pool, waiter.ticket.seq, now)
     if view is not None and view[0] >= NEAR:
@@ -82,8 +82,8 @@ def read(state_dir: str, pool: str, seq: int, now: float) -> tuple[int, int, lis
     """(ahead, waiting, slots) for ticket `seq` from this user's view of
     `pool`, if there is one at most MAX_AGE old that has `seq` in it;
     else None."""
-    from .records import from_json
-    from .statefile import read_private
+    from ..records import from_json
+    from ..statefile import read_private
 
     raw = read_private(view_path(state_dir, pool), MAX_VIEW)
     if raw is None:
@@ -119,8 +119,8 @@ def read(state_dir: str, pool: str, seq: int, now: float) -> tuple[int, int, lis
 def write(state_dir: str, pool: str, live: list[int], slots: list[dict[str, object]], now: float) -> None:
     """Share a line just worked out with this user's other waiting runs
     (best effort: a view that cannot be written is simply not shared)."""
-    from .records import to_json
-    from .statefile import write_private
+    from ..records import to_json
+    from ..statefile import write_private
 
     try:
         header = to_json({"at": now, "slots": slots})

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import os
 
-from . import protocol
-from . import signals as signal
-from .clock import Clock
-from .outcome import Outcome
+from .. import protocol
+from .. import signals as signal
+from ..clock import Clock
+from ..outcome import Outcome
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

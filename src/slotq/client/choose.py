@@ -7,7 +7,7 @@ then to the order given.
 
 from __future__ import annotations
 
-from .durations import format_duration
+from ..durations import format_duration
 
 DEFAULT_RUN = 60.0
 
@@ -16,7 +16,7 @@ def expected_wait(snapshot: dict[str, object], cls: str, default_run: float = DE
     """(seconds, why) for a new run of class `cls` on the host whose
     `slotq status --json` is `snapshot`; inf if the host has no such class.
     The estimate is eta.py's."""
-    from . import eta
+    from .. import eta
 
     pools = snapshot.get("pools")
     pool = None

@@ -12,11 +12,11 @@ import os
 import select
 from collections.abc import Callable
 
-from . import signals as signal
+from .. import signals as signal
+from ..durations import format_duration
+from ..host.process import spawn
+from ..outcome import Outcome, exit_code_for
 from .deadline import Deadline, Extension
-from .durations import format_duration
-from .outcome import Outcome, exit_code_for
-from .process import spawn
 
 
 class TaskResult:

@@ -17,19 +17,20 @@ import os
 import select
 import time
 
-from . import __version__, history, orphans, protocol
+from .. import __version__, history, protocol
+from ..clock import INF, Clock
+from ..config import HostConfig
+from ..durations import format_duration
+from ..errors import AdmissionRefused, StateDirError
+from ..outcome import Outcome
+from ..records import load_scanner
+from ..spec import RunSpec
+from . import orphans
 from .callerlink import CallerLink
-from .clock import INF, Clock
-from .config import HostConfig
-from .durations import format_duration
-from .errors import AdmissionRefused, StateDirError
-from .hostqueue import Waiter, ensure_state_dir
-from .outcome import Outcome
-from .records import load_scanner
 from .child import Child, ChildEnd
+from .hostqueue import Waiter, ensure_state_dir
 from .process import preload_for_start, spawn
 from .slot import GrantedSlot, SlotLease, slot_name
-from .spec import RunSpec
 from .ticket import Ticket
 
 # A running command becomes reachable by `slotq cancel` after this long:
@@ -300,8 +301,9 @@ class HostRunner:
         return child.end if child.started is not None else None
 
     def _report(self, waiter: Waiter, pool: str, waited: float, with_eta: bool = True) -> None:
-        from . import eta, lineview
-        from .status import load  # only runs that wait pay for it
+        from .. import eta
+        from ..status import load  # only runs that wait pay for it
+        from . import lineview
 
         wall = self.clock.wall()
         ahead, total, slots, healed = lineview.survey(

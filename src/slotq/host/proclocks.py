@@ -66,7 +66,7 @@ def describe_holders(dev: int, ino: int, table: dict[tuple[int, int], list[int]]
 
 def _comm(pid: int) -> str:
     try:
-        from .records import printable
+        from ..records import printable
 
         with open(f"/proc/{pid}/comm", "rb") as f:
             return printable(f.read(64).decode("utf-8", "replace").strip(), 32) or "?"

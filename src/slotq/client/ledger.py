@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 
-from .records import from_json, to_json
+from ..records import from_json, to_json
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ def process_start(pid: int) -> str | None:
     boot id + start time (clock ticks since boot). None if unknown/gone (a
     zombie waits for nothing). The boot id: records outlive a reboot."""
     global _boot_id
-    from .orphans import start_ticks
+    from ..host.orphans import start_ticks
 
     try:
         if _boot_id is None:

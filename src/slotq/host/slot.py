@@ -27,9 +27,9 @@ from __future__ import annotations
 import fcntl
 import os
 
-from .errors import StateDirError
-from .records import from_json, to_json
-from .statefile import StateFileError, make_dirs, open_state, share_created
+from ..errors import StateDirError
+from ..records import from_json, to_json
+from ..statefile import StateFileError, make_dirs, open_state, share_created
 
 MAX_RECORD = 65536
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import time
 
-from . import signals as signal
+from .. import signals as signal
 from .orphans import start_ticks
 
 TYPE_CHECKING = False

@@ -30,9 +30,9 @@ import fcntl
 import os
 import time
 
-from .errors import AdmissionRefused, StateDirError
-from .records import from_json, load_scanner, to_json
-from .statefile import StateFileError, make_dirs, open_state, read_limited, share_created
+from ..errors import AdmissionRefused, StateDirError
+from ..records import from_json, load_scanner, to_json
+from ..statefile import StateFileError, make_dirs, open_state, read_limited, share_created
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -391,7 +391,7 @@ def bury(path: str, fd: int) -> None:
         return
     import time
 
-    from . import history
+    from .. import history
 
     state_dir = os.path.dirname(os.path.dirname(os.path.dirname(path)))
     since = info.get("since")

@@ -1,0 +1,19 @@
+"""The host side: the queue on one machine and a run on it.
+
+    runner.py      one run's life on the host, from ticket to exit
+    callerlink.py  the runner's link to its caller (stream out, channel in, signals, cancel)
+    hostqueue.py   one caller's wait in line (tickets, watches, the head's attempts)
+    ticket.py      tickets: the sequence, liveness by kernel lock, line order
+    slot.py        slot lock files and holder records
+    lineview.py    how the line looks to a waiting run's status reports
+    proclocks.py   who holds which lock, from /proc/locks
+    inotify.py     wake-ups (ctypes inotify); lockwait.py when none can be had
+    process.py     the keeper: supervises the command, survives its caller
+    child.py       the runner's view of a keeper
+    orphans.py     a run's processes when its keeper is gone
+    terminate.py   the stopping policy (TERM, grace, KILL)
+    control.py     a run's control socket (`slotq cancel`)
+
+Every way to reach a host ends here: the local transport runs the runner in
+a thread of the caller, ssh and Slurm run `slotq host run` on the machine.
+"""
