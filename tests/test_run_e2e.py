@@ -529,7 +529,7 @@ def test_an_uncontended_run_imports_no_heavy_module_in_the_caller(state_dir: Pat
     # third more per-call cost in benchmarks/.
     probe = ("import sys\nfrom slotq.cli import main\ncode = main(['run', '-q', '--', 'true'])\n"
              "heavy = ('re', 'json', 'enum', 'sqlite3', 'tomllib', 'argparse', 'subprocess', 'warnings', '_socket',\n"
-             "         '_json')\n"
+             "         '_json', 'slotq.client.ledger')\n"
              "print(code, sorted(m for m in heavy if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=30, cwd=tmp_path)
     assert out.stdout.strip() == "0 []", out.stdout + out.stderr

@@ -27,6 +27,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from .ledger import WaitRecorder
+
 BACKSTOP_MARGIN = 90.0
 PHASES = ("submitted", "transferred", "slot", "prepared", "started", "ended")
 
@@ -262,16 +264,26 @@ def run(
     result.details = transport.details
     result.phases["submitted"] = clock.wall()
     dogs = Watchdogs(clock, idle, backstop_margin)
-    from .ledger import WaitRecorder  # a small module; SQLite only once a wait is written
+    workdir = credit_dir or spec.cwd or os.getcwd()
+    made: list[WaitRecorder] = []
 
-    waits = WaitRecorder(run_id=spec.run_id, workdir=credit_dir or spec.cwd or os.getcwd(),
-                         host=transport.host, path=ledger_path,
-                         warn=lambda line: _write_line(stderr_fd, line))
+    def waits() -> WaitRecorder:
+        """The run's wait recorder, made at its first wait: an uncontended
+        local run never imports the ledger (nor SQLite, which only reading
+        the ledger does)."""
+        if not made:
+            from .ledger import WaitRecorder
+
+            made.append(WaitRecorder(run_id=spec.run_id, workdir=workdir,
+                                     host=transport.host, path=ledger_path,
+                                     warn=lambda line: _write_line(stderr_fd, line)))
+        return made[0]
+
     queue_start = clock.monotonic()
     if transport.remote:
         # Connection, handshake and work tree transfer: a wait of its own
         # kind, never counted as execution.
-        waits.open("transfer", result.phases["submitted"] or clock.wall())
+        waits().open("transfer", result.phases["submitted"] or clock.wall())
         try:
             transport.prepare(spec)
         except HostUnavailable as e:
@@ -279,14 +291,14 @@ def run(
             result.phases["ended"] = clock.wall()
             result.transfer_s = clock.monotonic() - queue_start
             result.transport = transport.describe()
-            waits.finish(clock.wall())
+            waits().finish(clock.wall())
             say(summary_line(result))
             return result
         result.phases["transferred"] = clock.wall()
         result.transfer_s = clock.monotonic() - queue_start
         result.transport = transport.describe()
         queue_start = clock.monotonic()
-        waits.close(clock.wall())
+        waits().close(clock.wall())
     # The queue wait is recorded from its start, but written only once the
     # host says the run must wait: an uncontended run (slot at once) costs
     # no ledger write and no SQLite import.
@@ -363,11 +375,11 @@ def run(
                 else:
                     ev: dict[str, object] = payload  # type: ignore[assignment]
                     if ev.get("event") == protocol.QUEUED:
-                        if not waits.opened:
-                            waits.open("queue", queue_wall)
-                        waits.heartbeat(clock.wall())
-                    elif ev.get("event") == protocol.SLOT:
-                        waits.close(clock.wall())
+                        if not waits().opened:
+                            waits().open("queue", queue_wall)
+                        waits().heartbeat(clock.wall())
+                    elif ev.get("event") == protocol.SLOT and made:
+                        made[0].close(clock.wall())
                         result.queue_s = clock.monotonic() - queue_start
                     exited = _on_event(ev, result, dogs, say, spec, live) or exited
     finally:
@@ -378,7 +390,8 @@ def run(
         except OSError:
             pass
         os.close(from_fd)
-    waits.finish(clock.wall())  # a run that ended without a slot: its wait ends now
+    if made:
+        made[0].finish(clock.wall())  # a run that ended without a slot: its wait ends now
     if result.queue_s is None:
         result.queue_s = clock.monotonic() - queue_start
     diagnostics = transport.wait()

@@ -29,7 +29,6 @@ import os
 
 from ..config import HostConfig
 from ..errors import StateDirError
-from . import inotify
 from .slot import SlotLease, SlotProbe
 from .ticket import Ticket, ahead_of, list_tickets, live_tickets, pool_dir, probe, take_ticket
 
@@ -37,6 +36,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from .inotify import Watcher
     from .lockwait import LockWaits
 
 # With inotify the poll is only a safety net; without it, it is the wake-up.
@@ -78,7 +78,7 @@ class Waiter:
         self.slot_count = config.pools[pool]
         # Created at the first failed attempt: an uncontended run never pays
         # for inotify (or for loading ctypes).
-        self._watcher: inotify.Watcher | None = None
+        self._watcher: Watcher | None = None
         self._locks: LockWaits | None = None  # when no inotify instance can be had
         self._may_watch = True
         self._head = False
@@ -138,6 +138,8 @@ class Waiter:
         lease = self._attempt()
         if lease is None and watch and self._may_watch:
             self._may_watch = False
+            from . import inotify  # a run that gets its slot at once never watches
+
             if inotify.available():
                 try:
                     self._watcher = inotify.Watcher()
