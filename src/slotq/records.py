@@ -251,7 +251,10 @@ def _is_number(token: str) -> bool:
     whole, dot, fraction = mantissa.partition(".")
     if not whole.isdigit() or (whole[0] == "0" and len(whole) > 1) or (dot and not fraction.isdigit()):
         return False
-    return not e or exponent.removeprefix("+").removeprefix("-").isdigit() and exponent[:2] not in ("+-", "-+")
+    if not e:
+        return True
+    digits = exponent[1:] if exponent[:1] in ("+", "-") else exponent
+    return digits.isdigit()
 
 
 def _string_at(s: str, i: int) -> tuple[str, int]:
