@@ -31,8 +31,8 @@ def test_a_view_is_read_back_with_our_place_in_it_and_its_age_added(tmp_path: Pa
     assert path.stat().st_mode & 0o777 == 0o600
     got = lineview.read(str(tmp_path), "shared", 9, now + 1.5)
     assert got is not None
-    ahead, waiting, slots = got
-    assert (ahead, waiting) == (2, 4)
+    ahead, waiting, slots, typical = got
+    assert (ahead, waiting, typical) == (2, 4, None)
     assert slots[0]["label"] == "lint" and slots[0]["held_s"] == 3.5
     assert lineview.read(str(tmp_path), "shared", 8, now) is None  # not in it: joined since
     assert lineview.read(str(tmp_path), "shared", 9, now + lineview.MAX_AGE + 0.1) is None  # too old
@@ -126,3 +126,65 @@ def test_far_back_a_report_uses_the_shared_view_and_near_the_head_works_the_line
     assert "(3 ahead)" not in last.err and "near-the-head-view" not in last.err
     gate.touch()
     assert holder.wait() == 0 and last.wait() == 0 and all(r.wait() == 0 for r in ahead)
+
+
+@pytest.mark.timeout(10)
+def test_a_view_carries_the_typical_run_and_a_malformed_one_is_left_out(tmp_path: Path) -> None:
+    now = time.time()
+    lineview.write(str(tmp_path), "shared", [5, 7, 9], SLOTS, now, (123.0, 7, now - 10))
+    got = lineview.read(str(tmp_path), "shared", 9, now)
+    assert got is not None and got[3] == (123.0, 7, now - 10)
+    path = Path(lineview.view_path(str(tmp_path), "shared"))
+    for bad in ([0, 7, now], [-1.0, 7, now], [60.0, -1, now], [60.0, 7.5, now], [60.0, True, now], [60.0, 7],
+                "60", [60.0, 7, "now"], [1e12, 7, now]):
+        path.write_bytes(json.dumps({"at": now, "slots": SLOTS, "typical": bad}).encode() + b"\n5 7 9\n")
+        got = lineview.read(str(tmp_path), "shared", 9, now)
+        assert got is not None and got[:2] == (2, 3) and got[3] is None, bad  # the view serves, its ETA basis not
+
+
+@pytest.mark.timeout(20)
+def test_far_back_a_report_takes_its_eta_basis_from_the_view_not_the_history(
+        state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A run far back reads no history for its ETA while a run nearer the
+    # head shares one it read: at N=300 those reads were half the CPU of
+    # a line's first 30 s.
+    from slotq import history, protocol
+    from slotq.config import HostConfig
+    from slotq.host.runner import HostRunner
+    from slotq.spec import RunSpec
+
+    def no_read(*a: object, **k: object) -> list[dict[str, object]]:
+        raise AssertionError("the history was read")
+
+    class FarBack:  # what survey reads of a waiter that finds itself in the view
+        class ticket:
+            seq = 4242
+        slot_count = 1
+
+    from slotq.host.hostqueue import ensure_state_dir
+
+    ensure_state_dir(str(state_dir))
+    now = time.time()
+    lineview.write(str(state_dir), "shared", [*range(1, 21), 4242], SLOTS, now, (123.0, 7, now - 10))
+    in_r, in_w = os.pipe()
+    out_r, out_w = os.pipe()
+    runner = HostRunner(RunSpec(["true"], budget=30, cwd=str(tmp_path)), state_dir=str(state_dir),
+                        config=HostConfig(), in_fd=in_r, out_fd=out_w)
+    try:
+        monkeypatch.setattr(history, "recent", no_read)
+        runner._report(FarBack(), "shared", 40.0, with_eta=True)  # type: ignore[arg-type]
+        stream = protocol.MAGIC + os.read(out_r, 65536)
+        events = [p for k, p in protocol.Decoder().feed(stream) if k == protocol.EVENT]
+        queued = [e for e in events if isinstance(e, dict) and e.get("event") == "queued"]
+        assert queued and queued[0]["ahead"] == 20, events
+        assert "typical run 2m03s (median of 7 recent run(s))" in str(queued[0]["eta_how"]), queued[0]
+        # With no basis in the view, the run reads the history itself.
+        lineview.write(str(state_dir), "shared", [*range(1, 21), 4242], SLOTS, time.time())
+        runner._typical = None
+        with pytest.raises(AssertionError, match="the history was read"):
+            runner._report(FarBack(), "shared", 70.0, with_eta=True)  # type: ignore[arg-type]
+    finally:
+        runner.close_stream()
+        for fd in (in_r, in_w, out_r):
+            os.close(fd)
+

@@ -15,10 +15,13 @@ view that puts it NEAR or more from the head.)
 
 The file is trusted only as the host config cache is: this user's own
 regular file, writable by nobody else, read with limits -- a first line
-of JSON (at most MAX_HEADER bytes: when, and the slots as `status.holders`
-gave them), then the live tickets' numbers in line order, separated by
-spaces (at most MAX_VIEW bytes in all). Anything else is no view: the run
-works the line out itself.
+of JSON (at most MAX_HEADER bytes: when, the slots as `status.holders`
+gave them, and the pool's typical run as the writer last read it from the
+history, for the ETA), then the live tickets' numbers in line order,
+separated by spaces (at most MAX_VIEW bytes in all). Anything else is no
+view: the run works the line out itself. (The typical run spares every
+run far back its own read of the history for its first ETA: at N=300
+that read was half of all the CPU a line burnt in its first 30 s.)
 """
 
 from __future__ import annotations
@@ -45,21 +48,26 @@ if TYPE_CHECKING:
 
     from .hostqueue import Waiter
 
+    # The pool's typical run: (seconds, how many runs it is from, when read).
+    Typical = tuple[float, int, float]
+
 
 def survey(state_dir: str, pool: str, waiter: Waiter, now: float,
-           heal: Callable[[set[tuple[int, int]] | None], list[str]]
-           ) -> tuple[int, int, list[dict[str, object]], list[str]]:
+           heal: Callable[[set[tuple[int, int]] | None], list[str]], typical: Typical | None = None
+           ) -> tuple[int, int, list[dict[str, object]], list[str], Typical | None]:
     """The line as `waiter`'s status report tells it: (ahead, waiting,
-    slots, notes). NEAR or more from the head, from this user's view; else
-    afresh -- the kernel's lock table read once -- and shared as the view.
-    At the head, `heal(locked)` first ends orphaned holders; what it did
-    are the notes."""
+    slots, notes, the typical run shared with it). NEAR or more from the
+    head, from this user's view; else afresh -- the kernel's lock table
+    read once -- and shared as the view, with our `typical`. At the head,
+    `heal(locked)` first ends orphaned holders; what it did are the
+    notes."""
     from ..status import holders
     from .proclocks import owners
 
     view = read(state_dir, pool, waiter.ticket.seq, now)
     if view is not None and view[0] >= NEAR:
-        return (*view, [])
+        ahead, total, slots, shared = view
+        return ahead, total, slots, [], shared
     table = owners()
     locked = None if table is None else set(table)
     ahead, total, live = waiter.line(locked)
@@ -69,8 +77,8 @@ def survey(state_dir: str, pool: str, waiter: Waiter, now: float,
     slots = [{k: v for k, v in s.items() if k in REPORTED}
              for s in holders(state_dir, pool, waiter.slot_count, now, locked, table)]
     if total > NEAR:  # someone may be far enough back to use it
-        write(state_dir, pool, live, slots, now)
-    return ahead, total, slots, notes
+        write(state_dir, pool, live, slots, now, typical)
+    return ahead, total, slots, notes, None
 
 
 def view_path(state_dir: str, pool: str) -> str:
@@ -78,10 +86,12 @@ def view_path(state_dir: str, pool: str) -> str:
     return os.path.join(state_dir, f".line-view.{pool}.{os.getuid()}")
 
 
-def read(state_dir: str, pool: str, seq: int, now: float) -> tuple[int, int, list[dict[str, object]]] | None:
-    """(ahead, waiting, slots) for ticket `seq` from this user's view of
-    `pool`, if there is one at most MAX_AGE old that has `seq` in it;
-    else None."""
+def read(state_dir: str, pool: str, seq: int, now: float
+         ) -> tuple[int, int, list[dict[str, object]], Typical | None] | None:
+    """(ahead, waiting, slots, typical run) for ticket `seq` from this
+    user's view of `pool`, if there is one at most MAX_AGE old that has
+    `seq` in it; else None. The typical run is None if the view has none
+    (or a malformed one)."""
     from ..records import from_json
     from ..statefile import read_private
 
@@ -113,17 +123,30 @@ def read(state_dir: str, pool: str, seq: int, now: float) -> tuple[int, int, lis
         held = s.get("held_s")
         if isinstance(held, (int, float)) and not isinstance(held, bool):
             s["held_s"] = round(held + max(0.0, now - at), 3)
-    return ahead, len(live), slots
+    return ahead, len(live), slots, _typical(head.get("typical"))
 
 
-def write(state_dir: str, pool: str, live: list[int], slots: list[dict[str, object]], now: float) -> None:
+def _typical(value: object) -> Typical | None:
+    """[seconds > 0, runs >= 0, when read] -- or None."""
+    if not isinstance(value, list) or len(value) != 3:
+        return None
+    seconds, runs, when = value
+    if any(isinstance(v, bool) for v in value) or not isinstance(runs, int) or runs < 0:
+        return None
+    if not isinstance(seconds, (int, float)) or not 0 < seconds < 1e9 or not isinstance(when, (int, float)):
+        return None
+    return float(seconds), runs, float(when)
+
+
+def write(state_dir: str, pool: str, live: list[int], slots: list[dict[str, object]], now: float,
+          typical: Typical | None = None) -> None:
     """Share a line just worked out with this user's other waiting runs
     (best effort: a view that cannot be written is simply not shared)."""
     from ..records import to_json
     from ..statefile import write_private
 
     try:
-        header = to_json({"at": now, "slots": slots})
+        header = to_json({"at": now, "slots": slots, **({"typical": list(typical)} if typical else {})})
     except (TypeError, ValueError):
         return
     data = b"%s\n%s\n" % (header.encode(), " ".join(map(str, live)).encode())

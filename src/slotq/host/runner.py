@@ -306,8 +306,9 @@ class HostRunner:
         from . import lineview
 
         wall = self.clock.wall()
-        ahead, total, slots, healed = lineview.survey(
-            self.state_dir, pool, waiter, wall, lambda locked: self._heal(pool, waiter.slot_count, locked))
+        ahead, total, slots, healed, shared = lineview.survey(
+            self.state_dir, pool, waiter, wall, lambda locked: self._heal(pool, waiter.slot_count, locked),
+            self._typical)
         fields: dict[str, object] = {}
         if with_eta:
             # The ETA from the second report on: the first comes the moment
@@ -318,7 +319,10 @@ class HostRunner:
             # itself comes later than that -- 200 callers at once paid ~20 ms
             # of CPU each for ETAs nobody saw.)
             if self._typical is None or wall - self._typical[2] > 300:  # the history: at most every 5 min
-                self._typical = (*eta.typical_run(history.recent(self.state_dir, 2 * eta.RECENT), pool), wall)
+                if shared is not None and 0 <= wall - shared[2] <= 300:
+                    self._typical = shared  # read by a run nearer the head: no read of our own
+                else:
+                    self._typical = (*eta.typical_run(history.recent(self.state_dir, 2 * eta.RECENT), pool), wall)
             typical, runs, _ = self._typical
             expected = eta.expected_wait(slots, ahead, typical)
             fields = {"eta_s": round(expected, 1) if expected < 1e9 else 1e9,
