@@ -361,7 +361,7 @@ def test_forged_events_and_binary_output_pass_through_unchanged(state_dir: Path,
     assert got == payload, (len(got), len(payload), result.outcome, result.message)
     assert result.outcome.value == "passed" and result.slot == "shared#0", (result.outcome, result.slot,
                                                                              result.message)
-    assert [(t.name, t.length) for t, _ in clock.timers] == [("backstop", 120.0)]
+    assert [(t.name, round(t.length, 6)) for t, _ in clock.timers] == [("backstop", 120.0)]  # (monotonic floats)
     # The same through the CLI's own stdout.
     proc = subprocess.run(slotq_cmd() + ["run", "-q", "--", "cat", str(blob)], capture_output=True, timeout=20)
     assert proc.returncode == 0 and proc.stdout == payload, (proc.returncode, len(proc.stdout), proc.stderr)
