@@ -47,6 +47,7 @@ FORGED_SLACK_NS = 1_000_000_000
 # The counter lock is held for microseconds by honest runs; held longer than
 # this, someone holds it by hand (`flock seq sleep inf`): refuse, naming them.
 SEQ_LOCK_LIMIT = 10.0
+SEQ_LOCK_LOOKS = 10  # at the least, however long the limit took (~200 looks in 10 s)
 MAX_SEQ = 10**18
 
 
@@ -166,9 +167,11 @@ def _lock_seq(fd: int, path: str, wait: Callable[[float], None] | None) -> None:
     """Take the sequence lock. Honest holders keep it for microseconds; if
     it stays taken, pass the time with `wait` (the caller can still cancel)
     and give up, naming who holds it, once nobody has taken a ticket for
-    SEQ_LOCK_LIMIT -- the counter did not move. A crowd taking tickets (a
-    thousand callers started at once on two cores) is progress, not a
-    stuck holder, however long our own turn takes."""
+    SEQ_LOCK_LIMIT -- the counter did not move -- in at least
+    SEQ_LOCK_LOOKS looks. A crowd taking tickets (a thousand callers
+    started at once on two cores) is progress, not a stuck holder, however
+    long our own turn takes; nor is a machine that stood still (a paused
+    VM: its clock jumps by the pause, our looks do not)."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return
@@ -177,6 +180,8 @@ def _lock_seq(fd: int, path: str, wait: Callable[[float], None] | None) -> None:
     start = time.monotonic()
     counter = os.pread(fd, 32, 0)
     delay = 0.0005
+    looks = 0
+    unseen = False  # a holder nobody can name was looked for once already
     while True:
         if wait is not None:
             wait(delay)
@@ -187,13 +192,18 @@ def _lock_seq(fd: int, path: str, wait: Callable[[float], None] | None) -> None:
             return
         except BlockingIOError:
             pass
+        looks += 1
         if time.monotonic() - start >= SEQ_LOCK_LIMIT and (now := os.pread(fd, 32, 0)) != counter:
-            counter, start = now, time.monotonic()  # tickets were taken meanwhile: the line moves
-        if time.monotonic() - start >= SEQ_LOCK_LIMIT:
+            counter, start, looks = now, time.monotonic(), 0  # tickets were taken meanwhile: the line moves
+        if time.monotonic() - start >= SEQ_LOCK_LIMIT and looks >= SEQ_LOCK_LOOKS:
             from .proclocks import describe_holders
 
             st = os.fstat(fd)
-            who = describe_holders(st.st_dev, st.st_ino) or "a process slotq cannot see"
+            who = describe_holders(st.st_dev, st.st_ino)
+            if not who and not unseen:
+                unseen = True  # nobody holds it now, maybe: one more look before we say so
+                continue
+            who = who or "a process slotq cannot see"
             raise StateDirError(f"cannot join the line: the ticket counter {path} has been locked for "
                                 f"{SEQ_LOCK_LIMIT:g}s by {who}, with no ticket taken meanwhile (honest runs "
                                 "hold it for microseconds)", path)
