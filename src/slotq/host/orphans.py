@@ -177,6 +177,42 @@ def end_orphan(state_dir: str, info: dict[str, object], grace: float, by: str) -
     return ended
 
 
+def heal_slots(state_dir: str, pool: str, count: int, grace: float, healed: set[str], by: str,
+               locked: set[tuple[int, int]] | None = None) -> list[str]:
+    """End the orphaned holders of `pool`'s slots that are ours to end
+    (end_orphan), each once: `healed` holds the run ids already ended and
+    gains the new ones. Returns what was done, one line each. `locked`:
+    the kernel's lock table (proclocks.held()), read here if not given."""
+    from .slot import read_slot
+
+    if locked is None:
+        from .proclocks import held
+
+        locked = held()
+    done: list[str] = []
+    for i in range(count):
+        is_held, info = read_slot(state_dir, pool, i, locked)
+        if not is_held or not info or str(info.get("run_id")) in healed:
+            continue
+        ended = end_orphan(state_dir, info, grace, by=by)
+        if ended:
+            healed.add(str(info.get("run_id")))
+            done.append(f"ended the orphaned command of run {info.get('run_id')} on {pool}#{i} (pids "
+                        f"{', '.join(map(str, ended))}): its runner and keeper were gone")
+    return done
+
+
+def end_lost(session: int | None, session_start: int | None, marker: str, grace: float) -> list[int]:
+    """A keeper was killed: end its command's processes -- the session it
+    led, and anything that carries the run's marker -- (TERM, grace, KILL).
+    They are not the caller's children, and they hold the slot until they
+    are gone. Returns the pids ended."""
+    from .terminate import end_processes
+
+    return end_processes(lambda: run_processes(session=session, session_start=session_start, marker=marker),
+                         grace)
+
+
 def orphan_processes(info: dict[str, object]) -> dict[int, int]:
     """The processes of an orphaned holder (pid -> uid), from its record:
     the command's session and the run's marker."""

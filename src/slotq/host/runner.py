@@ -264,30 +264,11 @@ class HostRunner:
                 f"the limit set by --max-wait {format_duration(self.spec.max_wait or 0)}")
 
     def _heal(self, pool: str, count: int, locked: set[tuple[int, int]] | None = None) -> list[str]:
-        """At the head of the line: a slot whose holder's runner and keeper
-        are both gone is held by an orphaned command. Ours (same user): end
-        it now (TERM, grace, KILL) and write its history line. Another
-        user's: left alone; status and our reports name it. Returns what
-        was done, for our next status line. `locked`: the kernel's lock
-        table (proclocks.held()), read here if not given."""
-        from .slot import read_slot
-
-        if locked is None:
-            from .proclocks import held
-
-            locked = held()
-        done: list[str] = []
-        for i in range(count):
-            is_held, info = read_slot(self.state_dir, pool, i, locked)
-            if not is_held or not info or str(info.get("run_id")) in self._healed:
-                continue
-            ended = orphans.end_orphan(self.state_dir, info, self.grace,
-                                       by=f"the next in line (run {self.spec.run_id})")
-            if ended:
-                self._healed.add(str(info.get("run_id")))
-                done.append(f"ended the orphaned command of run {info.get('run_id')} on {pool}#{i} (pids "
-                            f"{', '.join(map(str, ended))}): its runner and keeper were gone")
-        return done
+        """At the head of the line: end the orphaned commands that hold our
+        pool's slots, if they are ours (orphans.heal_slots; another user's
+        are left alone, and named by status and our reports)."""
+        return orphans.heal_slots(self.state_dir, pool, count, self.grace, self._healed,
+                                  f"the next in line (run {self.spec.run_id})", locked)
 
     def _stop_standby(self, standby: tuple[Child, dict[int, bytes]]) -> ChildEnd | None:
         """End a standby keeper; if it started the command just now, that
@@ -523,11 +504,7 @@ class HostRunner:
         # The session only if we saw its leader alive: a pid is not reused
         # while it names a session, but one seen never may be another's.
         session = cmd if child.cmd_start is not None else None
-        from .terminate import end_processes
-
-        ended = end_processes(
-            lambda: orphans.run_processes(session=session, session_start=child.cmd_start,
-                                          marker=self.spec.run_id), self.grace)
+        ended = orphans.end_lost(session, child.cmd_start, self.spec.run_id, self.grace)
         who = f"the command's supervisor (slotq keeper, pid {child.keeper_pid}) was killed"
         if child.started is not None or ended:
             what = f"pid {cmd}" if cmd else "its processes"
