@@ -375,9 +375,10 @@ def run(
                 else:
                     ev: dict[str, object] = payload  # type: ignore[assignment]
                     if ev.get("event") == protocol.QUEUED:
-                        if not waits().opened:
-                            waits().open("queue", queue_wall)
-                        waits().heartbeat(clock.wall())
+                        recorder = waits()
+                        if not recorder.opened:
+                            recorder.open("queue", queue_wall)
+                        recorder.heartbeat(clock.wall())
                     elif ev.get("event") == protocol.SLOT and made:
                         made[0].close(clock.wall())
                         result.queue_s = clock.monotonic() - queue_start
