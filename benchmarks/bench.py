@@ -12,7 +12,9 @@ Scenarios (see README "Benchmarks"):
   handoff     one holder has the only slot; N waiters queued behind it; each
               stamps its start. latency = first start - holder's end; gap =
               median time between successive starts. Nine repetitions for
-              N <= 50 (one latency sample each).
+              N <= 50 (one latency sample each), three for N = 500 and 1000.
+              The holder lets go once the line is in place and the machine
+              quiet (settle), and a second later.
   idle        50 waiters behind a holder for 20 s: CPU seconds they burn.
   order       20 callers arriving 20 ms apart: start-order inversions, and
               overlaps (each command stamps its start and its end: two in
@@ -51,7 +53,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tools import PYTHON, SLOTQ, TOOLS, Slotq, Tool, Tsp, proc_cpu
+from tools import PYTHON, SLOTQ, TOOLS, Slotq, Tool, Tsp, proc_cpu, settle
 
 HERE = Path(__file__).resolve().parent
 
@@ -108,7 +110,8 @@ def handoff(tool: Tool, n: int) -> dict[str, float]:
     for i in range(n):
         tool.start(f'echo "$(date +%s%N) {i}" >> {starts}')
     wait_until(lambda: tool.queued() >= n, 300, f"{n} {tool.name} waiters queued", 0.05)
-    time.sleep(1.0)  # the holder keeps the slot about a second with everyone in line
+    settle()  # the line in place and quiet,
+    time.sleep(1.0)  # then the holder keeps the slot about a second more
     gate.touch()
     wait_started(tool, starts, n, 600, f"{n} {tool.name} waiters started")
     t_end = int(end.read_text())
@@ -260,6 +263,7 @@ def measure(tool_names: list[str], scenario: str, fn, reps: int, slots: int = 1,
                 continue
             work = Path(tempfile.mkdtemp(prefix=f"slotq-bench-{name}-"))
             tool = TOOLS[name](work, slots)
+            settle()
             try:
                 samples[name].append(fn(tool))
             except TimeoutError as e:
@@ -466,7 +470,7 @@ def main() -> int:
                 skip["task-spooler"] = f"skipped at N={n}: its server stopped answering with ~1000 clients queued"
             results[f"handoff N={n}"] = measure(tools, f"handoff N={n}", lambda t, n=n: handoff(t, n),
                                                # one latency sample per repetition: more of them
-                                               hand_reps if n < 500 else max(2, reps // 2), skip=skip)
+                                               hand_reps if n < 500 else max(3, (reps + 1) // 2), skip=skip)
     if want("idle"):
         results["idle 50 waiters / 20 s"] = measure(tools, "idle", idle, 1 if args.quick else 2)
     if want("order"):

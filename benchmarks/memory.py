@@ -4,7 +4,8 @@ holder in a one-slot pool, then in a two-slot pool.
   Pss per queued caller   the caller's process and any helper of it (its
                           standby keeper), /proc/PID/smaps_rollup, summed
                           and divided by N, once all N are in line
-  idle CPU                CPU seconds all of them burn over WINDOW_S in line
+  idle CPU                CPU seconds all of them burn over WINDOW_S in line,
+                          once the line is in place and the machine quiet
                           (one status-report period: each reports once in
                           it, whenever it joined; a shorter window caught
                           anywhere from none to most of the reports)
@@ -22,7 +23,7 @@ import sys
 import tempfile
 import time
 
-from tools import SLOTQ
+from tools import SLOTQ, settle
 
 
 def _pss_kb(pid: int) -> int:
@@ -80,7 +81,7 @@ def line_of(n: int, slots: int) -> dict[str, object]:
         end = time.time() + 300
         while len(glob.glob(os.path.join(state, "tickets", "shared", "*.t"))) < n and time.time() < end:
             time.sleep(0.2)
-        time.sleep(3)  # first status reports and standby keepers done
+        settle(cap=60.0)  # first status reports and standby keepers done: the line is in place
         pids = {p.pid for p in procs}
         helpers = _children(pids)
         pss = sum(_pss_kb(p) for p in [*pids, *helpers])

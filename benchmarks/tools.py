@@ -27,6 +27,35 @@ def proc_cpu(pid: int) -> float:
         return 0.0
 
 
+def _busy_s() -> float:
+    """CPU seconds the whole machine has spent busy since boot (user, nice,
+    system, irq, softirq: not idle, iowait or another guest's steal)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:8]]
+    return (v[0] + v[1] + v[2] + v[5] + v[6]) / os.sysconf("SC_CLK_TCK")
+
+
+def settle(cap: float = 10.0, window: float = 0.5, busy: float = 0.1) -> float:
+    """Wait until the machine is quiet -- under `busy` of one core over
+    `window`, this process's own polling included -- or `cap` seconds have
+    passed; the seconds waited. Before every repetition of every tool, and
+    in a hand-over with the line in place before the holder lets go: what
+    is measured is then the tool's own work, not the leftovers of the one
+    before (a thousand callers' bookkeeping) nor a line still forming
+    (slotq's waiters make their first report and fork their keepers once
+    in line; a line of 500 takes a few seconds of CPU to get there, and a
+    real line forms over minutes). `sem`'s waiters poll for as long as they
+    wait: for it the cap ends the wait."""
+    t0 = time.monotonic()
+    prev = _busy_s()
+    while True:
+        time.sleep(window)
+        now = _busy_s()
+        if now - prev <= busy * window or time.monotonic() - t0 >= cap:
+            return time.monotonic() - t0
+        prev = now
+
+
 def descendants(pid: int) -> list[int]:
     out, todo = [], [pid]
     while todo:
