@@ -35,7 +35,7 @@ def _busy_s() -> float:
     return (v[0] + v[1] + v[2] + v[5] + v[6]) / os.sysconf("SC_CLK_TCK")
 
 
-def settle(cap: float = 10.0, window: float = 0.5, busy: float = 0.1) -> float:
+def settle(cap: float = 10.0, window: float = 0.3, busy: float = 0.1) -> float:
     """Wait until the machine is quiet -- under `busy` of one core over
     `window`, this process's own polling included -- or `cap` seconds have
     passed; the seconds waited. Before every repetition of every tool, and
@@ -45,7 +45,7 @@ def settle(cap: float = 10.0, window: float = 0.5, busy: float = 0.1) -> float:
     (slotq's waiters make their first report and fork their keepers once
     in line; a line of 500 takes a few seconds of CPU to get there, and a
     real line forms over minutes). `sem`'s waiters poll for as long as they
-    wait: for it the cap ends the wait."""
+    wait: a line of them is never quiet (Tool.quiet_line)."""
     t0 = time.monotonic()
     prev = _busy_s()
     while True:
@@ -80,6 +80,7 @@ def parent_of(pid: int) -> int:
 
 class Tool:
     name = "?"
+    quiet_line = True  # a line of its waiters goes quiet once formed (settle() can wait for it)
 
     def __init__(self, work: Path, slots: int = 1) -> None:
         self.work = work
@@ -192,6 +193,7 @@ class Slotq(Tool):
 
 class Sem(Tool):
     name = "sem"
+    quiet_line = False  # its waiters poll with back-off for as long as they wait
 
     def __init__(self, work: Path, slots: int = 1) -> None:
         super().__init__(work, slots)
