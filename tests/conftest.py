@@ -18,6 +18,15 @@ import pytest
 
 BIN = Path(sys.executable).parent
 
+# The tests stand in for a user's Ctrl-C by sending SIGINT to the slotq they
+# started. A suite started in the background of a non-interactive shell
+# (`scripts/test &`, nohup) inherits SIGINT ignored, and so would every
+# slotq it starts (an ignored signal stays ignored across exec, and slotq,
+# like any program, keeps it so): those tests would fail for a reason of
+# the caller's shell. A handler here is reset to the default in each child.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 def slotq_cmd() -> list[str]:
     exe = BIN / "slotq"
