@@ -25,6 +25,14 @@ import time
 
 from tools import SLOTQ, settle
 
+WINDOW_S = 30.0  # = the default --report-every
+
+# "0 CPU while they wait", as the idle scenario reads it for 50 waiters
+# (<= 0.02 s over 20 s): at most 20 us of CPU per waiter and second. What
+# remains at N = 1000 is the status report every waiter makes every 30 s.
+CPU_PER_WAITER_S = 0.02 / 50 / 20
+PSS_LIMIT_MB = 4.0
+
 
 def _pss_kb(pid: int) -> int:
     try:
@@ -106,9 +114,6 @@ def line_of(n: int, slots: int) -> dict[str, object]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-WINDOW_S = 30.0  # = the default --report-every
-
-
 def run(ns: tuple[int, ...] = (100, 1000)) -> dict[str, object]:
     out: dict[str, object] = {}
     for n in ns:
@@ -118,12 +123,6 @@ def run(ns: tuple[int, ...] = (100, 1000)) -> dict[str, object]:
     print(f"waiters: {out[f'two_slots_{ns[-1]}']}", file=sys.stderr)
     return out
 
-
-# "0 CPU while they wait", as the idle scenario reads it for 50 waiters
-# (<= 0.02 s over 20 s): at most 20 us of CPU per waiter and second. What
-# remains at N = 1000 is the status report every waiter makes every 30 s.
-CPU_PER_WAITER_S = 0.02 / 50 / 20
-PSS_LIMIT_MB = 4.0
 
 
 def targets(r: dict[str, object]) -> list[tuple[str, bool, str]]:
