@@ -132,3 +132,79 @@ def test_the_first_report_of_a_wait_has_no_eta_however_late_it_comes(state_dir: 
         runner.close_stream()  # out_w, once (the runner may have closed it)
         os.close(in_r)
         os.close(out_r)
+
+
+def _queued_within(out_r: int, decoder: protocol.Decoder, seconds: float,
+                   enough: int | None = None) -> list[dict[str, object]]:
+    """The `queued` events the stream brings within `seconds` -- or as soon
+    as there are `enough` of them."""
+    import select
+
+    got: list[dict[str, object]] = []
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0 and (enough is None or len(got) < enough):
+        ready, _, _ = select.select([out_r], [], [], left)
+        if not ready:
+            break
+        data = os.read(out_r, 65536)
+        assert data, "the stream ended"
+        got += [p for k, p in decoder.feed(data)
+                if k == protocol.EVENT and isinstance(p, dict) and p.get("event") == "queued"]
+    return got
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("slots", [1, 2])  # 1: its standby keeper waits; 2: the run itself (inotify)
+def test_a_quiet_run_behind_others_reports_once_then_only_at_the_head(
+        state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slots: int) -> None:
+    # -q: nobody reads the reports. Behind another waiter a quiet run reports
+    # once (that tells its caller it waits), then sleeps until it is the
+    # head -- whose reports end orphaned holders, so they go on there.
+    cfg = tmp_path / "host.toml"
+    cfg.write_text(f"[pools]\nshared = {slots}\nlanding = 1\n")
+    monkeypatch.setenv("SLOTQ_CONFIG", str(cfg))
+    gate = tmp_path / "gate"
+    holders = [subprocess.Popen(slotq_cmd() + ["host", "run", "--", "sh", "-c",
+                                               f"while [ ! -e {gate} ]; do sleep 0.01; done"],
+                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL) for _ in range(slots)]
+    pdir = pool_dir(str(state_dir), "shared")
+
+    def tickets() -> int:
+        return len([p for _, p in list_tickets(pdir) if probe(p)])
+
+    wait_for(lambda: all(read_slot(str(state_dir), "shared", i)[0] for i in range(slots)) and tickets() == 0,
+             what="every slot held")
+    ahead = subprocess.Popen(slotq_cmd() + ["host", "run", "--", "true"], stdin=subprocess.PIPE,
+                             stdout=subprocess.DEVNULL)
+    wait_for(lambda: tickets() == 1, what="a waiter ahead")
+    in_r, in_w = os.pipe()
+    out_r, out_w = os.pipe()
+    runner = HostRunner(RunSpec(["true"], budget=30, cwd=str(tmp_path), report_every=0.05, quiet=True),
+                        state_dir=str(state_dir), config=HostConfig.load(), in_fd=in_r, out_fd=out_w)
+    done = threading.Thread(target=runner.run, daemon=True)
+    done.start()
+    try:
+        decoder = protocol.Decoder()
+        first = _queued_within(out_r, decoder, 10.0, enough=1)[:1]
+        assert first and first[0]["ahead"] == 1, first
+        # Twenty report periods behind the waiter ahead: not one report.
+        assert _queued_within(out_r, decoder, 1.0) == []
+        assert ahead.stdin is not None
+        ahead.stdin.close()  # the waiter ahead leaves: ours is the head
+        assert ahead.wait(timeout=10) == 0
+        at_head = _queued_within(out_r, decoder, 10.0, enough=2)
+        assert at_head and at_head[0]["ahead"] == 0, at_head
+    finally:
+        os.close(in_w)  # the caller is gone: the run leaves the line
+        done.join(10)
+        gate.touch()
+        for h in holders:
+            assert h.stdin is not None
+            h.stdin.close()
+            h.wait(timeout=10)
+        if ahead.poll() is None:
+            ahead.kill()
+            ahead.wait()
+        runner.close_stream()
+        os.close(in_r)
+        os.close(out_r)

@@ -542,3 +542,18 @@ def test_a_machine_that_stood_still_is_not_a_stuck_ticket_counter(tmp_path: Path
     finally:
         os.close(mine)
         os.close(holder)
+
+
+def test_the_keepers_head_line_and_its_start_read_in_one_chunk_are_both_understood() -> None:
+    from slotq.host.child import Child
+
+    r, w = os.pipe()
+    child = Child(os.getpid(), r, lingers=True)  # never reaped: only its report is read here
+    os.write(w, b"head\nstarted=1.5,2.5,-1\n")
+    assert child.on_readable() is False
+    assert child.at_head and child.started == (1.5, 2.5) and child.cmd_pid == -1
+    os.write(w, b"execfail=2")
+    os.close(w)
+    assert child.on_readable() is False  # the report
+    assert child.on_readable() is True  # end-of-file
+    assert child.end is not None and child.end.exec_errno == 2

@@ -111,6 +111,41 @@ def test_queue_longer_than_budget_still_passes_and_backstop_starts_at_slot(
     assert holder.wait() == 0
 
 
+@pytest.mark.timeout(40)
+def test_a_quiet_run_behind_others_keeps_its_wait_record_alive_itself(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    # Far back in line a quiet run's host sends no reports, which carried the
+    # wait record's heartbeat: the caller refreshes the record itself, so a
+    # quiet waiter killed there has its wait end near its death, not at its
+    # start.
+    from slotq.client.ledger import Ledger
+
+    gate = tmp_path / "gate"
+    start_holder(runs, state_dir, gate)
+    runs("-q", "--", "true", name="ahead")
+    wait_for(lambda: len(live_tickets(state_dir)) == 1, what="a waiter ahead")
+    ledger = str(tmp_path / "ledger.sqlite")
+    spec = RunSpec(["true"], budget=30, cwd=str(tmp_path), quiet=True)
+    results: list[Any] = []
+    t = threading.Thread(target=lambda: results.append(
+        run(spec, LocalTransport(), heartbeat_every=0.05, ledger_path=ledger)), daemon=True)
+    t.start()
+
+    def refreshed() -> float:
+        led = Ledger(ledger)
+        try:
+            waits = led.credit(str(tmp_path), 0, 2e9).in_progress
+        finally:
+            led.close()
+        return max((w.record.heartbeat - w.record.start for w in waits if w.record.run_id == spec.run_id),
+                   default=0.0)
+
+    wait_for(lambda: refreshed() >= 0.5, what="the open wait record refreshed for 0.5 s")
+    gate.touch()
+    t.join(timeout=20)
+    assert results and results[0].outcome.value == "passed", results
+
+
 @pytest.mark.timeout(30)
 def test_waiting_is_visible_with_position_holder_and_load(state_dir: Path, runs: Start, tmp_path: Path) -> None:
     gate = tmp_path / "gate"

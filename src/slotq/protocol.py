@@ -26,7 +26,7 @@ from __future__ import annotations
 from .errors import ProtocolError
 from .records import from_json, printable, to_json
 
-PROTOCOL_VERSION = 3  # 3: `host run --await-sync`
+PROTOCOL_VERSION = 4  # 3: `host run --await-sync`; 4: the request's `quiet`
 MAGIC = b"\x00SLOTQ-STREAM %d\n" % PROTOCOL_VERSION
 MAGIC_PREFIX = b"\x00SLOTQ-STREAM "
 STDOUT, STDERR, EVENT = b"O", b"E", b"V"

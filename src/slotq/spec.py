@@ -22,14 +22,17 @@ class RunSpec:
     kill_grace: TERM -> KILL grace when stopping; None = host default.
     report_every: seconds between queue status events.
     max_wait: give up after this long in line (`not_admitted`); None = wait.
+    quiet: the caller shows no reports (-q): after the first, which tells
+      it the run waits, only the head of the line reports (its reports
+      end orphaned holders); the caller keeps its wait record alive itself.
     """
 
     __slots__ = ("argv", "cls", "budget", "prepare", "prepare_timeout", "label",
-                 "report_every", "kill_grace", "cwd", "env", "run_id", "work_id", "max_wait")
+                 "report_every", "kill_grace", "cwd", "env", "run_id", "work_id", "max_wait", "quiet")
 
     # What travels to a remote runner (`slotq host run --request-stdin`).
     _REQUEST = ("argv", "cls", "budget", "prepare", "prepare_timeout", "label", "report_every",
-                "kill_grace", "run_id", "work_id", "cwd", "max_wait")
+                "kill_grace", "run_id", "work_id", "cwd", "max_wait", "quiet")
 
     def __init__(
         self,
@@ -47,6 +50,7 @@ class RunSpec:
         run_id: str | None = None,
         work_id: str | None = None,
         max_wait: float | None = None,
+        quiet: bool = False,
     ) -> None:
         self.argv = list(argv)
         self.cls = cls
@@ -61,6 +65,7 @@ class RunSpec:
         self.run_id = run_id or new_run_id()
         self.work_id = work_id  # a synced work dir on a remote host (instead of cwd)
         self.max_wait = max_wait
+        self.quiet = quiet
 
     def to_request(self) -> bytes:
         """One JSON line. Arguments are JSON strings: no shell sees them.
@@ -101,6 +106,8 @@ class RunSpec:
             raise ValueError("report_every must be at least 0.01 seconds")
         if "report_every" in data and data["report_every"] is None:
             del data["report_every"]
+        if not isinstance(data.get("quiet", False), bool):
+            raise ValueError("quiet must be true or false")
         cls_name = data.get("cls", "shared")
         if not isinstance(cls_name, str) or not 0 < len(cls_name) <= 64 \
                 or not all(c.isalnum() or c in "-_" for c in cls_name):

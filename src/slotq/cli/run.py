@@ -47,7 +47,9 @@ PARSER = Parser(
         Opt("--credit-dir", metavar="DIR",
             help="record the wait in the wait ledger under DIR, for `slotq task` and other outer runners "
                  "to credit (default: the current directory)"),
-        Opt("-q", "--quiet", kind=FLAG, help="no status lines on stderr"),
+        Opt("-q", "--quiet", kind=FLAG,
+            help="no status lines on stderr; behind others in line the run then sleeps until it is next "
+                 "(no reports to make), waking only to refresh its wait record every 30 s"),
         *host_options(),
         *slurm_options(),
         Opt("--sync", metavar="MODE", default="rsync", choices=("rsync", "none"),
@@ -96,7 +98,8 @@ def main(args: list[str]) -> int:
         raise UsageError("the current directory no longer exists: cd somewhere that does") from None
     spec = RunSpec(command, cls=opts.cls, budget=opts.budget, prepare=opts.prepare,
                    prepare_timeout=opts.prepare_timeout, label=opts.label,
-                   report_every=report_every, kill_grace=opts.kill_grace, cwd=cwd, max_wait=opts.max_wait)
+                   report_every=report_every, kill_grace=opts.kill_grace, cwd=cwd, max_wait=opts.max_wait,
+                   quiet=opts.quiet)
     json_result = JsonResult(opts.json)
     try:
         result = run(spec, transport, idle=opts.idle, status=say, handle_sigint=True,

@@ -30,6 +30,10 @@ if TYPE_CHECKING:
     from .ledger import WaitRecorder
 
 BACKSTOP_MARGIN = 90.0
+# A quiet run's host does not report while it is far back in line: the
+# caller refreshes its open wait record itself, this often (a killed
+# waiter's wait ends at its last refresh).
+HEARTBEAT_S = 30.0
 PHASES = ("submitted", "transferred", "slot", "prepared", "started", "ended")
 
 
@@ -241,6 +245,7 @@ def run(
     credit_dir: str | None = None,
     ledger_path: str | None = None,
     live: Callable[[str], None] | None = None,
+    heartbeat_every: float = HEARTBEAT_S,
 ) -> RunResult:
     """Run `spec` and return its result. Output goes to `stdout_fd` /
     `stderr_fd` byte-exact; status lines to `status` (None: silent).
@@ -253,7 +258,9 @@ def run(
 
     The time until the slot is recorded in the wait ledger (`ledger_path`,
     default `$SLOTQ_LEDGER` / the user's) under `credit_dir` (default: the
-    run's work dir), for outer task runners to credit.
+    run's work dir), for outer task runners to credit. A quiet run
+    (`spec.quiet`: its host reports only at the head of the line) refreshes
+    that record itself every `heartbeat_every` seconds.
 
     Raises UsageError when the host rejects the request as malformed (an
     unknown class); every other ending is a `RunResult`.
@@ -321,11 +328,15 @@ def run(
         for sig in (signal.SIGINT, signal.SIGTERM):
             old_handlers[sig] = signal.signal(sig, lambda s, f: cancel(Outcome.CANCELLED))
     sinks = {protocol.STDOUT: stdout_fd, protocol.STDERR: stderr_fd}
+    beat_at = INF  # when a quiet run refreshes its open queue wait
     try:
         while True:
-            deadline = dogs.next_deadline()
+            deadline = min(dogs.next_deadline(), beat_at)
             timeout = None if deadline == INF else max(0.0, deadline - clock.monotonic())
             ready, _, _ = select.select([from_fd], [], [], timeout)
+            if clock.monotonic() >= beat_at:
+                made[0].heartbeat(clock.wall())
+                beat_at = clock.monotonic() + heartbeat_every
             fired = dogs.expired()
             if fired is Outcome.BACKSTOP:
                 result.outcome = Outcome.BACKSTOP
@@ -379,8 +390,11 @@ def run(
                         if not recorder.opened:
                             recorder.open("queue", queue_wall)
                         recorder.heartbeat(clock.wall())
+                        if spec.quiet and recorder.opened:
+                            beat_at = clock.monotonic() + heartbeat_every
                     elif ev.get("event") == protocol.SLOT and made:
                         made[0].close(clock.wall())
+                        beat_at = INF
                         result.queue_s = clock.monotonic() - queue_start
                     exited = _on_event(ev, result, dogs, say, spec, live) or exited
     finally:

@@ -1,8 +1,9 @@
 """The runner's view of a keeper (process.py): the report it reads on the
 keeper's done pipe, and what it makes of it.
 
-The keeper writes `started=<wall>,<monotonic>,<command pid>` once the
-command runs, then one report and end-of-file: `status=<wait status>`,
+A standby keeper asked to (`tell_head`) writes `head` when no ticket is
+ahead of its own any more. The keeper writes
+`started=<wall>,<monotonic>,<command pid>` once the command runs, then one report and end-of-file: `status=<wait status>`,
 `execfail=<errno>`, or `setup=<hex message>` (it could not set the command
 up); ` stopped=1` when it ended the command on request. End-of-file with no
 report means the keeper itself was killed (`ChildEnd.lost`).
@@ -67,6 +68,7 @@ class Child:
         self.started: tuple[float, float] | None = None
         self.cmd_pid: int | None = None  # the command's leader (= its session)
         self.cmd_start: int | None = None  # and its start time, if seen alive
+        self.at_head = False  # a standby keeper said no ticket is ahead (`tell_head`)
 
     def stop(self) -> None:
         """Ask the keeper to end the command's group (TERM, grace, KILL)."""
@@ -81,8 +83,11 @@ class Child:
         chunk = os.read(self.done_fd, 256)
         if chunk:
             self._report += chunk
-            if self.started is None and b"\n" in self._report:
+            while self.started is None and b"\n" in self._report:
                 line, self._report = self._report.split(b"\n", 1)
+                if line == b"head":
+                    self.at_head = True
+                    continue
                 wall, mono, pid = line.split(b"=", 1)[1].split(b",")
                 self.started = (float(wall), float(mono))
                 self.cmd_pid = int(pid)

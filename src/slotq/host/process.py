@@ -128,6 +128,7 @@ def spawn(
     slot_path: str | None = None,
     ack_fd: int | None = None,
     slot_env: dict[str, str] | None = None,
+    tell_head: bool = False,
 ) -> Child:
     """Start `argv` in its own session under a keeper process (in a session
     of its own too, so a kill of the caller's process group spares it).
@@ -146,6 +147,8 @@ def spawn(
     the waiter's ticket, which the keeper keeps; it first waits for every
     ticket ahead to go (`ticket.wait_turn`), and withdraws its own (unlink,
     close) right after the command's start, so the successor moves up at once.
+    With `tell_head`, it reports `head` on its pipe when no ticket is
+    ahead any more (a quiet run's runner reports from then on).
     `history` (state dir, record so far): if the runner vanishes (killed, or
     the caller's process it was a thread of), the keeper ends the command
     and writes the run's history line itself.
@@ -182,7 +185,7 @@ def spawn(
             os.close(done_r)
             code = _keeper(argv, cwd, env, stdout_fd, stderr_fd, stdin_fd, inherit_fds, grace,
                            done_w, runner_pid, lock_path, record, ticket, history, run_id,
-                           slot_path or lock_path, ack_fd, slot_env)
+                           slot_path or lock_path, ack_fd, slot_env, tell_head)
         except BaseException:
             pass
         finally:
@@ -214,6 +217,7 @@ def _keeper(
     slot_path: str | None,
     ack_fd: int | None,
     slot_env: dict[str, str] | None,
+    tell_head: bool = False,
 ) -> int:
     stopped = False
     try:
@@ -305,6 +309,8 @@ def _keeper(
             signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
             if ticket is not None:
                 wait_turn(ticket[1], ticket[2])  # first in line: the head's turn
+                if tell_head:
+                    _tell(done_w, b"head\n")
             fcntl.flock(lock_fd, fcntl.LOCK_EX)  # the wait: in the kernel, no CPU
             while not still_at_path(lock_fd, lock_path):
                 # The slot file was replaced while we waited on it: the lock

@@ -194,8 +194,13 @@ class HostRunner:
                         # and its reports with the C JSON scanner.
                         preload_for_start()
                         load_scanner()
-                    self._report(waiter, pool, now - start, with_eta=not first)
-                    next_report = now + spec.report_every
+                    self._report(waiter, pool, now - start, with_eta=not first and not spec.quiet)
+                    # A quiet caller shows none of them: after the first
+                    # (which tells it the run waits) only the head reports,
+                    # for its reports end orphaned holders. Far back, the
+                    # run sleeps in the kernel until its turn, at no CPU.
+                    at_head = standby[0].at_head if standby is not None else waiter.is_head
+                    next_report = now + spec.report_every if not spec.quiet or at_head else INF
                 if standby is None and by_keeper:
                     # After the first report: what that loads and touches is
                     # then shared with the keeper, not copied (about 1 MB
@@ -217,7 +222,7 @@ class HostRunner:
                     fds.append(waiter.fileno())
                 until = next_report - now if standby is not None else min(next_report - now, waiter.wait_timeout())
                 timeout = max(0.0, min(until, give_up - now))
-                ready, _, _ = select.select(fds, [], [], timeout)
+                ready, _, _ = select.select(fds, [], [], None if timeout == INF else timeout)
                 if standby is not None and standby[0].done_fd in ready and standby[0].on_readable():
                     # The keeper ended without a report: killed (OOM, a
                     # stray kill). If it had started the command just now,
@@ -231,6 +236,8 @@ class HostRunner:
                         self._end_lost(child)
                         raise _Ended(Outcome.UNAVAILABLE, None, self._lost_message)
                     return standby
+                if next_report == INF and standby is not None and standby[0].at_head:
+                    next_report = self.clock.monotonic() + spec.report_every  # quiet, now the head
                 ended = self.link.check(ready)
                 if ended is not None:
                     end = None
@@ -239,6 +246,8 @@ class HostRunner:
                     raise _Ended(ended, end)
                 if standby is None:
                     lease = waiter.attempt()
+                    if next_report == INF and waiter.is_head:
+                        next_report = self.clock.monotonic() + spec.report_every  # quiet, now the head
                     if lease is None and waiter.is_head and self.clock.monotonic() >= self._next_heal:
                         # Woken and still no slot: was it a holder's death? At
                         # most once a second (a line of hundreds wakes the head
@@ -471,6 +480,7 @@ class HostRunner:
                                                     "class": self.spec.cls, "host": self.host, "pool": pool,
                                                     "slot": name, "phases": dict(self.phases)}),
                           ticket=(ticket.fd, ticket.path, ticket.seq) if ticket is not None else None,
+                          tell_head=self.spec.quiet and ticket is not None,
                           run_id=self.spec.run_id, slot_path=self._slot_path if last else None,
                           ack_fd=ack_r if last else None)
         except OSError:
