@@ -557,3 +557,38 @@ def test_the_keepers_head_line_and_its_start_read_in_one_chunk_are_both_understo
     assert child.on_readable() is False  # the report
     assert child.on_readable() is True  # end-of-file
     assert child.end is not None and child.end.exec_errno == 2
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("slot_free", [False, True])
+def test_a_standby_keeper_says_head_only_after_waiting_that_long_at_the_head(tmp_path: Path, slot_free: bool) -> None:
+    # A quiet run's runner sleeps until its keeper says `head`. A keeper
+    # that gets the slot sooner -- in a moving line, every head -- must not
+    # wake its runner for it; one still waiting at the head after
+    # `tell_head` seconds must.
+    lease: SlotLease | None = take_slot(tmp_path)  # (its file exists from now on)
+    if slot_free:
+        assert lease is not None
+        lease.release()
+        lease = None
+    waiter = Waiter(str(tmp_path), CFG, "shared", {})  # no ticket ahead of it
+    waiter.stand_down()
+    t = waiter.ticket
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    t0 = time.monotonic()
+    child = spawn(["true"], cwd=None, env=None, stdout_fd=devnull, stderr_fd=os.dup(devnull),
+                  lock_path=waiter.slot_paths()[0], ticket=(t.fd, t.path, t.seq), tell_head=0.3)
+    try:
+        if lease is not None:
+            wait_for(lambda: select.select([child.done_fd], [], [], 0.05)[0] and not child.on_readable()
+                     and child.at_head, timeout=10, what="the keeper's `head`")
+            assert time.monotonic() - t0 >= 0.3
+            assert child.started is None
+            lease.release()
+        _finish(child)
+        assert child.started is not None and child.end is not None and child.end.exit_code == 0
+        assert child.at_head is not slot_free
+    finally:
+        waiter.close()
+        if lease is not None:
+            lease.release()

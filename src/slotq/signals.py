@@ -11,19 +11,19 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from signal import (SIG_BLOCK, SIG_DFL, SIG_IGN, SIG_SETMASK, SIG_UNBLOCK, SIGCHLD, SIGCONT, SIGHUP,
-                        SIGINT, SIGKILL, SIGPIPE, SIGQUIT, SIGSTOP, SIGTERM, SIGXFSZ, pthread_sigmask,
-                        set_wakeup_fd, signal)
+    from signal import (SIG_BLOCK, SIG_DFL, SIG_IGN, SIG_SETMASK, SIG_UNBLOCK, SIGALRM, SIGCHLD, SIGCONT, SIGHUP,
+                        SIGINT, SIGKILL, SIGPIPE, SIGQUIT, SIGSTOP, SIGTERM, SIGXFSZ, ITIMER_REAL, pthread_sigmask,
+                        set_wakeup_fd, setitimer, signal)
 else:
     try:
-        from _signal import (SIG_BLOCK, SIG_DFL, SIG_IGN, SIG_SETMASK, SIG_UNBLOCK, SIGCHLD, SIGCONT, SIGHUP,
-                             SIGINT, SIGKILL, SIGPIPE, SIGQUIT, SIGSTOP, SIGTERM, SIGXFSZ, pthread_sigmask,
-                             set_wakeup_fd, signal)
+        from _signal import (SIG_BLOCK, SIG_DFL, SIG_IGN, SIG_SETMASK, SIG_UNBLOCK, SIGALRM, SIGCHLD, SIGCONT, SIGHUP,
+                             SIGINT, SIGKILL, SIGPIPE, SIGQUIT, SIGSTOP, SIGTERM, SIGXFSZ, ITIMER_REAL, pthread_sigmask,
+                             set_wakeup_fd, setitimer, signal)
     except ImportError:  # not CPython
-        from signal import (SIG_BLOCK, SIG_DFL, SIG_IGN, SIG_SETMASK, SIG_UNBLOCK, SIGCHLD, SIGCONT, SIGHUP,
-                            SIGINT, SIGKILL, SIGPIPE, SIGQUIT, SIGSTOP, SIGTERM, SIGXFSZ, pthread_sigmask,
-                            set_wakeup_fd, signal)
+        from signal import (SIG_BLOCK, SIG_DFL, SIG_IGN, SIG_SETMASK, SIG_UNBLOCK, SIGALRM, SIGCHLD, SIGCONT, SIGHUP,
+                            SIGINT, SIGKILL, SIGPIPE, SIGQUIT, SIGSTOP, SIGTERM, SIGXFSZ, ITIMER_REAL, pthread_sigmask,
+                            set_wakeup_fd, setitimer, signal)
 
-__all__ = ["SIG_BLOCK", "SIG_DFL", "SIG_IGN", "SIG_SETMASK", "SIG_UNBLOCK", "SIGCHLD", "SIGCONT", "SIGHUP",
-           "SIGINT", "SIGKILL", "SIGPIPE", "SIGQUIT", "SIGSTOP", "SIGTERM", "SIGXFSZ", "pthread_sigmask",
-           "set_wakeup_fd", "signal"]
+__all__ = ["SIG_BLOCK", "SIG_DFL", "SIG_IGN", "SIG_SETMASK", "SIG_UNBLOCK", "SIGALRM", "SIGCHLD", "SIGCONT",
+           "SIGHUP", "SIGINT", "SIGKILL", "SIGPIPE", "SIGQUIT", "SIGSTOP", "SIGTERM", "SIGXFSZ", "ITIMER_REAL",
+           "pthread_sigmask", "set_wakeup_fd", "setitimer", "signal"]

@@ -128,7 +128,7 @@ def spawn(
     slot_path: str | None = None,
     ack_fd: int | None = None,
     slot_env: dict[str, str] | None = None,
-    tell_head: bool = False,
+    tell_head: float | None = None,
 ) -> Child:
     """Start `argv` in its own session under a keeper process (in a session
     of its own too, so a kill of the caller's process group spares it).
@@ -147,8 +147,10 @@ def spawn(
     the waiter's ticket, which the keeper keeps; it first waits for every
     ticket ahead to go (`ticket.wait_turn`), and withdraws its own (unlink,
     close) right after the command's start, so the successor moves up at once.
-    With `tell_head`, it reports `head` on its pipe when no ticket is
-    ahead any more (a quiet run's runner reports from then on).
+    With `tell_head` (seconds), it reports `head` on its pipe once no
+    ticket has been ahead for that long and the slot is still not free (a
+    quiet run's runner reports from then on). A head that gets the slot
+    sooner -- in a moving line, every one -- wakes nobody for it.
     `history` (state dir, record so far): if the runner vanishes (killed, or
     the caller's process it was a thread of), the keeper ends the command
     and writes the run's history line itself.
@@ -217,7 +219,7 @@ def _keeper(
     slot_path: str | None,
     ack_fd: int | None,
     slot_env: dict[str, str] | None,
-    tell_head: bool = False,
+    tell_head: float | None = None,
 ) -> int:
     stopped = False
     try:
@@ -309,8 +311,9 @@ def _keeper(
             signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
             if ticket is not None:
                 wait_turn(ticket[1], ticket[2])  # first in line: the head's turn
-                if tell_head:
-                    _tell(done_w, b"head\n")
+                if tell_head is not None:
+                    signal.signal(signal.SIGALRM, lambda signum, frame: _tell(done_w, b"head\n"))
+                    signal.setitimer(signal.ITIMER_REAL, tell_head)  # flock resumes after it (PEP 475)
             fcntl.flock(lock_fd, fcntl.LOCK_EX)  # the wait: in the kernel, no CPU
             while not still_at_path(lock_fd, lock_path):
                 # The slot file was replaced while we waited on it: the lock
@@ -320,11 +323,15 @@ def _keeper(
                 lock_fd, _ = open_state(lock_path, os.O_RDWR)
                 fcntl.flock(lock_fd, fcntl.LOCK_EX)
             signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+            if tell_head is not None:
+                signal.setitimer(signal.ITIMER_REAL, 0)
             os.set_inheritable(lock_fd, True)  # the command holds the slot (open_state sets O_CLOEXEC)
             inherit_fds = (*inherit_fds, lock_fd)
         except _Stop:
             # Never started. The wait is over (the runner asked, or it is
             # gone): our ticket goes too; exiting releases a lock got just now.
+            if tell_head is not None:
+                signal.setitimer(signal.ITIMER_REAL, 0)  # no `head` once done_w is closed (its number reused)
             if ticket is not None:
                 _unlink(ticket[1])
             _tell(done_w, b"stopped=1")

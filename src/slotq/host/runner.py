@@ -237,7 +237,7 @@ class HostRunner:
                         raise _Ended(Outcome.UNAVAILABLE, None, self._lost_message)
                     return standby
                 if next_report == INF and standby is not None and standby[0].at_head:
-                    next_report = self.clock.monotonic() + spec.report_every  # quiet, now the head
+                    next_report = self.clock.monotonic()  # quiet, and the head for a report period now
                 ended = self.link.check(ready)
                 if ended is not None:
                     end = None
@@ -480,7 +480,7 @@ class HostRunner:
                                                     "class": self.spec.cls, "host": self.host, "pool": pool,
                                                     "slot": name, "phases": dict(self.phases)}),
                           ticket=(ticket.fd, ticket.path, ticket.seq) if ticket is not None else None,
-                          tell_head=self.spec.quiet and ticket is not None,
+                          tell_head=self.spec.report_every if self.spec.quiet and ticket is not None else None,
                           run_id=self.spec.run_id, slot_path=self._slot_path if last else None,
                           ack_fd=ack_r if last else None)
         except OSError:
