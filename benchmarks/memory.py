@@ -25,11 +25,13 @@ import time
 
 from tools import SLOTQ, settle
 
-WINDOW_S = 30.0  # = the default --report-every
+WINDOW_S = 30.0  # = the default --report-every, and a quiet caller's heartbeat period
 
 # "0 CPU while they wait", as the idle scenario reads it for 50 waiters
 # (<= 0.02 s over 20 s): at most 20 us of CPU per waiter and second. What
-# remains at N = 1000 is the status report every waiter makes every 30 s.
+# remains at N = 1000 (the waiters are quiet: -q) is each caller refreshing
+# its wait record every 30 s, and in a pool of several slots each runner's
+# 30 s safety poll.
 CPU_PER_WAITER_S = 0.02 / 50 / 20
 PSS_LIMIT_MB = 4.0
 
