@@ -363,7 +363,7 @@ def test_status_reads_the_kernel_lock_table_and_wakes_nobody(tmp_path: Path) -> 
     first = Waiter(str(tmp_path), CFG, "shared", {"label": "first"})
     lease = first.attempt()
     assert lease is not None
-    lease.record(label="first", phase="running")
+    lease.record(label="first", phase="running", pid=os.getpid())  # its runner: the lock's taker
     head = Waiter(str(tmp_path), CFG, "shared", {"label": "head"})
     behind = Waiter(str(tmp_path), CFG, "shared", {"label": "behind"})
     assert head.attempt() is None and behind.attempt() is None

@@ -340,3 +340,31 @@ def test_a_host_cap_on_waiting_runs_refuses_the_next_at_once(
     assert "max_waiting = 2" in res["message"] and "already has 2 run(s) waiting" in res["message"]
     gate.touch()
     assert [w.wait() for w in waiters] == [0, 0]
+
+
+@pytest.mark.timeout(30)
+def test_a_slot_just_taken_by_a_new_holder_is_starting_not_orphaned(state_dir: Path) -> None:
+    # At every hand-over, for a few ms, the new holder has the slot's lock
+    # while the record is still its predecessor's, whose runner and keeper
+    # are gone. That is no orphan: status says `starting` (showing nothing
+    # of the old record), and the head's healing ends nothing -- nor
+    # searches /proc for the old run's processes.
+    from slotq.host.orphans import heal_slots
+    from slotq.host.slot import SlotProbe
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    state_dir.mkdir()
+    lease = SlotProbe(str(state_dir), "shared", 1).try_lease()  # taken by this (live) process
+    assert lease is not None
+    try:
+        lease.record(run_id="feedc0de", label="the previous run", pid=gone.pid, pid_start=1, keeper=gone.pid,
+                     keeper_start=1, cmd=gone.pid, cmd_start=1, since=time.time(), phase="running")
+        slot = shared_slot()
+        assert slot["phase"] == "starting", slot
+        assert "orphan_pids" not in slot and slot.get("run_id") is None and slot.get("label") is None
+        text = subprocess.run(slotq_cmd() + ["status"], capture_output=True, text=True, timeout=20).stdout
+        assert "shared#0: just taken by pid" in text and "orphan" not in text and "previous run" not in text
+        assert heal_slots(str(state_dir), "shared", 1, 1.0, set(), by="the test") == []
+    finally:
+        lease.release()

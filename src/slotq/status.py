@@ -71,11 +71,15 @@ def holders(state_dir: str, pool: str, count: int, now: float,
             _lock_holders(entry, slot_path(state_dir, pool, i), table)
         if held and not info:
             entry["phase"] = "no record"
-        if held and info:
+        lock_pids = entry.get("lock_pids")
+        state = orphans.holder_state(info, lock_pids if isinstance(lock_pids, list) else None) if held and info else None
+        if state == "starting":
+            entry["phase"] = state  # the record is the previous holder's: nothing of it is shown
+        elif held and info:
             entry.update({k: info.get(k) for k in ("run_id", "label", "pid", "pid_start", "keeper", "cmd", "since",
                                                    "budget")})
             entry["class"] = info.get("cls")
-            entry["phase"] = state = orphans.holder_state(info)
+            entry["phase"] = state
             since = info.get("since")
             if isinstance(since, (int, float)):
                 entry["held_s"] = round(max(0.0, now - since), 3)
@@ -305,6 +309,9 @@ def format_snapshot(snap: dict[str, object], bars: bool = False, color: bool = F
                 b = f", budget {format_duration(float(budget))}" if isinstance(budget, (int, float)) else ""
                 if s.get("phase") == "no record":
                     lines.append(f"  {s['slot']}: held with no slotq record by {s.get('lock_holders') or '?'}")
+                    continue
+                if s.get("phase") == "starting":
+                    lines.append(f"  {s['slot']}: just taken by {s.get('lock_holders') or '?'} (starting)")
                     continue
                 lines.append(f"  {s['slot']}: {printable(s.get('label') or '?')} (user {s.get('user') or '?'}, "
                              f"run {printable(s.get('run_id'))}, pid {s.get('pid')}, "

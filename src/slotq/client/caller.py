@@ -154,8 +154,9 @@ def format_queued(ev: dict[str, object], compact: bool = False) -> str:
     if live:
         desc = ", ".join(
             (f"{printable(h.get('label') or '?')} (user {printable(h.get('user') or '?')}) "
-             f"for {format_duration(_num(h.get('held_s')))}" if h.get("phase") != "no record"
-             else f"{printable(h.get('lock_holders') or '?')} with no slotq record")
+             f"for {format_duration(_num(h.get('held_s')))}" if h.get("phase") not in ("no record", "starting")
+             else f"{printable(h.get('lock_holders') or '?')} "
+             + ("(starting)" if h.get("phase") == "starting" else "with no slotq record"))
             + (" (stopping)" if h.get("phase") == "stopping" else "") for h in live)
         parts.append(f"slot held by {desc}")
     if len(live) < len(held):

@@ -53,13 +53,13 @@ if TYPE_CHECKING:
 
 
 def survey(state_dir: str, pool: str, waiter: Waiter, now: float,
-           heal: Callable[[set[tuple[int, int]] | None], list[str]], typical: Typical | None = None
+           heal: Callable[[dict[tuple[int, int], list[int]] | None], list[str]], typical: Typical | None = None
            ) -> tuple[int, int, list[dict[str, object]], list[str], Typical | None]:
     """The line as `waiter`'s status report tells it: (ahead, waiting,
     slots, notes, the typical run shared with it). NEAR or more from the
     head, from this user's view; else afresh -- the kernel's lock table
     read once -- and shared as the view, with our `typical`. At the head,
-    `heal(locked)` first ends orphaned holders; what it did are the
+    `heal(table)` first ends orphaned holders; what it did are the
     notes."""
     from ..status import holders
     from .proclocks import owners
@@ -71,7 +71,7 @@ def survey(state_dir: str, pool: str, waiter: Waiter, now: float,
     table = owners()
     locked = None if table is None else set(table)
     ahead, total, live = waiter.line(locked)
-    notes = heal(locked) if ahead == 0 else []
+    notes = heal(table) if ahead == 0 else []
     if notes:  # a holder was ended: the table is stale
         table = locked = None
     slots = [{k: v for k, v in s.items() if k in REPORTED}

@@ -135,10 +135,18 @@ def _has_marker(pid: int, needle: bytes) -> bool:
     return needle in env + b"\0"
 
 
-def holder_state(info: dict[str, object]) -> str:
+def holder_state(info: dict[str, object], lock_pids: list[int] | None = None) -> str:
     """What a slot's holder record means now: its recorded phase (`running`,
     `prepare`, `stopping`) while its runner lives; `stopping` while only its
-    keeper lives (it ends the command); `orphaned` when both are gone."""
+    keeper lives (it ends the command); `orphaned` when both are gone.
+
+    `lock_pids`: who took the slot's lock, from the kernel (proclocks). A
+    live one that the record names neither as runner nor as keeper is a
+    new holder between taking the slot and writing its record (a few ms
+    at every hand-over): `starting` -- the record is the previous
+    holder's, and its runner and keeper being gone says nothing."""
+    if lock_pids and new_taker(info, lock_pids):
+        return "starting"
     if alive(info.get("pid"), info.get("pid_start")):
         phase = info.get("phase")
         return phase if isinstance(phase, str) else "running"
@@ -147,12 +155,20 @@ def holder_state(info: dict[str, object]) -> str:
     return "orphaned"
 
 
-def end_orphan(state_dir: str, info: dict[str, object], grace: float, by: str) -> list[int]:
+def new_taker(info: dict[str, object], lock_pids: list[int]) -> bool:
+    """Did a live process that `info` does not name take the lock?"""
+    named = {info.get("pid"), info.get("keeper")}
+    return any(p > 0 and p not in named and start_ticks(p) is not None for p in lock_pids)
+
+
+def end_orphan(state_dir: str, info: dict[str, object], grace: float, by: str,
+               lock_pids: list[int] | None = None) -> list[int]:
     """If `info` (a held slot's record) is an orphan's -- runner and keeper
     gone -- whose processes are all our user's: end them (TERM, the run's
     grace, KILL) and write the run's history line (caller_gone). Returns
-    the pids ended; [] if it is not an orphan, or not ours to end."""
-    if holder_state(info) != "orphaned":
+    the pids ended; [] if it is not an orphan, or not ours to end.
+    `lock_pids` as for holder_state."""
+    if holder_state(info, lock_pids) != "orphaned":
         return []
     uid = os.getuid()
     procs = orphan_processes(info)
@@ -178,23 +194,23 @@ def end_orphan(state_dir: str, info: dict[str, object], grace: float, by: str) -
 
 
 def heal_slots(state_dir: str, pool: str, count: int, grace: float, healed: set[str], by: str,
-               locked: set[tuple[int, int]] | None = None) -> list[str]:
+               table: dict[tuple[int, int], list[int]] | None = None) -> list[str]:
     """End the orphaned holders of `pool`'s slots that are ours to end
     (end_orphan), each once: `healed` holds the run ids already ended and
-    gains the new ones. Returns what was done, one line each. `locked`:
-    the kernel's lock table (proclocks.held()), read here if not given."""
-    from .slot import read_slot
+    gains the new ones. Returns what was done, one line each. `table`: the
+    kernel's lock table (proclocks.owners()), read here if not given."""
+    from .proclocks import owners, pids_on
+    from .slot import read_slot, slot_path
 
-    if locked is None:
-        from .proclocks import held
-
-        locked = held()
+    if table is None:
+        table = owners()
+    locked = None if table is None else set(table)
     done: list[str] = []
     for i in range(count):
         is_held, info = read_slot(state_dir, pool, i, locked)
         if not is_held or not info or str(info.get("run_id")) in healed:
             continue
-        ended = end_orphan(state_dir, info, grace, by=by)
+        ended = end_orphan(state_dir, info, grace, by=by, lock_pids=pids_on(slot_path(state_dir, pool, i), table))
         if ended:
             healed.add(str(info.get("run_id")))
             done.append(f"ended the orphaned command of run {info.get('run_id')} on {pool}#{i} (pids "

@@ -51,6 +51,18 @@ def holder_pids(dev: int, ino: int, table: dict[tuple[int, int], list[int]] | No
     return sorted(set((table or {}).get((dev, ino), [])))
 
 
+def pids_on(path: str, table: dict[tuple[int, int], list[int]] | None) -> list[int] | None:
+    """Pids holding a flock on the file at `path`; None if the kernel does
+    not say (no table) or the file is gone."""
+    if table is None:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return holder_pids(st.st_dev, st.st_ino, table)
+
+
 def describe_holders(dev: int, ino: int, table: dict[tuple[int, int], list[int]] | None = None) -> str:
     """'pid 123 (user alice, flock)' for each process holding a lock on
     the file: who, from the kernel -- not from any record a user wrote."""

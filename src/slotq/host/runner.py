@@ -272,12 +272,12 @@ class HostRunner:
         return (f"not admitted: waited {format_duration(waited)} in line for pool {pool} ({ahead} still ahead), "
                 f"the limit set by --max-wait {format_duration(self.spec.max_wait or 0)}")
 
-    def _heal(self, pool: str, count: int, locked: set[tuple[int, int]] | None = None) -> list[str]:
+    def _heal(self, pool: str, count: int, table: dict[tuple[int, int], list[int]] | None = None) -> list[str]:
         """At the head of the line: end the orphaned commands that hold our
         pool's slots, if they are ours (orphans.heal_slots; another user's
         are left alone, and named by status and our reports)."""
         return orphans.heal_slots(self.state_dir, pool, count, self.grace, self._healed,
-                                  f"the next in line (run {self.spec.run_id})", locked)
+                                  f"the next in line (run {self.spec.run_id})", table)
 
     def _stop_standby(self, standby: tuple[Child, dict[int, bytes]]) -> ChildEnd | None:
         """End a standby keeper; if it started the command just now, that
@@ -297,7 +297,7 @@ class HostRunner:
 
         wall = self.clock.wall()
         ahead, total, slots, healed, shared = lineview.survey(
-            self.state_dir, pool, waiter, wall, lambda locked: self._heal(pool, waiter.slot_count, locked),
+            self.state_dir, pool, waiter, wall, lambda table: self._heal(pool, waiter.slot_count, table),
             self._typical)
         fields: dict[str, object] = {}
         if with_eta:
