@@ -72,7 +72,9 @@ def holders(state_dir: str, pool: str, count: int, now: float,
         if held and not info:
             entry["phase"] = "no record"
         lock_pids = entry.get("lock_pids")
-        state = orphans.holder_state(info, lock_pids if isinstance(lock_pids, list) else None) if held and info else None
+        state = None
+        if held and info:
+            state = orphans.holder_state(info, lock_pids if isinstance(lock_pids, list) else None)
         if state == "starting":
             entry["phase"] = state  # the record is the previous holder's: nothing of it is shown
         elif held and info:

@@ -3,9 +3,10 @@ keeper's done pipe, and what it makes of it.
 
 A standby keeper asked to (`tell_head`) writes `head` once no ticket has
 been ahead of its own for a while. The keeper writes
-`started=<wall>,<monotonic>,<command pid>` once the command runs, then one report and end-of-file: `status=<wait status>`,
-`execfail=<errno>`, or `setup=<hex message>` (it could not set the command
-up); ` stopped=1` when it ended the command on request. End-of-file with no
+`started=<wall>,<monotonic>,<command pid>` once the command runs, then one
+report and end-of-file: `status=<wait status>`, `execfail=<errno>`, or
+`setup=<hex message>` (it could not set the command up); ` stopped=1` when
+it ended the command on request. End-of-file with no
 report means the keeper itself was killed (`ChildEnd.lost`).
 """
 
