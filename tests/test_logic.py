@@ -295,3 +295,11 @@ def test_config_is_parsed_once_and_reread_when_it_changes(tmp_path: os.PathLike[
     with open(path, "w") as f:
         f.write("[pools]\nshared = 3\nlanding = 1\n")
     assert HostConfig.load(path=path, state_dir=str(tmp_path)).pools["shared"] == 3
+
+
+def test_a_quiet_request_stays_quiet_on_the_way_to_a_remote_runner() -> None:
+    from slotq.spec import RunSpec
+
+    assert RunSpec.from_request(RunSpec(["true"], quiet=True).to_request()).quiet is True
+    assert RunSpec.from_request(RunSpec(["true"]).to_request()).quiet is False
+    assert RunSpec.from_request(b'{"argv": ["true"]}\n').quiet is False  # a request that does not say

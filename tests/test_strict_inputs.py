@@ -119,6 +119,7 @@ BAD_REQUESTS = [
     ('{"argv": ["true"], "run_id": "a b"}', "run_id must be"),
     ('[' * 5000, "nested too deeply"),
     ('{"argv": []}', "non-empty list"),
+    ('{"argv": ["true"], "quiet": "yes"}', "quiet must be true or false"),
 ]
 
 
