@@ -111,6 +111,21 @@ def test_queue_longer_than_budget_still_passes_and_backstop_starts_at_slot(
     assert holder.wait() == 0
 
 
+@pytest.mark.timeout(30)
+def test_an_uncontended_run_says_it_waited_nothing(state_dir: Path, runs: Start) -> None:
+    # Its wait ends at the slot event, whether or not it ever had to wait:
+    # not at the end of the run (a run that needed no wait record once
+    # reported its whole run as its wait).
+    r = runs("--", "sleep", "0.5")
+    assert r.wait() == 0
+    res = r.result()
+    assert res["ran_s"] >= 0.5 and res["waited_s"] < 0.25, res
+    import re
+
+    summary = re.search(r"slotq: passed \(exit 0\), waited (\d+)ms, ran ", r.err)  # not "waited 505ms"
+    assert summary is not None and int(summary.group(1)) < 250, r.err
+
+
 @pytest.mark.timeout(40)
 def test_a_quiet_run_behind_others_keeps_its_wait_record_alive_itself(
         state_dir: Path, runs: Start, tmp_path: Path) -> None:

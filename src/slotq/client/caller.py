@@ -393,8 +393,9 @@ def run(
                         recorder.heartbeat(clock.wall())
                         if spec.quiet and recorder.opened:
                             beat_at = clock.monotonic() + heartbeat_every
-                    elif ev.get("event") == protocol.SLOT and made:
-                        made[0].close(clock.wall())
+                    elif ev.get("event") == protocol.SLOT:
+                        if made:
+                            made[0].close(clock.wall())
                         beat_at = INF
                         result.queue_s = clock.monotonic() - queue_start
                     exited = _on_event(ev, result, dogs, say, spec, live) or exited
