@@ -19,6 +19,11 @@ from .durations import format_duration
 
 DEFAULT_RUN = 60.0
 RECENT = 50  # runs of the pool the typical run time is taken from
+BASIS_MAX_AGE = 300.0  # a waiting run reads the history for its ETA at most this often
+
+# The pool's typical run as a waiting run keeps it: (seconds, how many runs
+# it is from, when it was read).
+Basis = tuple[float, int, float]
 
 
 def typical_run(records: list[dict[str, object]], pool: str | None = None) -> tuple[float, int]:
@@ -29,6 +34,27 @@ def typical_run(records: list[dict[str, object]], pool: str | None = None) -> tu
            if isinstance(r.get("ran_s"), (int, float)) and float(r["ran_s"]) > 0  # type: ignore[arg-type]
            and (pool is None or r.get("pool") in (pool, None))][-RECENT:]
     return (_median(ran), len(ran)) if ran else (DEFAULT_RUN, 0)
+
+
+def basis(state_dir: str, pool: str, now: float, kept: Basis | None, shared: Basis | None) -> Basis:
+    """The typical run a waiting run's report uses: the one it `kept`
+    while at most BASIS_MAX_AGE old; else the one a run nearer the head
+    `shared` in the line view (lineview.py), if that is; else read from the
+    history now."""
+    if kept is not None and now - kept[2] <= BASIS_MAX_AGE:
+        return kept
+    if shared is not None and 0 <= now - shared[2] <= BASIS_MAX_AGE:
+        return shared
+    from . import history
+
+    return (*typical_run(history.recent(state_dir, 2 * RECENT), pool), now)
+
+
+def report_fields(slots: list[dict[str, object]], ahead: int, basis: Basis) -> dict[str, object]:
+    """A `queued` report's ETA: `eta_s` and how it was worked out."""
+    typical, runs, _ = basis
+    expected = expected_wait(slots, ahead, typical)
+    return {"eta_s": round(expected, 1) if expected < 1e9 else 1e9, "eta_how": explain(slots, ahead, typical, runs)}
 
 
 def _median(xs: list[float]) -> float:

@@ -46,10 +46,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from ..eta import Basis as Typical  # the pool's typical run: (seconds, how many runs, when read)
     from .hostqueue import Waiter
-
-    # The pool's typical run: (seconds, how many runs it is from, when read).
-    Typical = tuple[float, int, float]
 
 
 def survey(state_dir: str, pool: str, waiter: Waiter, now: float,

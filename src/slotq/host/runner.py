@@ -33,6 +33,10 @@ from .process import preload_for_start, spawn
 from .slot import GrantedSlot, SlotLease, slot_name
 from .ticket import Ticket
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ..eta import Basis
+
 # A running command becomes reachable by `slotq cancel` after this long:
 # nobody cancels a run by hand sooner, and a run that ends first never pays
 # for the socket module (about 0.5 ms of start-up, on every run).
@@ -73,7 +77,7 @@ class HostRunner:
         self.link = CallerLink(in_fd, out_fd, spec.run_id, self.clock, ctl_buffer)
         self.host = os.uname().nodename
         self.slot: str | None = None  # the slot held, e.g. shared#0
-        self._typical: tuple[float, int, float] | None = None  # the pool's typical run, its basis, when read
+        self._typical: Basis | None = None  # the pool's typical run for the ETA (eta.basis)
         self.phases: dict[str, float | None] = dict.fromkeys(
             ("submitted", "slot", "prepared", "started", "ended"))
         self.budget = spec.budget if spec.budget is not None else config.budget
@@ -308,15 +312,8 @@ class HostRunner:
             # "after 50 ms of waiting": on a busy machine the first report
             # itself comes later than that -- 200 callers at once paid ~20 ms
             # of CPU each for ETAs nobody saw.)
-            if self._typical is None or wall - self._typical[2] > 300:  # the history: at most every 5 min
-                if shared is not None and 0 <= wall - shared[2] <= 300:
-                    self._typical = shared  # read by a run nearer the head: no read of our own
-                else:
-                    self._typical = (*eta.typical_run(history.recent(self.state_dir, 2 * eta.RECENT), pool), wall)
-            typical, runs, _ = self._typical
-            expected = eta.expected_wait(slots, ahead, typical)
-            fields = {"eta_s": round(expected, 1) if expected < 1e9 else 1e9,
-                      "eta_how": eta.explain(slots, ahead, typical, runs)}
+            self._typical = eta.basis(self.state_dir, pool, wall, self._typical, shared)
+            fields = eta.report_fields(slots, ahead, self._typical)
         self.link.event(protocol.QUEUED, waited_s=round(waited, 3), ahead=ahead, position=ahead + 1,
                         waiting=total, pool=pool, holders=slots, notes=healed, **fields, **load())
 
