@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from conftest import alive, group_alive, slotq_cmd, wait_for
+from conftest import alive, blocked_in_flock, group_alive, slotq_cmd, wait_for
 from slotq import history
 from slotq.client.ledger import Ledger
-from test_run_e2e import Start, gate_cmd, live_tickets, slot_holder, start_holder
+from test_run_e2e import Start, children, gate_cmd, live_tickets, slot_holder, start_holder
 
 TERM_IGNORING = "trap '' TERM HUP; echo $$ > {pidf}; sleep 300 & sleep 300"
 PGROUP = Path(__file__).with_name("pgroup.py")
@@ -189,7 +189,7 @@ def orphan(state_dir: Path, tmp_path: Path, slotq: list[str] | None = None,
 
 
 @pytest.mark.timeout(40)
-@pytest.mark.parametrize("quiet", [False, True])  # -q: only the head reports -- and heals
+@pytest.mark.parametrize("quiet", [False, True])  # -q too: its first report, at the head, heals
 def test_when_runner_and_supervisor_both_die_the_next_head_ends_the_orphan(
         state_dir: Path, runs: Start, tmp_path: Path, quiet: bool) -> None:
     pgid, run_id = orphan(state_dir, tmp_path)
@@ -207,6 +207,36 @@ def test_when_runner_and_supervisor_both_die_the_next_head_ends_the_orphan(
     if not quiet:
         assert f"ended the orphaned command of run {run_id}" in nxt.err
     [line] = history_of(state_dir, run_id)
+    assert line["outcome"] == "caller_gone" and "ended by the next in line" in str(line["message"])
+
+
+@pytest.mark.timeout(40)
+def test_a_quiet_head_ends_a_holder_orphaned_while_it_waits(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    # A quiet run makes no reports behind others, but at the head it goes
+    # on reporting -- those reports are what end an orphaned holder. Here
+    # the holder is orphaned only after the quiet run's first report (its
+    # keeper already waits for the slot), so only a later one can end it.
+    pidf = tmp_path / "pgid"
+    holder = start_caller(["-q", "--budget", "600", "--kill-grace", "1", "--", "sh", "-c",
+                           TERM_IGNORING.format(pidf=pidf)], tmp_path, "holder")
+    wait_for(lambda: pidf.exists() and pidf.read_text().strip(), what="command running")
+    pgid = int(pidf.read_text())
+    rec = holder_record(state_dir)
+    nxt = runs("-q", "--report-every", "0.5", "--", sys.executable, str(PGROUP), str(pgid), name="next")
+    keeper = wait_for(lambda: children(nxt.proc.pid), what="the quiet run's keeper")[0]
+    wait_for(lambda: blocked_in_flock(keeper), what="its keeper waiting for the slot")
+    os.kill(int(rec["pid"]), signal.SIGSTOP)  # the holder's runner must not see its keeper go
+    os.kill(int(rec["keeper"]), signal.SIGKILL)
+    os.kill(int(rec["pid"]), signal.SIGKILL)
+    holder.wait()
+    try:
+        assert nxt.wait(timeout=20) == 0
+    finally:
+        if group_alive(pgid):
+            os.killpg(pgid, signal.SIGKILL)  # not ended: the orphan must not outlive the test
+    assert nxt.out == b"clean\n"
+    [line] = history_of(state_dir, str(rec["run_id"]))
     assert line["outcome"] == "caller_gone" and "ended by the next in line" in str(line["message"])
 
 
