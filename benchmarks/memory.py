@@ -6,9 +6,10 @@ holder in a one-slot pool, then in a two-slot pool.
                           and divided by N, once all N are in line
   idle CPU                CPU seconds all of them burn over WINDOW_S in line,
                           once the line is in place and the machine quiet
-                          (one status-report period: each reports once in
-                          it, whenever it joined; a shorter window caught
-                          anywhere from none to most of the reports)
+                          (one heartbeat period: each quiet caller refreshes
+                          its wait record once in it, whenever it joined; a
+                          shorter window caught anywhere from none to most
+                          of them)
   completed, in order     every run ends `passed`; start order = ticket order
 """
 
@@ -124,7 +125,6 @@ def run(ns: tuple[int, ...] = (100, 1000)) -> dict[str, object]:
     out[f"two_slots_{ns[-1]}"] = line_of(ns[-1], 2)
     print(f"waiters: {out[f'two_slots_{ns[-1]}']}", file=sys.stderr)
     return out
-
 
 
 def targets(r: dict[str, object]) -> list[tuple[str, bool, str]]:
