@@ -361,7 +361,7 @@ def check_targets(results: dict[str, dict[str, dict[str, object]]]) -> list[str]
            f"slotq: inversions in the worst repetition: {fmt(inv, 'inversions')}")
     qinv = val("order 20 callers", "slotq", "queue_inversions_max")
     lines_.append(f"  (slotq's start order against its ticket order, worst repetition: {fmt(qinv, 'inversions')} "
-                  "inversions; arrival is when the bench starts the process, the ticket ~10-20 ms later)")
+                  "inversions; arrival is when the bench starts the process, the ticket ~15 ms later)")
     ovl = val("order 20 callers", "slotq", "overlaps_max")
     target("never two commands in the one slot at once", None if ovl is None else ovl == 0,
            f"slotq: overlapping starts in the worst repetition: {fmt(ovl, 'overlaps')}")

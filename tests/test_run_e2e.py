@@ -18,6 +18,7 @@ from conftest import Run, blocked_in_flock, fd_targets, group_alive, slotq_cmd, 
 from slotq import history, protocol
 from slotq.client.caller import run
 from slotq.clock import Clock, Timer
+from slotq.errors import UsageError
 from slotq.host.slot import read_slot
 from slotq.spec import RunSpec
 from slotq.host.ticket import list_tickets, pool_dir, probe
@@ -209,6 +210,101 @@ def test_commands_of_a_line_never_overlap_and_start_in_order(state_dir: Path, ru
         assert w.wait() == 0
     events = sorted((int(t), kind, int(i)) for kind, t, i in (line.split() for line in log.read_text().splitlines()))
     assert [(kind, i) for _, kind, i in events] == [(k, i) for i in range(5) for k in ("S", "E")]
+
+
+# A run joins the line before the client and the runner are loaded
+# (LocalTransport.reserve): its ticket marks when the caller arrived.
+
+AUDIT_ORDER = """
+import os, runpy, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+def hook(event, args):
+    if event == "os.link" and str(args[1]).endswith(".t"):
+        os.write(fd, b"ticket\\n")
+    elif event == "import" and args[0] in ("slotq.client.caller", "slotq.host.runner"):
+        os.write(fd, args[0].encode() + b"\\n")
+sys.addaudithook(hook)
+script = sys.argv[2]
+sys.argv = [script, *sys.argv[3:]]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+@pytest.mark.timeout(30)
+def test_slotq_run_takes_its_ticket_before_loading_the_client_and_the_runner(state_dir: Path, tmp_path: Path) -> None:
+    assert subprocess.run(slotq_cmd() + ["run", "-q", "--", "true"], cwd=tmp_path, timeout=20).returncode == 0
+    events = tmp_path / "events"
+    # Python's audit hooks see the ticket's link(2) and each import as it happens.
+    proc = subprocess.run([sys.executable, "-c", AUDIT_ORDER, str(events), *slotq_cmd(), "run", "-q", "--", "true"],
+                          cwd=tmp_path, timeout=20)
+    assert proc.returncode == 0
+    assert events.read_text().split() == ["ticket", "slotq.client.caller", "slotq.host.runner"]
+
+
+@pytest.mark.timeout(30)
+def test_a_ticket_taken_before_the_runner_starts_keeps_its_place(state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    gate, log = tmp_path / "gate", tmp_path / "order"
+    start_holder(runs, state_dir, gate)
+    early = LocalTransport()
+    spec = RunSpec(["sh", "-c", f"echo early >> {log}"], budget=30, cwd=str(tmp_path), quiet=True)
+    early.reserve(spec)
+    assert early.queued_since is not None
+    [(seq, _)] = [(s, p) for s, p in list_tickets(pool_dir(str(state_dir), "shared")) if probe(p)]
+    # A caller that arrives later, and whose runner is under way first.
+    later = runs("-q", "--", "sh", "-c", f"echo later >> {log}", name="later")
+    wait_for(lambda: len(live_tickets(state_dir)) == 2, what="the later caller in line")
+    results: list[Any] = []
+    t = threading.Thread(target=lambda: results.append(run(spec, early)), daemon=True)
+    t.start()
+    wait_for(lambda: _waited(state_dir) > 0, what="the early run's runner waiting")
+    assert len(live_tickets(state_dir)) == 2  # the runner took no second ticket
+    gate.touch()
+    assert later.wait() == 0
+    t.join(20)
+    assert results and results[0].exit_code == 0
+    assert results[0].ticket == seq
+    assert log.read_text().split() == ["early", "later"]
+
+
+@pytest.mark.timeout(30)
+def test_a_reserved_ticket_is_withdrawn_when_the_run_never_queues(state_dir: Path, tmp_path: Path) -> None:
+    assert subprocess.run(slotq_cmd() + ["run", "-q", "--", "true"], cwd=tmp_path, timeout=20).returncode == 0
+    transport = LocalTransport()
+    spec = RunSpec(["true"], budget=30, cwd=str(tmp_path / "gone"))
+    transport.reserve(spec)
+    assert len(live_tickets(state_dir)) == 1
+    with pytest.raises(UsageError, match="not a directory"):
+        run(spec, transport)
+    wait_for(lambda: not list_tickets(pool_dir(str(state_dir), "shared")), what="the reserved ticket withdrawn")
+
+
+@pytest.mark.timeout(30)
+def test_an_early_ticket_is_never_waited_for(state_dir: Path, tmp_path: Path) -> None:
+    import fcntl
+
+    from slotq.config import HostConfig
+    from slotq.host.ticket import run_info, take_early
+
+    spec = RunSpec(["true"], budget=30, cwd=str(tmp_path))
+    info = run_info(spec, HostConfig.load(), time.time())
+    # No state directory yet: the runner makes it (and says if it cannot).
+    assert take_early(str(state_dir), "shared", info) is None
+    assert not state_dir.exists()
+    assert subprocess.run(slotq_cmd() + ["run", "-q", "--", "true"], cwd=tmp_path, timeout=20).returncode == 0
+    # The ticket counter held by someone: back after `patience`, no ticket.
+    with open(state_dir / "seq") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        t0 = time.monotonic()
+        assert take_early(str(state_dir), "shared", info, patience=0.1) is None
+        assert time.monotonic() - t0 < 2.0
+    # The admission limit reached: no ticket (the runner says not_admitted).
+    ticket = take_early(str(state_dir), "shared", info)
+    assert ticket is not None
+    try:
+        assert take_early(str(state_dir), "shared", info, (1, None)) is None
+    finally:
+        ticket.withdraw()
+    assert not list_tickets(pool_dir(str(state_dir), "shared"))
 
 
 def children(pid: int) -> list[int]:

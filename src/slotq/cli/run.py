@@ -61,7 +61,6 @@ PARSER = Parser(
 
 def main(args: list[str]) -> int:
     opts, command = PARSER.parse(args)
-    from slotq.client.caller import run
     from slotq.transports.base import Transport
     from slotq.spec import RunSpec
 
@@ -100,7 +99,10 @@ def main(args: list[str]) -> int:
                    prepare_timeout=opts.prepare_timeout, label=opts.label,
                    report_every=report_every, kill_grace=opts.kill_grace, cwd=cwd, max_wait=opts.max_wait,
                    quiet=opts.quiet)
-    json_result = JsonResult(opts.json)
+    json_result = JsonResult(opts.json)  # a bad --json path is a usage error before the run joins the line
+    transport.reserve(spec)  # join the host's line before the rest of slotq loads, where a transport can
+    from slotq.client.caller import run
+
     try:
         result = run(spec, transport, idle=opts.idle, status=say, handle_sigint=True,
                      credit_dir=opts.credit_dir or cwd, live=live)

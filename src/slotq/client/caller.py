@@ -270,7 +270,7 @@ def run(
     say = status or _silent
     result = RunResult(spec, transport.host)
     result.details = transport.details
-    result.phases["submitted"] = clock.wall()
+    result.phases["submitted"] = transport.queued_since or clock.wall()
     dogs = Watchdogs(clock, idle, backstop_margin)
     workdir = credit_dir or spec.cwd or os.getcwd()
     made: list[WaitRecorder] = []

@@ -66,12 +66,15 @@ class Waiter:
     """One caller's place in a pool's line, until it leases a slot."""
 
     def __init__(self, state_dir: str, config: HostConfig, pool: str, info: dict[str, object],
-                 *, defer_leave: bool = False, wait: Callable[[float], None] | None = None) -> None:
+                 *, defer_leave: bool = False, wait: Callable[[float], None] | None = None,
+                 ticket: Ticket | None = None) -> None:
         """Raises StateDirError, or AdmissionRefused when the host's
-        [admission] limits leave no place in line."""
-        """defer_leave: on success keep the ticket until `leave()` -- the
+        [admission] limits leave no place in line.
+
+        defer_leave: on success keep the ticket until `leave()` -- the
         runner starts its command first; the successor could not have the
-        slot before that anyway."""
+        slot before that anyway. `ticket`: one already taken for this wait
+        (`ticket.take_early`); none is taken then."""
         self.state_dir = state_dir
         self.defer_leave = defer_leave
         self.pool = pool
@@ -86,9 +89,11 @@ class Waiter:
         self._rechecks: list[float] = []
         self._probe: SlotProbe | None = None
         self._watching: str | None = None  # "slots" once the head watches them
+        if ticket is not None:
+            self.ticket: Ticket = ticket
+            return
         try:
-            self.ticket: Ticket = take_ticket(state_dir, pool, info,
-                                              (config.max_waiting, config.max_waiting_per_user), wait)
+            self.ticket = take_ticket(state_dir, pool, info, (config.max_waiting, config.max_waiting_per_user), wait)
         except BaseException:
             self.close()
             raise

@@ -31,7 +31,7 @@ from .child import Child, ChildEnd
 from .hostqueue import Waiter, ensure_state_dir
 from .process import preload_for_start, spawn
 from .slot import GrantedSlot, SlotLease, slot_name
-from .ticket import Ticket
+from .ticket import Ticket, run_info
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -66,8 +66,13 @@ class HostRunner:
         clock: Clock | None = None,
         ctl_buffer: bytes = b"",
         allocation: str | None = None,
+        ticket: Ticket | None = None,
     ) -> None:
+        """`ticket`: the run's place in line, taken before this runner was
+        made (LocalTransport.reserve); the runner adopts it, or withdraws it
+        if the run never queues."""
         self.spec = spec
+        self._reserved = ticket
         # A slot a scheduler already granted (Slurm: "slurm:JOBID"): this
         # runner then skips the host's own queue.
         self.allocation = allocation
@@ -100,6 +105,9 @@ class HostRunner:
         try:
             return self._run()
         finally:
+            if self._reserved is not None:
+                self._reserved.withdraw()  # the run ended before it queued (a bad work dir)
+                self._reserved = None
             self.link.close()
             if self._ack_w >= 0:
                 os.close(self._ack_w)  # without a byte: the keeper records the run
@@ -161,12 +169,15 @@ class HostRunner:
         """Wait for a slot: a lease, or a standby keeper that has got the
         slot and started the command (with its output streams)."""
         spec = self.spec
-        now_wall = self.clock.wall()
+        reserved, self._reserved = self._reserved, None
+        if reserved is not None and reserved.pool != pool:
+            reserved.withdraw()  # cannot happen: the transport asked the same config
+            reserved = None
+        since = reserved.info["since"] if reserved is not None else None
+        now_wall = since if isinstance(since, float) else self.clock.wall()
         self.phases["submitted"] = now_wall
-        info = {"run_id": spec.run_id, "label": spec.label, "pid": os.getpid(), "cls": spec.cls,
-                "since": now_wall, "budget": self.budget, "host": self.host}
-        waiter = self._waiter = Waiter(self.state_dir, self.config, pool, info, defer_leave=True,
-                                       wait=self._pass_time)
+        waiter = self._waiter = Waiter(self.state_dir, self.config, pool, run_info(spec, self.config, now_wall),
+                                       defer_leave=True, wait=self._pass_time, ticket=reserved)
         start = self.clock.monotonic()
         next_report = start
         standby: tuple[Child, dict[int, bytes]] | None = None

@@ -38,6 +38,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from ..config import HostConfig
+    from ..spec import RunSpec
+
 TICKET_SUFFIX = ".t"
 MAX_INFO = 65536
 # A renamed ticket is found out if it jumped tickets created more than this
@@ -92,6 +95,13 @@ class Ticket:
             os.close(self.fd)
         self.fd = -1
         self.handed = False
+
+
+def run_info(spec: RunSpec, config: HostConfig, since: float) -> dict[str, object]:
+    """What a waiting run's ticket says of it (status, the reports and the
+    line view read it)."""
+    return {"run_id": spec.run_id, "label": spec.label, "pid": os.getpid(), "cls": spec.cls, "since": since,
+            "budget": spec.budget if spec.budget is not None else config.budget, "host": os.uname().nodename}
 
 
 def take_ticket(state_dir: str, pool: str, info: dict[str, object],
@@ -161,6 +171,33 @@ def take_ticket(state_dir: str, pool: str, info: dict[str, object],
     finally:
         os.close(seq_fd)
     return Ticket(final, fd, seq, pool, full)
+
+
+class _Busy(Exception):
+    """The ticket counter was locked for longer than an early ticket waits."""
+
+
+def take_early(state_dir: str, pool: str, info: dict[str, object],
+               limits: tuple[int | None, int | None] = (None, None), patience: float = 0.2) -> Ticket | None:
+    """`take_ticket` for a caller that has not started its runner yet
+    (transports/local.py: LocalTransport.reserve): a ticket, or None when
+    anything is out of the ordinary -- no state directory yet or one it
+    cannot use, admission limits reached, the counter locked past
+    `patience` seconds.
+    The runner then takes its ticket itself, and says what is wrong as it
+    always does."""
+    waited = [0.0]
+
+    def wait(seconds: float) -> None:
+        waited[0] += seconds
+        if waited[0] > patience:
+            raise _Busy
+        time.sleep(seconds)
+
+    try:
+        return take_ticket(state_dir, pool, info, limits, wait)
+    except (_Busy, StateDirError, AdmissionRefused, OSError):
+        return None
 
 
 def _lock_seq(fd: int, path: str, wait: Callable[[float], None] | None) -> None:

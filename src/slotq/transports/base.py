@@ -24,10 +24,18 @@ class Transport:
 
     host = "localhost"
     remote = False
+    # When the run joined the host's line, if the transport did that before
+    # `start` (LocalTransport.reserve): the client's wait counts from then.
+    queued_since: float | None = None
 
     def prepare(self, spec: RunSpec) -> None:
         """Connect, check the host's slotq, transfer the work tree. Raises
         HostUnavailable. A local host needs none of it."""
+
+    def reserve(self, spec: RunSpec) -> None:
+        """Join the host's line now, before the client is loaded, if this
+        transport can (local: LocalTransport.reserve); its runner adopts
+        the place. Never raises: whatever is wrong, `start` reports."""
 
     def describe(self) -> dict[str, object]:
         """Facts about the connection for the result (e.g. master reuse)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 from .. import signals as signal
 from ..config import HostConfig
@@ -19,6 +20,8 @@ from .base import Transport
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
+
+    from ..host.ticket import Ticket
 
 
 _unreaped: set[int] = set()
@@ -58,6 +61,31 @@ class LocalTransport(Transport):
         self.pid = 0
         self._done: Any = None  # the thread's lock, released when it has finished
         self._killed = False
+        self._ticket: Ticket | None = None  # taken early (reserve), for the runner to adopt
+
+    def reserve(self, spec: RunSpec) -> None:
+        """Take the run's place in line now, before the client and the
+        runner are loaded: the ticket then marks when the caller arrived
+        (about 10 ms into its start-up, rather than 20), and callers that
+        arrive close together line up as they arrived. The runner adopts it
+        (`in_process` only: a forked runner takes its own). Anything out of
+        the ordinary -- an unknown class, no state directory yet, the
+        admission limits, an error -- leaves the ticket to the runner,
+        which reports it as it always does."""
+        if not self.in_process or self._ticket is not None:
+            return
+        try:
+            pool = self.config.pool_for(spec.cls)
+        except KeyError:
+            return
+        from ..host.ticket import run_info, take_early
+
+        config = self.config
+        now = time.time()
+        self._ticket = take_early(self.state_dir, pool, run_info(spec, config, now),
+                                  (config.max_waiting, config.max_waiting_per_user))
+        if self._ticket is not None:
+            self.queued_since = now
 
     def start(self, spec: RunSpec) -> tuple[int, int]:
         _reap_done()
@@ -68,7 +96,8 @@ class LocalTransport(Transport):
 
             done = self._done = _thread.allocate_lock()
             done.acquire()
-            _thread.start_new_thread(self._host_side, (spec, ctl_r, ev_w, done))
+            ticket, self._ticket = self._ticket, None
+            _thread.start_new_thread(self._host_side, (spec, ctl_r, ev_w, done, ticket))
             return ctl_w, ev_r
         pid = os.fork()
         if pid == 0:
@@ -82,7 +111,7 @@ class LocalTransport(Transport):
                 os.dup2(devnull, 0)
                 os.dup2(devnull, 1)
                 os.close(devnull)
-                self._host_side(spec, ctl_r, ev_w, None)
+                self._host_side(spec, ctl_r, ev_w, None, None)
                 code = 0
             finally:
                 os._exit(code)  # never return into the caller's code
@@ -91,12 +120,13 @@ class LocalTransport(Transport):
         self.pid = pid
         return ctl_w, ev_r
 
-    def _host_side(self, spec: RunSpec, ctl_r: int, ev_w: int, done: Any) -> None:
+    def _host_side(self, spec: RunSpec, ctl_r: int, ev_w: int, done: Any, ticket: Ticket | None = None) -> None:
         runner = None
         try:
             from ..host.runner import HostRunner
 
-            runner = HostRunner(spec, state_dir=self.state_dir, config=self.config, in_fd=ctl_r, out_fd=ev_w)
+            runner = HostRunner(spec, state_dir=self.state_dir, config=self.config, in_fd=ctl_r, out_fd=ev_w,
+                                ticket=ticket)
             runner.run()
         except BaseException as e:
             try:
@@ -108,6 +138,8 @@ class LocalTransport(Transport):
             if runner is not None:
                 runner.close_stream()
             else:
+                if ticket is not None:
+                    ticket.withdraw()
                 os.close(ev_w)
             os.close(ctl_r)
             if done is not None:
