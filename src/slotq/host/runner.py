@@ -209,12 +209,16 @@ class HostRunner:
                         # and its reports with the C JSON scanner.
                         preload_for_start()
                         load_scanner()
-                    self._report(waiter, pool, now - start, with_eta=not first and not spec.quiet)
-                    # A quiet caller shows none of them: after the first
-                    # (which tells it the run waits) only the head reports,
-                    # for its reports end orphaned holders. Far back, the
-                    # run sleeps in the kernel until its turn, at no CPU.
+                    # A quiet caller shows none of them: only the head
+                    # reports, for its reports end orphaned holders. Far
+                    # back, the run says once that it waits (the caller
+                    # opens its wait record), without looking at the line,
+                    # and sleeps in the kernel until its turn, at no CPU.
                     at_head = standby[0].at_head if standby is not None else waiter.is_head
+                    if spec.quiet and not at_head:
+                        self.link.event(protocol.QUEUED, waited_s=round(now - start, 3), pool=pool)
+                    else:
+                        self._report(waiter, pool, now - start, with_eta=not first and not spec.quiet)
                     next_report = now + spec.report_every if not spec.quiet or at_head else INF
                 if standby is None and by_keeper:
                     # After the first report: what that loads and touches is
