@@ -394,6 +394,42 @@ def test_a_bad_slurm_section_is_one_line_exit_78(slurm_env: Path, monkeypatch: p
     assert proc.returncode == 78 and needle in one_line(proc)
 
 
+@pytest.mark.parametrize("node, outcome", [
+    ({"outcome": "failed", "exit_code": None, "signal": 15, "message": "command killed by signal 15"}, "cancelled"),
+    ({"outcome": "unavailable", "exit_code": None, "signal": None,
+      "message": "the command's supervisor (slotq keeper, pid 7) was killed after the command started"}, "cancelled"),
+    ({"outcome": "passed", "exit_code": 0, "signal": None, "message": "exit 0"}, "passed"),
+    ({"outcome": "failed", "exit_code": 1, "signal": None, "message": "exit 1"}, "failed"),
+])
+def test_a_ctrl_c_that_beats_the_nodes_hello_is_reported_as_cancelled(node: dict[str, object], outcome: str) -> None:
+    # Pure logic: the relay saw the client's cancel before srun relayed the
+    # node's hello (a few ms after the command started: seen in 4 of 36
+    # real Ctrl-Cs, as `failed (exit 143)` and `unavailable`), so it
+    # scancelled the job, and Slurm's SIGTERM reached the command and its
+    # keeper. That is the cancel, not a failure; a result the node had
+    # already reached on its own stands.
+    from slotq import protocol
+    from slotq.config import HostConfig
+    from slotq.spec import RunSpec
+    from slotq.transports import slurm
+
+    t = slurm.SlurmTransport(HostConfig())
+    t.job_id = "42"
+    r, w = os.pipe()
+    relay = slurm._Relay(t, RunSpec(["true"]), -1, w)
+    relay.cancel_reason = "cancelled"
+    relay.forward([(protocol.EVENT, {"event": "hello", "at": 1.0, "protocol": protocol.PROTOCOL_VERSION,
+                                     "host": "node", "pid": 1, "run_id": "x"}),
+                   (protocol.EVENT, {"event": "exited", "at": 2.0, "phases": {}, **node})])
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        frames = protocol.Decoder().feed(f.read())
+    ev = frames[-1][1]
+    assert isinstance(ev, dict) and ev["event"] == "exited" and ev["outcome"] == outcome, ev
+    if outcome == "cancelled":
+        assert "slotq cancelled Slurm job 42" in str(ev["message"]) and str(node["message"]) in str(ev["message"])
+
+
 @pytest.mark.parametrize("info, outcome, needles", [
     ({"JobState": "NODE_FAIL", "Reason": "NodeDown", "NodeList": "n7"}, "unavailable",
      ["JobState=NODE_FAIL", "Reason=NodeDown", "NodeList=n7"]),

@@ -503,9 +503,25 @@ class _Relay:
                     self.t.job_id = slot[10:]
             elif name in (protocol.EXITED, protocol.ERROR):
                 self.ended = True
+                if name == protocol.EXITED and self.cancel_reason is not None:
+                    ev = self.as_cancelled(ev)
             out += protocol.frame(protocol.EVENT, to_json(ev).encode())
         if out:
             self.send(bytes(out))
+
+    def as_cancelled(self, ev: dict[str, object]) -> dict[str, object]:
+        """The node's result after slotq scancelled the job for the caller's
+        cancel. That happens when the cancel comes before the node's hello:
+        while the job is pending, and also in the moment after its runner
+        started, whose hello srun relays a few ms late. Slurm then signals
+        every process of the job, so a command killed by a signal or a
+        keeper killed is the cancel's doing, not a failure of the run."""
+        outcome = ev.get("outcome")
+        if outcome == "unavailable" or (outcome == "failed" and ev.get("signal") is not None):
+            return dict(ev, outcome=self.cancel_reason,
+                        message=f"cancelled while it ran; slotq cancelled Slurm job {self.t.job_id} "
+                                f"before its runner could be told ({ev.get('message')})")
+        return ev
 
     def on_stderr(self, line: str) -> bool:
         """One line from srun (or the node's stderr); True when it says the
