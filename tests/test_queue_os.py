@@ -135,6 +135,41 @@ def test_a_waiter_that_will_not_watch_holds_no_inotify_instance(tmp_path: Path) 
     lease.release()
 
 
+WAIT_WITHOUT_CTYPES = """
+import errno, os, sys
+from slotq.config import HostConfig
+from slotq.host import libc, process
+from slotq.host.hostqueue import Waiter
+from slotq.host.slot import SlotProbe
+
+state = sys.argv[1]
+config = HostConfig(pools={"shared": 2, "landing": 1})
+assert process._load_prctl(), "no prctl"
+w = Waiter(state, config, "shared", {})
+assert w.attempt() is None  # both slots held: it watches (inotify) and waits
+assert w.fileno() >= 0 and os.readlink(f"/proc/self/fd/{w.fileno()}") == "anon_inode:inotify"
+add_watch = libc.function("inotify_add_watch")
+assert add_watch is not None and add_watch(-1, b"/", 8) == -1 and libc.errno() == errno.EBADF
+assert libc.function("no_such_function_in_libc") is None
+w.withdraw()
+print("ctypes" in sys.modules)
+"""
+
+
+@pytest.mark.timeout(30)
+def test_waiting_on_inotify_and_prctl_do_not_load_ctypes(tmp_path: Path) -> None:
+    # ctypes costs a waiting run in a pool of several slots about 1.6 ms of
+    # CPU and 0.3 MB (libc.py): inotify and prctl come from _ctypes alone.
+    holders = [SlotProbe(str(tmp_path), "shared", 2).try_lease() for _ in range(2)]
+    out = subprocess.run([sys.executable, "-c", WAIT_WITHOUT_CTYPES, str(tmp_path)], capture_output=True,
+                         text=True, timeout=20)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False"]
+    for h in holders:
+        assert h is not None
+        h.release()
+
+
 def test_later_tickets_never_overtake_earlier_live_ones(tmp_path: Path) -> None:
     cfg = HostConfig(pools={"shared": 2})
     line = [Waiter(str(tmp_path), cfg, "shared", {"n": i}) for i in range(6)]

@@ -7,7 +7,8 @@
     slot.py        slot lock files and holder records
     lineview.py    how the line looks to a waiting run's status reports
     proclocks.py   who holds which lock, from /proc/locks
-    inotify.py     wake-ups (ctypes inotify); lockwait.py when none can be had
+    inotify.py     wake-ups (inotify); lockwait.py when none can be had
+    libc.py        libc calls the standard library lacks (prctl, inotify), via _ctypes
     process.py     the keeper: supervises the command, survives its caller
     child.py       the runner's view of a keeper
     orphans.py     a run's processes when its keeper is gone

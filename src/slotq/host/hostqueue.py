@@ -80,7 +80,7 @@ class Waiter:
         self.pool = pool
         self.slot_count = config.pools[pool]
         # Created at the first failed attempt: an uncontended run never pays
-        # for inotify (or for loading ctypes).
+        # for inotify (or for loading libc.py).
         self._watcher: Watcher | None = None
         self._locks: LockWaits | None = None  # when no inotify instance can be had
         self._may_watch = True

@@ -1,4 +1,4 @@
-"""A minimal inotify binding (Linux), through ctypes: no dependency.
+"""A minimal inotify binding (Linux), through libc.py: no dependency.
 
 A waiter watches the one file whose change can let it move (the ticket just
 ahead of it, or the slot files when it is at the head), so a release wakes
@@ -33,18 +33,24 @@ LOCK_EVENTS = IN_CLOSE_WRITE | IN_ATTRIB | IN_DELETE_SELF | IN_MOVE_SELF
 _libc: Any = None
 
 
+class _Libc:
+    """The three inotify calls (libc.py)."""
+
+    def __init__(self) -> None:
+        from .libc import function
+
+        init1, add, rm = function("inotify_init1"), function("inotify_add_watch"), function("inotify_rm_watch")
+        if init1 is None or add is None or rm is None:
+            raise OSError("no inotify in libc")
+        self.inotify_init1, self.inotify_add_watch, self.inotify_rm_watch = init1, add, rm
+
+
 def _load() -> Any:
     global _libc
     if _libc is None:
         try:
-            import ctypes
-
-            # The running interpreter already links libc: dlopen(NULL) finds
-            # it without ctypes.util.find_library, which spawns ldconfig.
-            lib = ctypes.CDLL(None, use_errno=True)
-            lib.inotify_init1  # noqa: B018 -- probe that the symbol exists
-            _libc = lib
-        except (OSError, AttributeError):
+            _libc = _Libc()
+        except OSError:
             _libc = False
     return _libc or None
 
@@ -63,9 +69,9 @@ class Watcher:
         self._lib = lib
         fd = lib.inotify_init1(IN_CLOEXEC | IN_NONBLOCK)
         if fd < 0:
-            import ctypes
+            from .libc import errno
 
-            e = ctypes.get_errno()
+            e = errno()
             raise OSError(e, os.strerror(e))
         self._fd: int = fd
         self._watches: dict[str, int] = {}

@@ -42,6 +42,7 @@ import time
 
 from .. import signals as signal
 from ..errors import SlotqError
+from . import libc
 from .child import Child, ChildEnd
 from .terminate import terminate_group
 
@@ -78,28 +79,9 @@ def preload_for_start() -> None:
 
 
 def _load_prctl() -> Any:
-    """prctl(2) from libc. Built on `_ctypes`, the C core of ctypes: importing
-    `ctypes` itself costs about 1.6 ms here, on the path of every command's
-    start; this takes 0.4 ms. Falls back to `ctypes` (then to nothing)."""
-    try:
-        import _ctypes
-
-        class _Int(_ctypes._SimpleCData):  # type: ignore[type-arg]
-            _type_ = "i"
-
-        class _Fn(_ctypes.CFuncPtr):
-            _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
-            _restype_ = _Int
-
-        return _Fn(_ctypes.dlsym(_ctypes.dlopen(None), "prctl"))  # type: ignore[arg-type]
-    except (ImportError, AttributeError, OSError, TypeError):
-        pass
-    try:
-        import ctypes
-
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return False
+    """prctl(2) from libc (libc.py: without importing ctypes, which would
+    cost about 1.6 ms on the path of every command's start), or False."""
+    return libc.function("prctl") or False
 
 
 class _Stop(Exception):
