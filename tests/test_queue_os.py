@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import signal
@@ -168,6 +169,55 @@ def test_waiting_on_inotify_and_prctl_do_not_load_ctypes(tmp_path: Path) -> None
     for h in holders:
         assert h is not None
         h.release()
+
+
+BURY_UNDER_A_STOP = """
+import json, os, signal, sys
+from slotq.host import ticket
+from slotq.statefile import open_state
+
+state = sys.argv[1]
+t = ticket.take_ticket(state, "shared", {"run_id": "r-victim", "label": "victim", "since": 1.0})
+os.close(t.fd)  # its caller is gone: a dead ticket
+fd, _ = open_state(t.path, os.O_RDONLY)
+
+class Stop(Exception):
+    pass
+
+def stop(signum, frame):
+    raise Stop
+
+signal.signal(signal.SIGTERM, stop)
+real_unlink = os.unlink
+
+def unlink_then_stop(path, *a, **k):
+    real_unlink(path, *a, **k)
+    if path == t.path:
+        os.kill(os.getpid(), signal.SIGTERM)  # the burier is told to stop right then
+
+os.unlink = unlink_then_stop
+try:
+    ticket.bury(t.path, fd)
+except Stop:
+    print("stopped after")
+else:
+    print("not stopped")
+print(os.path.exists(t.path))
+"""
+
+
+@pytest.mark.timeout(30)
+def test_a_dead_ticket_buried_by_a_keeper_told_to_stop_keeps_its_history_line(tmp_path: Path) -> None:
+    # Whoever removes a dead ticket writes its run's history line, as nobody
+    # else will. A keeper doing that when its own stop arrives (its caller
+    # killed) must not leave the ticket removed and the line unwritten.
+    out = subprocess.run([sys.executable, "-c", BURY_UNDER_A_STOP, str(tmp_path)], capture_output=True, text=True,
+                         timeout=20)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["stopped after", "False"], out.stdout
+    lines = (tmp_path / "history.jsonl").read_text().splitlines()
+    assert [json.loads(line)["run_id"] for line in lines] == ["r-victim"]
+    assert json.loads(lines[0])["outcome"] == "caller_gone"
 
 
 def test_later_tickets_never_overtake_earlier_live_ones(tmp_path: Path) -> None:

@@ -422,33 +422,47 @@ def bury(path: str, fd: int) -> None:
     """Remove a dead ticket (we hold its lock, on `fd`). A ticket that is
     still there when its lock is free was not withdrawn: its caller vanished
     while waiting. Whoever removes it (only one unlink succeeds) writes the
-    run's history line, as nobody else will."""
+    run's history line, as nobody else will. The line is made before the
+    unlink, and the unlink and the append happen with the stop signals held
+    back: a keeper burying the ticket ahead the moment its own caller dies
+    (PDEATHSIG) finishes the line first, then stops."""
     try:
         raw = os.pread(fd, MAX_INFO, 0)
         owner = os.fstat(fd).st_uid  # the run's user, from the kernel
-        os.unlink(path)
     except OSError:
-        return  # gone already: withdrawn, or buried by another (or not ours to remove)
+        return
+    if not os.path.exists(path):
+        return  # withdrawn: the usual case, when the ticket ahead left for its slot
     load_scanner()  # another user's record, maybe: the C scanner reads it
     try:
         info = from_json(raw.decode("utf-8", "replace") or "null")
     except ValueError:
         info = None
-    if not isinstance(info, dict):
-        return
     import time
 
     from .. import history
+    from .. import signals as signal
 
+    record = None
+    if isinstance(info, dict):
+        since = info.get("since")
+        record = history.run_record(
+            run_id=info.get("run_id"), label=info.get("label"), cls=info.get("cls"), host=info.get("host"),
+            pool=os.path.basename(os.path.dirname(path)), outcome="caller_gone", exit_code=None,
+            message="caller gone while waiting in line (its ticket was found dead)", uid=owner,
+            phases={"submitted": since if isinstance(since, (int, float)) and not isinstance(since, bool) else None,
+                    "ended": time.time()})
     state_dir = os.path.dirname(os.path.dirname(os.path.dirname(path)))
-    since = info.get("since")
-    cls = info.get("cls")
-    history.append(state_dir, history.run_record(
-        run_id=info.get("run_id"), label=info.get("label"), cls=cls, host=info.get("host"),
-        pool=os.path.basename(os.path.dirname(path)), outcome="caller_gone", exit_code=None,
-        message="caller gone while waiting in line (its ticket was found dead)", uid=owner,
-        phases={"submitted": since if isinstance(since, (int, float)) and not isinstance(since, bool) else None,
-                "ended": time.time()}))
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
+    try:
+        try:
+            os.unlink(path)
+        except OSError:
+            return  # gone already: withdrawn, or buried by another (or not ours to remove)
+        if record is not None:
+            history.append(state_dir, record)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def read_info(path: str) -> dict[str, object] | None:
