@@ -88,6 +88,11 @@ class HostConfig:
             if pool not in self.pools:
                 raise ConfigError(f"class {cls!r} maps to unknown pool {pool!r}", path)
 
+    @property
+    def waiting_limits(self) -> tuple[int | None, int | None]:
+        """[admission]: (waiting runs in a pool, of them one user's); None: no limit."""
+        return self.max_waiting, self.max_waiting_per_user
+
     def pool_for(self, cls: str) -> str:
         """The pool that serves run class `cls`; KeyError if there is none."""
         return self.classes[cls]

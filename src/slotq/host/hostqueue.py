@@ -89,11 +89,13 @@ class Waiter:
         self._rechecks: list[float] = []
         self._probe: SlotProbe | None = None
         self._watching: str | None = None  # "slots" once the head watches them
-        if ticket is not None:
+        if ticket is not None and ticket.pool == pool:
             self.ticket: Ticket = ticket
             return
+        if ticket is not None:
+            ticket.withdraw()  # taken for another pool (cannot happen: the same config chose both)
         try:
-            self.ticket = take_ticket(state_dir, pool, info, (config.max_waiting, config.max_waiting_per_user), wait)
+            self.ticket = take_ticket(state_dir, pool, info, config.waiting_limits, wait)
         except BaseException:
             self.close()
             raise

@@ -170,14 +170,12 @@ class HostRunner:
         slot and started the command (with its output streams)."""
         spec = self.spec
         reserved, self._reserved = self._reserved, None
-        if reserved is not None and reserved.pool != pool:
-            reserved.withdraw()  # cannot happen: the transport asked the same config
-            reserved = None
         since = reserved.info["since"] if reserved is not None else None
         now_wall = since if isinstance(since, float) else self.clock.wall()
         self.phases["submitted"] = now_wall
-        waiter = self._waiter = Waiter(self.state_dir, self.config, pool, run_info(spec, self.config, now_wall),
-                                       defer_leave=True, wait=self._pass_time, ticket=reserved)
+        info = reserved.info if reserved is not None else run_info(spec, self.config, now_wall)
+        waiter = self._waiter = Waiter(self.state_dir, self.config, pool, info, defer_leave=True,
+                                       wait=self._pass_time, ticket=reserved)
         start = self.clock.monotonic()
         next_report = start
         standby: tuple[Child, dict[int, bytes]] | None = None

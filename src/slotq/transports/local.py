@@ -80,10 +80,8 @@ class LocalTransport(Transport):
             return
         from ..host.ticket import run_info, take_early
 
-        config = self.config
         now = time.time()
-        self._ticket = take_early(self.state_dir, pool, run_info(spec, config, now),
-                                  (config.max_waiting, config.max_waiting_per_user))
+        self._ticket = take_early(self.state_dir, pool, run_info(spec, self.config, now), self.config.waiting_limits)
         if self._ticket is not None:
             self.queued_since = now
 
