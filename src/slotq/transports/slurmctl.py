@@ -1,0 +1,157 @@
+"""What Slurm's own client tools say, asked with limits: `sbatch` (submit),
+`squeue` and `sinfo` (a pending job's place, a partition's queue),
+`scontrol` and `sacct` (how a job ended). Used by the Slurm transport
+(slurm.py) and by `slotq status --slurm`. Every tool has a timeout, and
+its output is read only so far; a failure is HostUnavailable in the tool's
+own words (job_info: {} instead)."""
+
+from __future__ import annotations
+
+import subprocess
+
+from ..errors import HostUnavailable
+
+
+def submit(args: list[str], script: str, env: dict[str, str] | None = None) -> str:
+    """Submit a batch job (`sbatch --parsable ARGS --wrap SCRIPT`); its id.
+    Raises HostUnavailable with sbatch's own words when it refuses."""
+    try:
+        proc = subprocess.run(["sbatch", "--parsable", *args, "--wrap", script], capture_output=True, text=True,
+                              timeout=60, env=env, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise HostUnavailable("sbatch is not installed here (Slurm's client tools)", host="slurm") from None
+    except subprocess.TimeoutExpired:
+        raise HostUnavailable("sbatch did not answer within 60 s (slurmctld down?)", host="slurm") from None
+    job = proc.stdout.strip().split(";")[0]
+    if proc.returncode != 0 or not job.isdigit():
+        why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        raise HostUnavailable(f"Slurm refused the job: {why}", host="slurm")
+    return job
+
+
+MAX_LINES = 10_000  # squeue output read at most this far (a huge queue is cut, never unbounded)
+
+
+def _squeue(args: list[str], env: dict[str, str] | None) -> list[list[str]]:
+    """Rows of `squeue -h ARGS`, fields split on '|' (the last field, a job
+    name, may itself contain '|': it gets the rest of the line)."""
+    out = _query(["squeue", "-h", *args], env)
+    fmt = next(a for a in args if a.startswith("--format=") or a.startswith("-o"))
+    n = fmt.count("|") + 1
+    return [line.split("|", n - 1) for line in out.splitlines()[:MAX_LINES] if line.count("|") >= n - 1]
+
+
+def _query(argv: list[str], env: dict[str, str] | None) -> str:
+    """The output of one of Slurm's query tools; HostUnavailable with the
+    tool's own last line when it fails or does not answer in 30 s."""
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=env, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise HostUnavailable(f"{argv[0]} failed: {e}", host="slurm") from None
+    if proc.returncode != 0:
+        why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        raise HostUnavailable(f"{argv[0]} failed: {why}", host="slurm")
+    return proc.stdout
+
+
+def pending_view(job_id: str, partition: str | None, env: dict[str, str] | None = None) -> dict[str, object]:
+    """What a waiting caller is told about its pending job: its position
+    among the partition's pending jobs in Slurm's priority order, Slurm's
+    pending reason, the running jobs that hold the partition's resources
+    (user, name, how long), and Slurm's expected start time if it has one.
+    `partition` None: the job's own (Slurm's default partition)."""
+    if partition is None:
+        rows = _squeue(["-j", job_id, "--format=%P|%i"], env)
+        partition = rows[0][0] if rows else "?"
+    pending = _squeue(["-p", partition, "-t", "PD", "--sort=-p,i", "--format=%i|%r|%S|%u|%j"], env)
+    running = _squeue(["-p", partition, "-t", "R", "--format=%i|%u|%M|%j"], env)
+    ids = [row[0] for row in pending]
+    mine = pending[ids.index(job_id)] if job_id in ids else None
+    start = mine[2] if mine else ""
+    return {
+        "job_id": job_id, "partition": partition, "state": "PENDING" if mine else "not pending",
+        "position": ids.index(job_id) + 1 if mine else None, "pending": len(ids),
+        "reason": mine[1] if mine else None,
+        "expected_start": start if start and start not in ("N/A", "Unknown") else None,
+        "holders": [{"job_id": r[0], "user": r[1], "elapsed": r[2], "name": r[3]} for r in running],
+    }
+
+
+def partition_view(partition: str | None, env: dict[str, str] | None = None) -> dict[str, object]:
+    """A partition's queue, slotq's way (`slotq status --slurm`): the
+    running jobs (user, name, how long) and the pending ones in Slurm's
+    priority order with Slurm's reason and expected start. `partition`
+    None: Slurm's default partition."""
+    where = ["-p", partition] if partition else []
+    if partition is None:
+        rows = _default_partition(env)
+        where = ["-p", rows] if rows else []
+    pending = _squeue([*where, "-t", "PD", "--sort=-p,i", "--format=%i|%r|%S|%u|%M|%j"], env)
+    running = _squeue([*where, "-t", "R,CG", "--format=%i|%T|%u|%M|%N|%j"], env)
+    return {
+        "partition": partition or (where[1] if where else None),
+        "running": [{"job_id": r[0], "state": r[1], "user": r[2], "elapsed": r[3], "nodes": r[4], "name": r[5]}
+                    for r in running],
+        "pending": [{"position": i + 1, "job_id": r[0], "reason": r[1],
+                     "expected_start": r[2] if r[2] not in ("N/A", "Unknown", "") else None, "user": r[3],
+                     "name": r[5]} for i, r in enumerate(pending)],
+    }
+
+
+def _default_partition(env: dict[str, str] | None) -> str:
+    """The default partition's name (sinfo marks it with `*`)."""
+    return next((p[:-1] for p in _query(["sinfo", "-h", "-o", "%P"], env).split()[:MAX_LINES] if p.endswith("*")),
+                "")
+
+
+def format_partitions(views: list[dict[str, object]]) -> str:
+    """`slotq status --slurm` as text."""
+    from ..records import printable
+
+    out: list[str] = []
+    for v in views:
+        running = v.get("running") or []
+        pending = v.get("pending") or []
+        classes = ", ".join(map(str, v.get("classes") or []))  # type: ignore[call-overload]
+        assert isinstance(running, list) and isinstance(pending, list)
+        out.append(f"partition {printable(v.get('partition'))}" + (f" (classes {classes})" if classes else "")
+                   + f": {len(running)} running, {len(pending)} pending")
+        for r in running:
+            out.append(f"  running   job {printable(r['job_id'])}  {printable(r['user'])}  "
+                       f"{printable(r['name'], 60)}  for {printable(r['elapsed'])}  on {printable(r['nodes'])}")
+        for p in pending:
+            out.append(f"  pending {p['position']:>2}. job {printable(p['job_id'])}  {printable(p['user'])}  "
+                       f"{printable(p['name'], 60)}  reason {printable(p['reason'])}"
+                       + (f"  expected {printable(p['expected_start'])}" if p["expected_start"] else ""))
+    return "\n".join(out) + "\n"
+
+
+def job_info(job_id: str, env: dict[str, str] | None = None) -> dict[str, str]:
+    """Slurm's facts about a job (JobState, Reason, NodeList, Partition,
+    ExitCode, TimeLimit, ...) from `scontrol show job -o`; with accounting,
+    sacct's State says who cancelled it ("CANCELLED by 1000"). {} when
+    Slurm no longer knows the job."""
+    info: dict[str, str] = {}
+    try:
+        proc = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True,
+                              timeout=30, env=env, stdin=subprocess.DEVNULL)
+        line = proc.stdout[:65536] if proc.returncode == 0 else ""
+    except (OSError, subprocess.TimeoutExpired):
+        line = ""
+    for token in line.split():
+        key, eq, value = token.partition("=")
+        if eq and key in _JOB_FIELDS:
+            info[key] = value
+    try:
+        proc = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State"], capture_output=True,
+                              text=True, timeout=30, env=env, stdin=subprocess.DEVNULL)
+        state = proc.stdout.strip().splitlines()[:1] if proc.returncode == 0 else []
+        if state and state[0].strip():
+            info["AcctState"] = state[0].strip()[:200]
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return info
+
+
+_JOB_FIELDS = {"JobState", "Reason", "NodeList", "Partition", "ExitCode", "TimeLimit", "StartTime", "EndTime",
+               "QOS", "JobName"}
