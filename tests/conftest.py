@@ -16,6 +16,10 @@ from typing import Any
 
 import pytest
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from slotq.host.slot import SlotLease
+
 BIN = Path(sys.executable).parent
 
 # The tests stand in for a user's Ctrl-C by sending SIGINT to the slotq they
@@ -35,6 +39,16 @@ def slotq_cmd() -> list[str]:
     found = shutil.which("slotq")
     assert found, "slotq is not installed (pip install -e '.[test]')"
     return [found]
+
+
+def take_slot(state_dir: Path) -> "SlotLease":
+    """The first in line leases the one slot of `shared` (default config)."""
+    from slotq.config import HostConfig
+    from slotq.host.hostqueue import Waiter
+
+    lease = Waiter(str(state_dir), HostConfig(), "shared", {}).attempt()
+    assert lease is not None
+    return lease
 
 
 def wait_for(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condition",
@@ -234,6 +248,65 @@ def runs(tmp_path: Path) -> Iterator[Callable[..., Run]]:
     yield start
     for r in started:
         r.kill()
+
+
+# Lines of real `slotq run`s behind a placeholder holder (test_run_e2e,
+# test_line_e2e).
+
+Start = Callable[..., "Run"]
+
+
+def live_tickets(state_dir: Path, pool: str = "shared") -> list[str]:
+    from slotq.host.ticket import list_tickets, pool_dir, probe
+
+    return [p for _, p in list_tickets(pool_dir(str(state_dir), pool)) if probe(p)]
+
+
+def slot_holder(state_dir: Path, pool: str = "shared") -> dict[str, Any] | None:
+    from slotq.host.slot import read_slot
+
+    held, info = read_slot(str(state_dir), pool, 0)
+    return info if held else None
+
+
+def gate_cmd(gate: Path) -> list[str]:
+    """A holder that keeps its slot until the test creates `gate`."""
+    return ["sh", "-c", f'while [ ! -e "{gate}" ]; do sleep 0.01; done']
+
+
+def start_holder(runs: Start, state_dir: Path, gate: Path, *extra: str) -> Run:
+    h = runs("--label", "placeholder", *extra, "--", *gate_cmd(gate), name="holder")
+    # Its record says `running` before it has left the line: until its
+    # ticket is gone too, a count of tickets in line would include it.
+    wait_for(lambda: (slot_holder(state_dir) or {}).get("phase") == "running" and not live_tickets(state_dir),
+             what="placeholder holds the slot and has left the line")
+    return h
+
+
+def first_waited(state_dir: Path) -> float:
+    """How long the first run in the shared line has waited so far (0: none)."""
+    from slotq.status import waiting
+
+    line = waiting(str(state_dir), "shared", time.time())
+    return float(line[0].get("waited_s") or 0) if line else 0.0  # type: ignore[arg-type]
+
+
+def line_up(runs: Start, state_dir: Path, scripts: list[str]) -> list[Run]:
+    """One run per shell script, each started once the one before holds its
+    ticket: their order in line is then certain."""
+    waiters = []
+    for i, script in enumerate(scripts):
+        waiters.append(runs("--", "sh", "-c", script, name=f"w{i}"))
+        wait_for(lambda: len(live_tickets(state_dir)) == i + 1, what=f"ticket {i} in line")
+    return waiters
+
+
+def children(pid: int) -> list[int]:
+    out: list[int] = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/children") as f:
+            out += [int(c) for c in f.read().split()]
+    return out
 
 
 def watch_snapshots(args: list[str], count: int = 2, timeout: float = 30.0) -> tuple[int, str]:

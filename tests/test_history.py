@@ -11,16 +11,13 @@ import statistics
 import subprocess
 import time
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
-from conftest import Run, slotq_cmd, wait_for
+from conftest import Start, live_tickets, slotq_cmd, start_holder, wait_for
 from slotq import history
 from slotq.historydb import Index
-from test_run_e2e import live_tickets, start_holder
 
-Start = Callable[..., Run]
 DAY = 86400.0
 
 

@@ -13,12 +13,10 @@ from typing import Callable
 
 import pytest
 
-from conftest import Run, wait_for
+from conftest import Start, live_tickets, start_holder, wait_for
 from slotq.host import lineview
 from slotq.host.ticket import list_tickets, pool_dir
-from test_run_e2e import live_tickets, start_holder
 
-Start = Callable[..., Run]
 SLOTS: list[dict[str, object]] = [{"slot": "shared#0", "held": True, "label": "lint", "user": "alice",
                                    "held_s": 2.0, "phase": "running"}]
 

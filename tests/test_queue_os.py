@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import select
-import signal
 import subprocess
 import sys
 import threading
@@ -14,21 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import blocked_in_flock, group_alive, wait_for
+from conftest import blocked_in_flock, take_slot, wait_for
 from slotq.config import HostConfig
 from slotq.host.hostqueue import Waiter
-from slotq.host.process import spawn
-from slotq.host.slot import SlotLease, SlotProbe, read_slot
+from slotq.host.slot import SlotProbe, read_slot
 from slotq.host.ticket import list_tickets, pool_dir, probe
 
 CFG = HostConfig()
-
-
-def take_slot(tmp_path: Path) -> SlotLease:
-    """The first in line leases the one slot of `shared`."""
-    lease = Waiter(str(tmp_path), CFG, "shared", {}).attempt()
-    assert lease is not None
-    return lease
 
 
 def fd_target(fd: str) -> str:
@@ -312,84 +303,6 @@ def test_a_status_probe_at_the_moment_of_release_wakes_the_head_again(tmp_path: 
     assert b.attempt() is not None
 
 
-def _spawn(argv: list[str], grace: float = 5.0):  # type: ignore[no-untyped-def]
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    out = os.dup(devnull)
-    child = spawn(argv, cwd=None, env=None, stdout_fd=devnull, stderr_fd=out, grace=grace)
-    return child
-
-
-def _finish(child) -> None:  # type: ignore[no-untyped-def]
-    while not child.on_readable():
-        pass
-
-
-def test_stopping_a_command_ends_its_whole_group_and_escaped_descendants(tmp_path: Path) -> None:
-    pids = tmp_path / "pids"
-    script = f"sleep 100 & echo $! >> {pids}; setsid sleep 101 & echo $! >> {pids}; echo $$ >> {pids}; wait"
-    child = _spawn(["sh", "-c", script])
-    wait_for(lambda: pids.exists() and len(pids.read_text().split()) == 3, what="pids written")
-    procs = [int(x) for x in pids.read_text().split()]
-    t0 = time.monotonic()
-    child.stop()
-    _finish(child)
-    assert time.monotonic() - t0 < 2.0  # by TERM, well before the 5 s grace's KILL
-    assert child.end is not None and child.end.stopped
-    for pid in procs:
-        assert not os.path.exists(f"/proc/{pid}"), f"pid {pid} survived"
-
-
-def test_leftovers_of_a_finished_command_are_ended(tmp_path: Path) -> None:
-    pidf = tmp_path / "pid"
-    child = _spawn(["sh", "-c", f"sleep 100 & echo $! > {pidf}"])
-    _finish(child)
-    assert child.end is not None and child.end.exit_code == 0 and not child.end.stopped
-    assert not os.path.exists(f"/proc/{int(pidf.read_text())}")
-
-
-def test_term_ignoring_command_is_killed_after_grace(tmp_path: Path) -> None:
-    pidf = tmp_path / "pid"
-    child = _spawn(["sh", "-c", f"trap '' TERM; echo $$ > {pidf}; while :; do sleep 0.05; done"], grace=0.3)
-    wait_for(pidf.exists, what="command started")
-    pgid = int(pidf.read_text())
-    t0 = time.monotonic()
-    child.stop()
-    _finish(child)
-    took = time.monotonic() - t0
-    assert child.end is not None and child.end.signal == signal.SIGKILL
-    assert 0.25 < took < 2.0
-    assert not group_alive(pgid)
-
-
-@pytest.mark.timeout(60)
-def test_a_stop_right_after_a_standby_keeper_is_forked_ends_its_wait(tmp_path: Path) -> None:
-    # The runner has its own SIGTERM handler, and a fork inherits it: a stop
-    # sent at once must still end the keeper's wait, not be swallowed by
-    # that handler in the keeper -- which would then wait on, get the slot
-    # and run the command of a run that was cancelled.
-    lease = SlotProbe(str(tmp_path), "shared", 1).try_lease()
-    assert lease is not None
-    old = signal.signal(signal.SIGTERM, lambda *_: None)
-    try:
-        for _ in range(20):
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            child = spawn(["true"], cwd=None, env=None, stdout_fd=devnull, stderr_fd=os.dup(devnull),
-                          lock_path=lease.path)
-            child.stop()
-            wait_for(lambda: select.select([child.done_fd], [], [], 0.05)[0] and child.on_readable(),
-                     timeout=5, what="the keeper to end its wait")
-            assert child.started is None and child.end is not None and child.end.stopped
-    finally:
-        signal.signal(signal.SIGTERM, old)
-        lease.release()
-
-
-def test_command_that_does_not_exist_reports_exec_failure() -> None:
-    child = _spawn(["slotq-no-such-command-xyz"])
-    _finish(child)
-    assert child.end is not None and child.end.exit_code == 127 and child.end.exec_errno is not None
-
-
 @pytest.fixture
 def no_inotify_instances(monkeypatch: pytest.MonkeyPatch) -> None:
     """As if the per-user cap on inotify instances were reached (EMFILE)."""
@@ -627,53 +540,3 @@ def test_a_machine_that_stood_still_is_not_a_stuck_ticket_counter(tmp_path: Path
     finally:
         os.close(mine)
         os.close(holder)
-
-
-def test_the_keepers_head_line_and_its_start_read_in_one_chunk_are_both_understood() -> None:
-    from slotq.host.child import Child
-
-    r, w = os.pipe()
-    child = Child(os.getpid(), r, lingers=True)  # never reaped: only its report is read here
-    os.write(w, b"head\nstarted=1.5,2.5,-1\n")
-    assert child.on_readable() is False
-    assert child.at_head and child.started == (1.5, 2.5) and child.cmd_pid == -1
-    os.write(w, b"execfail=2")
-    os.close(w)
-    assert child.on_readable() is False  # the report
-    assert child.on_readable() is True  # end-of-file
-    assert child.end is not None and child.end.exec_errno == 2
-
-
-@pytest.mark.timeout(30)
-@pytest.mark.parametrize("slot_free", [False, True])
-def test_a_standby_keeper_says_head_only_after_waiting_that_long_at_the_head(tmp_path: Path, slot_free: bool) -> None:
-    # A quiet run's runner sleeps until its keeper says `head`. A keeper
-    # that gets the slot sooner -- in a moving line, every head -- must not
-    # wake its runner for it; one still waiting at the head after
-    # `tell_head` seconds must.
-    lease: SlotLease | None = take_slot(tmp_path)  # (its file exists from now on)
-    if slot_free:
-        assert lease is not None
-        lease.release()
-        lease = None
-    waiter = Waiter(str(tmp_path), CFG, "shared", {})  # no ticket ahead of it
-    waiter.stand_down()
-    t = waiter.ticket
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    t0 = time.monotonic()
-    child = spawn(["true"], cwd=None, env=None, stdout_fd=devnull, stderr_fd=os.dup(devnull),
-                  lock_path=waiter.slot_paths()[0], ticket=(t.fd, t.path, t.seq), tell_head=0.3)
-    try:
-        if lease is not None:
-            wait_for(lambda: select.select([child.done_fd], [], [], 0.05)[0] and not child.on_readable()
-                     and child.at_head, timeout=10, what="the keeper's `head`")
-            assert time.monotonic() - t0 >= 0.3
-            assert child.started is None
-            lease.release()
-        _finish(child)
-        assert child.started is not None and child.end is not None and child.end.exit_code == 0
-        assert child.at_head is not slot_free
-    finally:
-        waiter.close()
-        if lease is not None:
-            lease.release()

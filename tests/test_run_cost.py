@@ -8,17 +8,14 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
-from conftest import Run, slotq_cmd, wait_for
+from conftest import Start, slotq_cmd, start_holder, wait_for
 from slotq.client.caller import run
 from slotq.spec import RunSpec
 from slotq.transports.local import LocalTransport
-from test_run_e2e import start_holder
 
-Start = Callable[..., Run]
 
 
 def test_an_uncontended_run_imports_no_heavy_module_in_the_caller(state_dir: Path, tmp_path: Path) -> None:

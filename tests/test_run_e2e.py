@@ -10,63 +10,18 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
-from conftest import Run, blocked_in_flock, fd_targets, group_alive, slotq_cmd, wait_for
+from conftest import (Start, blocked_in_flock, first_waited, gate_cmd, group_alive, live_tickets, slot_holder,
+                      slotq_cmd, start_holder, wait_for)
 from slotq import history, protocol
 from slotq.client.caller import run
 from slotq.clock import Clock, Timer
-from slotq.errors import UsageError
 from slotq.host.slot import read_slot
 from slotq.spec import RunSpec
-from slotq.host.ticket import list_tickets, pool_dir, probe
 from slotq.transports.local import LocalTransport
-
-Start = Callable[..., Run]
-
-
-def live_tickets(state_dir: Path, pool: str = "shared") -> list[str]:
-    return [p for _, p in list_tickets(pool_dir(str(state_dir), pool)) if probe(p)]
-
-
-def slot_holder(state_dir: Path, pool: str = "shared") -> dict[str, Any] | None:
-    held, info = read_slot(str(state_dir), pool, 0)
-    return info if held else None
-
-
-def gate_cmd(gate: Path) -> list[str]:
-    """A holder that keeps its slot until the test creates `gate`."""
-    return ["sh", "-c", f'while [ ! -e "{gate}" ]; do sleep 0.01; done']
-
-
-def start_holder(runs: Start, state_dir: Path, gate: Path, *extra: str) -> Run:
-    h = runs("--label", "placeholder", *extra, "--", *gate_cmd(gate), name="holder")
-    # Its record says `running` before it has left the line: until its
-    # ticket is gone too, a count of tickets in line would include it.
-    wait_for(lambda: (slot_holder(state_dir) or {}).get("phase") == "running" and not live_tickets(state_dir),
-             what="placeholder holds the slot and has left the line")
-    return h
-
-
-def _waited(state_dir: Path) -> float:
-    """How long the first run in the shared line has waited so far (0: none)."""
-    from slotq.status import waiting
-
-    line = waiting(str(state_dir), "shared", time.time())
-    return float(line[0].get("waited_s") or 0) if line else 0.0  # type: ignore[arg-type]
-
-
-def line_up(runs: Start, state_dir: Path, scripts: list[str]) -> list[Run]:
-    """One run per shell script, each started once the one before holds its
-    ticket: their order in line is then certain."""
-    waiters = []
-    for i, script in enumerate(scripts):
-        waiters.append(runs("--", "sh", "-c", script, name=f"w{i}"))
-        wait_for(lambda: len(live_tickets(state_dir)) == i + 1, what=f"ticket {i} in line")
-    return waiters
-
 
 class RecordingClock(Clock):
     """The real clock, remembering every timer created and when (wall)."""
@@ -90,7 +45,7 @@ def test_queue_longer_than_budget_still_passes_and_backstop_starts_at_slot(
     def release_after_four_seconds_of_waiting() -> None:
         # Status counts on the wall clock, the result on the monotonic one; a
         # wall clock being slewed (NTP: up to 0.5 % fast) says 4.0 s at 3.98.
-        wait_for(lambda: _waited(state_dir) > 4.1, timeout=20, what="4 s of waiting")
+        wait_for(lambda: first_waited(state_dir) > 4.1, timeout=20, what="4 s of waiting")
         held_on.append(holder.proc.poll() is None)
         gate.touch()
 
@@ -181,191 +136,6 @@ def test_waiting_is_visible_with_position_holder_and_load(state_dir: Path, runs:
 
 
 @pytest.mark.timeout(40)
-def test_order_is_fifo_and_a_sigkilled_waiter_does_not_block(state_dir: Path, runs: Start, tmp_path: Path) -> None:
-    gate = tmp_path / "gate"
-    log = tmp_path / "order"
-    start_holder(runs, state_dir, gate)
-    waiters = line_up(runs, state_dir, [f"echo {i} >> {log}" for i in range(5)])
-    waiters[2].kill()
-    wait_for(lambda: len(live_tickets(state_dir)) == 4, timeout=1.0, what="killed waiter's ticket gone")
-    gate.touch()
-    for i in (0, 1, 3, 4):
-        assert waiters[i].wait() == 0
-    assert log.read_text().split() == ["0", "1", "3", "4"]
-
-
-@pytest.mark.timeout(30)
-def test_commands_of_a_line_never_overlap_and_start_in_order(state_dir: Path, runs: Start, tmp_path: Path) -> None:
-    # Every waiter waits in a standby keeper: each command
-    # must hold the slot (the inherited lock) until its last process exits,
-    # so the next starts only then -- also when it lingers a little.
-    gate = tmp_path / "gate"
-    log = tmp_path / "log"
-    start_holder(runs, state_dir, gate)
-    # sleep-ok: the command's own lingering, which the next must wait out
-    waiters = line_up(runs, state_dir, [f'echo "S $(date +%s%N) {i}" >> {log}; sleep 0.05; '
-                                        f'echo "E $(date +%s%N) {i}" >> {log}' for i in range(5)])
-    gate.touch()
-    for w in waiters:
-        assert w.wait() == 0
-    events = sorted((int(t), kind, int(i)) for kind, t, i in (line.split() for line in log.read_text().splitlines()))
-    assert [(kind, i) for _, kind, i in events] == [(k, i) for i in range(5) for k in ("S", "E")]
-
-
-# A run joins the line before the client and the runner are loaded
-# (LocalTransport.reserve): its ticket marks when the caller arrived.
-
-AUDIT_ORDER = """
-import os, runpy, sys
-fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-def hook(event, args):
-    if event == "os.link" and str(args[1]).endswith(".t"):
-        os.write(fd, b"ticket\\n")
-    elif event == "import" and args[0] in ("slotq.client.caller", "slotq.host.runner"):
-        os.write(fd, args[0].encode() + b"\\n")
-sys.addaudithook(hook)
-script = sys.argv[2]
-sys.argv = [script, *sys.argv[3:]]
-runpy.run_path(script, run_name="__main__")
-"""
-
-
-@pytest.mark.timeout(30)
-def test_slotq_run_takes_its_ticket_before_loading_the_client_and_the_runner(state_dir: Path, tmp_path: Path) -> None:
-    assert subprocess.run(slotq_cmd() + ["run", "-q", "--", "true"], cwd=tmp_path, timeout=20).returncode == 0
-    events = tmp_path / "events"
-    # Python's audit hooks see the ticket's link(2) and each import as it happens.
-    proc = subprocess.run([sys.executable, "-c", AUDIT_ORDER, str(events), *slotq_cmd(), "run", "-q", "--", "true"],
-                          cwd=tmp_path, timeout=20)
-    assert proc.returncode == 0
-    assert events.read_text().split() == ["ticket", "slotq.client.caller", "slotq.host.runner"]
-
-
-@pytest.mark.timeout(30)
-def test_a_ticket_taken_before_the_runner_starts_keeps_its_place(state_dir: Path, runs: Start, tmp_path: Path) -> None:
-    gate, log = tmp_path / "gate", tmp_path / "order"
-    start_holder(runs, state_dir, gate)
-    early = LocalTransport()
-    spec = RunSpec(["sh", "-c", f"echo early >> {log}"], budget=30, cwd=str(tmp_path), quiet=True)
-    early.reserve(spec)
-    assert early.queued_since is not None
-    [(seq, _)] = [(s, p) for s, p in list_tickets(pool_dir(str(state_dir), "shared")) if probe(p)]
-    # A caller that arrives later, and whose runner is under way first.
-    later = runs("-q", "--", "sh", "-c", f"echo later >> {log}", name="later")
-    wait_for(lambda: len(live_tickets(state_dir)) == 2, what="the later caller in line")
-    results: list[Any] = []
-    t = threading.Thread(target=lambda: results.append(run(spec, early)), daemon=True)
-    t.start()
-    wait_for(lambda: _waited(state_dir) > 0, what="the early run's runner waiting")
-    assert len(live_tickets(state_dir)) == 2  # the runner took no second ticket
-    gate.touch()
-    assert later.wait() == 0
-    t.join(20)
-    assert results and results[0].exit_code == 0
-    assert results[0].ticket == seq
-    assert log.read_text().split() == ["early", "later"]
-
-
-@pytest.mark.timeout(30)
-def test_a_reserved_ticket_is_withdrawn_when_the_run_never_queues(state_dir: Path, tmp_path: Path) -> None:
-    assert subprocess.run(slotq_cmd() + ["run", "-q", "--", "true"], cwd=tmp_path, timeout=20).returncode == 0
-    transport = LocalTransport()
-    spec = RunSpec(["true"], budget=30, cwd=str(tmp_path / "gone"))
-    transport.reserve(spec)
-    assert len(live_tickets(state_dir)) == 1
-    with pytest.raises(UsageError, match="not a directory"):
-        run(spec, transport)
-    wait_for(lambda: not list_tickets(pool_dir(str(state_dir), "shared")), what="the reserved ticket withdrawn")
-
-
-@pytest.mark.timeout(30)
-def test_an_early_ticket_is_never_waited_for(state_dir: Path, tmp_path: Path) -> None:
-    import fcntl
-
-    from slotq.config import HostConfig
-    from slotq.host.ticket import run_info, take_early
-
-    spec = RunSpec(["true"], budget=30, cwd=str(tmp_path))
-    info = run_info(spec, HostConfig.load(), time.time())
-    # No state directory yet: the runner makes it (and says if it cannot).
-    assert take_early(str(state_dir), "shared", info) is None
-    assert not state_dir.exists()
-    assert subprocess.run(slotq_cmd() + ["run", "-q", "--", "true"], cwd=tmp_path, timeout=20).returncode == 0
-    # The ticket counter held by someone: back after `patience`, no ticket.
-    with open(state_dir / "seq") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)
-        t0 = time.monotonic()
-        assert take_early(str(state_dir), "shared", info, patience=0.1) is None
-        assert time.monotonic() - t0 < 2.0
-    # The admission limit reached: no ticket (the runner says not_admitted).
-    ticket = take_early(str(state_dir), "shared", info)
-    assert ticket is not None
-    try:
-        assert take_early(str(state_dir), "shared", info, (1, None)) is None
-    finally:
-        ticket.withdraw()
-    assert not list_tickets(pool_dir(str(state_dir), "shared"))
-
-
-def children(pid: int) -> list[int]:
-    out: list[int] = []
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{tid}/children") as f:
-            out += [int(c) for c in f.read().split()]
-    return out
-
-
-@pytest.mark.timeout(30)
-def test_every_waiter_of_a_one_slot_line_waits_in_its_keeper_in_flock(
-        state_dir: Path, runs: Start, tmp_path: Path) -> None:
-    # Like flock(1): the kernel keeps the line. Each waiter's keeper is
-    # blocked in flock(2) -- on the ticket ahead, or on the slot at the
-    # head -- and the waiters' own processes watch nothing.
-    gate = tmp_path / "gate"
-    start_holder(runs, state_dir, gate)
-    waiters = line_up(runs, state_dir, ["true"] * 3)
-    keepers = [wait_for(lambda w=w: children(w.proc.pid), what="a keeper") for w in waiters]  # type: ignore[misc]
-    assert all(len(k) == 1 for k in keepers)
-    wait_for(lambda: all(blocked_in_flock(k[0]) for k in keepers), what="every keeper blocked in flock(2)")
-    assert not any("anon_inode:inotify" in fd_targets(w.proc.pid) for w in waiters)
-    gate.touch()
-    assert [w.wait() for w in waiters] == [0, 0, 0]
-
-
-@pytest.mark.timeout(30)
-def test_a_waiter_that_cannot_fork_its_keeper_waits_by_itself(
-        state_dir: Path, runs: Start, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # No process to spare for the keeper (EAGAIN at the fork): the run keeps
-    # its ticket and its place, and waits for the slot in its own process.
-    from slotq.host import runner
-
-    refused: list[str] = []
-    real_spawn = runner.spawn  # type: ignore[attr-defined]
-
-    def spawn(argv: list[str], **kw: Any) -> Any:
-        if kw.get("lock_path"):  # the standby keeper's fork, only
-            refused.append(kw["lock_path"])
-            raise BlockingIOError(11, "Resource temporarily unavailable")
-        return real_spawn(argv, **kw)
-
-    monkeypatch.setattr(runner, "spawn", spawn)
-    gate = tmp_path / "gate"
-    start_holder(runs, state_dir, gate)
-    out_r, out_w = os.pipe()
-    results: list[Any] = []
-    t = threading.Thread(target=lambda: results.append(
-        run(RunSpec(["echo", "ran"], budget=30, cwd=str(tmp_path)), LocalTransport(), stdout_fd=out_w)))
-    t.start()
-    wait_for(lambda: refused, what="the keeper's fork refused")
-    assert len(live_tickets(state_dir)) == 1  # still in line
-    gate.touch()
-    t.join(timeout=20)
-    os.close(out_w)
-    assert results and results[0].outcome.value == "passed", results
-    assert os.read(out_r, 100) == b"ran\n"
-    assert len(refused) == 1
-
-
 @pytest.mark.timeout(30)
 def test_a_command_that_runs_too_long_is_exec_timeout_and_says_when_it_got_the_slot(
         state_dir: Path, runs: Start) -> None:
@@ -382,7 +152,7 @@ def test_idle_watchdog_ignores_queue_and_prepare_time(state_dir: Path, runs: Sta
     gate = tmp_path / "gate"
     start_holder(runs, state_dir, gate)
     r = runs("--idle", "1", "--prepare", "sleep 1.5", "--", "sh", "-c", "echo a; sleep 0.5; echo b")
-    wait_for(lambda: _waited(state_dir) > 1.2, what="more than the idle limit of waiting")
+    wait_for(lambda: first_waited(state_dir) > 1.2, what="more than the idle limit of waiting")
     gate.touch()
     assert r.wait() == 0, r.err
     res = r.result()

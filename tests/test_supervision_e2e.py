@@ -22,7 +22,7 @@ import pytest
 from conftest import alive, blocked_in_flock, group_alive, slotq_cmd, wait_for
 from slotq import history
 from slotq.client.ledger import Ledger
-from test_run_e2e import Start, children, gate_cmd, live_tickets, slot_holder, start_holder
+from conftest import Start, children, gate_cmd, live_tickets, slot_holder, start_holder
 
 TERM_IGNORING = "trap '' TERM HUP; echo $$ > {pidf}; sleep 300 & sleep 300"
 PGROUP = Path(__file__).with_name("pgroup.py")
@@ -149,8 +149,6 @@ def test_a_killed_standby_keeper_ends_the_wait_unavailable_and_the_line_moves_up
     wait_for(lambda: len(live_tickets(state_dir)) == 1, what="first in line")
     second = runs("--", "sh", "-c", f"echo second >> {log}", name="second")
     wait_for(lambda: len(live_tickets(state_dir)) == 2, what="second in line")
-    from test_run_e2e import children
-
     [keeper] = wait_for(lambda: children(first.proc.pid), what="the first waiter's keeper")
     os.kill(keeper, signal.SIGKILL)
     assert first.wait() == 121

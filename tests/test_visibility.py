@@ -17,11 +17,9 @@ from typing import Callable
 
 import pytest
 
-from conftest import Run, slotq_cmd, wait_for, watch_snapshots
+from conftest import Start, live_tickets, slotq_cmd, start_holder, wait_for, watch_snapshots
 from slotq import history
-from test_run_e2e import live_tickets, start_holder
 
-Start = Callable[..., Run]
 
 
 def cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None
