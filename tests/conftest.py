@@ -250,8 +250,8 @@ def runs(tmp_path: Path) -> Iterator[Callable[..., Run]]:
         r.kill()
 
 
-# Lines of real `slotq run`s behind a placeholder holder (test_run_e2e,
-# test_line_e2e).
+# Lines of real `slotq run`s behind a placeholder holder (the *_e2e tests,
+# test_history, test_lineview, test_run_cost, test_visibility).
 
 Start = Callable[..., "Run"]
 
