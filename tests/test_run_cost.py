@@ -16,6 +16,22 @@ from slotq.client.caller import run
 from slotq.spec import RunSpec
 from slotq.transports.local import LocalTransport
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.timeout(30)
+def test_the_launcher_scripts_install_writes_starts_slotq_without_site(state_dir: Path, tmp_path: Path) -> None:
+    # `site` is about 1.5 ms of every run and slotq needs nothing it adds.
+    launcher = tmp_path / "slotq"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "write_launcher.py"), str(ROOT / "bin" / "slotq"),
+                    str(launcher)], check=True, timeout=20)
+    assert launcher.read_text().splitlines()[0] == f"#!{os.path.abspath(sys.executable)} -S"
+    # The command's parent is the run's keeper, a fork of the slotq process:
+    # its command line is the one slotq was started with.
+    out = subprocess.run([str(launcher), "run", "-q", "--", "sh", "-c", "tr '\\0' ' ' < /proc/$PPID/cmdline"],
+                         capture_output=True, text=True, timeout=20, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[:3] == [os.path.abspath(sys.executable), "-S", str(launcher)], out.stdout
 
 
 def test_an_uncontended_run_imports_no_heavy_module_in_the_caller(state_dir: Path, tmp_path: Path) -> None:
