@@ -100,6 +100,17 @@ def test_command_that_does_not_exist_reports_exec_failure() -> None:
     assert child.end is not None and child.end.exit_code == 127 and child.end.exec_errno is not None
 
 
+def test_an_error_of_the_keepers_own_before_the_start_is_reported_as_such_not_as_a_kill() -> None:
+    # A NUL in an argument (possible through the library, not the CLI) makes
+    # posix_spawnp raise ValueError in the keeper: something it did not
+    # foresee. Silence would read as a SIGKILL of the keeper ("unavailable,
+    # keeper killed"), which hid such errors in the chaos scenario.
+    child = _spawn(["tr\0ue"])
+    _finish(child)
+    assert child.end is not None and not child.end.lost
+    assert child.end.setup_error is not None and "ValueError" in child.end.setup_error, child.end.setup_error
+
+
 def test_the_keepers_head_line_and_its_start_read_in_one_chunk_are_both_understood() -> None:
     from slotq.host.child import Child
 

@@ -59,6 +59,9 @@ MARKER = b"SLOTQ_RUN_ID"  # in the command's environment: how its processes are 
 _DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGXFSZ, signal.SIGQUIT)
 
 _prctl: Any = None
+# In a keeper: True until it has tried to start the command or has told its
+# runner why not (and closed the pipe it tells it on).
+_before_start = True
 
 
 def _set_prctl(option: int, value: int) -> bool:
@@ -170,8 +173,12 @@ def spawn(
             code = _keeper(argv, cwd, env, stdout_fd, stderr_fd, stdin_fd, inherit_fds, grace,
                            done_w, runner_pid, lock_path, record, ticket, history, run_id,
                            slot_path or lock_path, ack_fd, slot_env, tell_head)
-        except BaseException:
-            pass
+        except BaseException as e:
+            if _before_start:
+                # An error of our own before the command started: said as
+                # such. Silence would read as a kill of the keeper.
+                _setup_failed(done_w, ticket, f"its keeper failed before the command started "
+                                              f"({type(e).__name__}: {e})")
         finally:
             os._exit(code)
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
@@ -317,6 +324,7 @@ def _keeper(
             if ticket is not None:
                 _unlink(ticket[1])
             _tell(done_w, b"stopped=1")
+            _told()
             os.close(done_w)  # end-of-file: the runner reads our report now
             _last_word(ack_fd, history, runner_pid, None, "left the queue before getting a slot")
             return 0
@@ -327,6 +335,7 @@ def _keeper(
                                  setsid=True, setsigmask=(), setsigdef=_DEFAULT_SIGNALS)
     except OSError as e:
         exec_errno = e.errno or errno.ENOENT
+    _told()
     started = b"started=%r,%r,%d\n" % (time.time(), time.monotonic(), leader)
     if record is not None and slot_path is not None and inherit_fds and exec_errno is None:
         # Who holds the slot, written before our ticket goes: nobody is the
@@ -392,8 +401,14 @@ def _setup_failed(done_w: int, ticket: tuple[int, str, int] | None, why: str) ->
     if ticket is not None:
         _unlink(ticket[1])
     _tell(done_w, b"setup=" + why.encode("utf-8", "replace").hex().encode())
+    _told()
     os.close(done_w)
     return 1
+
+
+def _told() -> None:
+    global _before_start
+    _before_start = False
 
 
 def _tell(fd: int, report: bytes) -> None:
