@@ -212,7 +212,8 @@ def run_chaos(work: Path, callers: int = 60, kill_share: float = 0.2, hung_share
         if p.returncode != -signal.SIGKILL and f.exists() and f.stat().st_size:
             results[i] = json.loads(f.read_text())
     survivors = [i for i in range(callers) if i not in kills]
-    bad = {i: results.get(i, {}).get("outcome") for i in survivors
+    # What each unexpected survivor got, with slotq's own words for why.
+    bad = {i: f'{results.get(i, {}).get("outcome")}: {results.get(i, {}).get("message")}' for i in survivors
            if results.get(i, {}).get("outcome") != ("exec_timeout" if plan[i][1] else "passed")}
     # FIFO: in each pool, survivors start in the order of their tickets
     # (the host's sequence numbers; arrival order differs from it under load
