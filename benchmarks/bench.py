@@ -466,6 +466,14 @@ def main() -> int:
     def want(s: str) -> bool:
         return only is None or s in only
 
+    last = [time.monotonic()]
+
+    def lap(name: str) -> None:
+        """How long a scenario took (--quick must stay under 10 minutes)."""
+        now = time.monotonic()
+        print(f"[bench] {name}: {now - last[0]:.0f} s", file=sys.stderr)
+        last[0] = now
+
     bare = bare_times()
     print(f"bare: true {bare['true_ms']:.1f} ms, {PYTHON} -c pass {bare['python_ms']:.1f} ms", file=sys.stderr)
     if want("handoff"):
@@ -482,17 +490,23 @@ def main() -> int:
             results[f"handoff N={n}"] = measure(tools, f"handoff N={n}", lambda t, n=n: handoff(t, n),
                                                # one latency sample per repetition: more of them
                                                hand_reps if n < 500 else max(3, (reps + 1) // 2), skip=skip)
+            lap(f"handoff N={n}")
     if want("idle"):
         results["idle 50 waiters / 20 s"] = measure(tools, "idle", idle, 1 if args.quick else 2)
+        lap("idle")
     if want("order"):
         results["order 20 callers"] = measure(tools, "order", order, reps)
+        lap("order")
     if want("throughput"):
         results["throughput 200 cmds / 2 slots"] = measure(tools, "throughput", throughput,
                                                           2 if args.quick else 3, slots=2)
+        lap("throughput")
     if want("percall"):
         results["per-call overhead"] = measure(tools, "percall", percall, 3 if reps >= 3 else reps)
+        lap("percall")
     if want("crash"):
         results["crash handoff"] = measure(tools, "crash", crash, 2 if args.quick else 3)
+        lap("crash")
 
     # The scenarios of slotq alone that live in modules of their own: each
     # has run(), format_*() and maybe targets(); their text follows the table.
@@ -510,21 +524,25 @@ def main() -> int:
 
         r = memory.run((100, 300) if args.quick else (100, 1000))
         own("waiters", r, memory.format_waiters(r), memory.targets(r))
+        lap("waiters")
     if want("remote"):
         import remote
 
         r = remote.run(5 if args.quick else 15, large=True)
         own("remote", r, remote.format_remote(r), remote.targets(r))
+        lap("remote")
     if want("slurm"):
         import slurm
 
         r = slurm.run(2 if args.quick else 5)
         own("slurm", r, slurm.format_slurm(r), slurm.targets(r))
+        lap("slurm")
     if want("history"):
         import history
 
         r = history.run(200_000 if args.quick else 1_000_000)
         own("history", r, history.format_history(r))
+        lap("history")
     chaos_text: list[str] = []
     if want("chaos"):
         # --quick: one chaos run (about a minute each; a slow VM took 9.5 of
@@ -532,6 +550,7 @@ def main() -> int:
         chaos_report = chaos(args.chaos_callers, 1 if args.quick else 3)
         results["chaos"] = {"slotq": chaos_report}
         chaos_text = ["", *format_chaos(chaos_report)]
+        lap("chaos")
 
     text = [f"slotq benchmarks, {time.strftime('%Y-%m-%d %H:%M')} on {os.uname().nodename} "
             f"({os.cpu_count()} cores), {time.time() - started:.0f} s; medians [min–max] of the repetitions",
