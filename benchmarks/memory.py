@@ -117,13 +117,16 @@ def line_of(n: int, slots: int) -> dict[str, object]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def run(ns: tuple[int, ...] = (100, 1000)) -> dict[str, object]:
+def run(ns: tuple[int, ...] = (100, 1000), two_slots: int | None = None) -> dict[str, object]:
+    """One-slot lines of each N in `ns`, then a two-slot line of
+    `two_slots` callers (default: the last N)."""
     out: dict[str, object] = {}
     for n in ns:
         out[f"one_slot_{n}"] = line_of(n, 1)
         print(f"waiters: {out[f'one_slot_{n}']}", file=sys.stderr)
-    out[f"two_slots_{ns[-1]}"] = line_of(ns[-1], 2)
-    print(f"waiters: {out[f'two_slots_{ns[-1]}']}", file=sys.stderr)
+    n2 = ns[-1] if two_slots is None else two_slots
+    out[f"two_slots_{n2}"] = line_of(n2, 2)
+    print(f"waiters: {out[f'two_slots_{n2}']}", file=sys.stderr)
     return out
 
 
