@@ -540,3 +540,24 @@ def test_a_machine_that_stood_still_is_not_a_stuck_ticket_counter(tmp_path: Path
     finally:
         os.close(mine)
         os.close(holder)
+
+
+@pytest.mark.timeout(20)
+def test_wait_turn_takes_a_ticket_ahead_that_became_a_link_for_no_ticket(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # Another user may swap their own ticket for a symbolic link between our
+    # listing and our open (the tickets directory is shared). A link is
+    # nobody's place, as in probe(): our turn is not held up, and the keeper
+    # waiting here does not fail (its run would end `unavailable`).
+    from slotq.host import ticket
+
+    mine = Waiter(str(tmp_path), CFG, "shared", {})
+    link = os.path.join(os.path.dirname(mine.ticket.path), "0000000000000000.t")
+    os.symlink(mine.ticket.path, link)
+    monkeypatch.setattr(ticket, "ahead_of", lambda pdir, path: [link])
+    try:
+        ticket.wait_turn(mine.ticket.path, mine.ticket.seq)
+        assert os.path.islink(link)  # not ours to remove
+    finally:
+        mine.withdraw()
+        os.unlink(link)

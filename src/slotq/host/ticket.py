@@ -400,8 +400,8 @@ def wait_turn(path: str, seq: int) -> None:
         closest = ahead.pop()
         try:
             fd, _ = open_state(closest, os.O_RDONLY)
-        except OSError:
-            continue  # gone, or no ticket
+        except (OSError, StateFileError):
+            continue  # gone, or no ticket (a link or FIFO put there since the listing: nobody's place)
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)  # the wait, in the kernel
             bury(closest, fd)  # dead now (its owner never locks it again)
