@@ -247,7 +247,32 @@ def test_records_json_reader_is_strict_in_both_parsers_alike(monkeypatch: pytest
                 out.append(("refused", None))
         results.append(out)
     assert results[0] == results[1]
-    assert [r for r, _ in results[0]] == ["ok", "refused", "refused", "refused", "ok", "ok", "ok"]
+    assert [r for r, _ in results[0]] == ["ok", "refused", "refused", "refused", "ok", "refused", "ok"]
+
+
+def test_records_json_reader_refuses_numbers_out_of_range(json_parser: str) -> None:
+    # No state file holds more than 64 bits or an infinity; as a Python int
+    # such a number raises OverflowError where a reader mixes it with a float.
+    from slotq.records import from_json
+
+    assert from_json('[9223372036854775807, -9223372036854775808, 1e308, -2.5e-320]') == \
+        [2**63 - 1, -2**63, 1e308, -2.5e-320]
+    for bad in ('{"since": 9223372036854775808}', "-9223372036854775809", "1" + "0" * 400, "1e400", "[-1E309]"):
+        with pytest.raises(ValueError, match="number out of range"):
+            from_json(bad)
+
+
+def test_clean_state_gives_a_records_fields_the_types_readers_rely_on() -> None:
+    from slotq.records import clean_state
+
+    good = {"run_id": "abc", "label": "l", "cls": "shared", "host": "h", "phase": "running", "pid": 5,
+            "pid_start": 0, "keeper": 6, "keeper_start": 7, "cmd": 8, "cmd_start": 9, "uid": 0,
+            "since": 1.7e9, "budget": 60, "grace": 2.5, "other": [1]}
+    assert clean_state(good) == good
+    odd = {"pid": [], "keeper": {}, "cmd": "1", "cmd_start": 1.5, "uid": -1, "pid_start": True,
+           "since": -1, "budget": 1e12, "grace": "2", "label": ["x"], "cls": 5, "host": False, "phase": {},
+           "run_id": None}
+    assert clean_state(odd) == dict.fromkeys(odd)
 
 
 def test_records_json_turns_non_finite_floats_into_null(json_parser: str) -> None:

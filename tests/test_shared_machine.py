@@ -422,6 +422,41 @@ def test_corrupt_state_is_survived(world: World) -> None:
     assert w.run(w.a, "run", "-q", "--", "true", timeout=20).returncode == 0
 
 
+ODD_RECORDS: dict[str, dict[str, object]] = {
+    "pids of the wrong type": {"pid": [], "keeper": {"a": 1}, "cmd": "1", "pid_start": 1.5},
+    "numbers out of range": {"since": 10**400, "budget": -1, "grace": 1e300, "keeper": -5},
+    "names of the wrong type": {"since": "yesterday", "cls": 5, "label": ["x"], "phase": {}, "host": True},
+}
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("odd", ODD_RECORDS, ids=list(ODD_RECORDS))
+def test_odd_values_in_anothers_records_are_survived(world: World, odd: str) -> None:
+    """Well-formed JSON with values no slotq writes -- in B's holder record
+    and in a ticket B left dead ahead of A -- is shown as unknown: A's
+    status works, and A's run steps past the dead ticket and passes."""
+    w = world
+    gate = w.root / "gate"
+    holder = _hold(w, w.b, gate)
+    record = json.dumps({"run_id": "abc", "label": "b's run", "pid": 1, "phase": "running", **ODD_RECORDS[odd]})
+    assert w.py(w.b, f"import os; fd = os.open({str(w.state / 'slots' / 'shared.0')!r}, os.O_WRONLY); "
+                     f"os.ftruncate(fd, 0); os.write(fd, {record!r}.encode())").returncode == 0
+    dead = w.state / "tickets" / "shared" / f"{1:016d}.t"  # ahead of A's, and nobody's lock on it
+    assert w.py(w.b, f"open({str(dead)!r}, 'w').write({record!r})").returncode == 0
+    for args in (("status",), ("status", "--json")):
+        status = w.run(w.a, *args)
+        assert status.returncode == 0 and "Traceback" not in status.stderr, status.stderr
+    slot = json.loads(w.run(w.a, "status", "--json").stdout)["pools"][0]["slots"][0]
+    assert slot["held"] and slot["user"] == w.b
+    result = w.home(w.a) / "r.json"
+    waiter = w.popen(w.a, "run", "-q", "--json", str(result), "--", "true", stderr=subprocess.PIPE)
+    wait_for(lambda: len(_waiting(w)) == 1, what="A's run in line")
+    gate.touch()
+    assert waiter.wait(timeout=30) == 0, waiter.stderr.read() if waiter.stderr else ""
+    assert json.loads(result.read_text())["outcome"] == "passed"
+    holder.wait(timeout=30)
+
+
 # ---------------------------------------------------------------- remote work dirs
 
 @pytest.mark.timeout(60)

@@ -83,15 +83,37 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
 
+def _int(token: str) -> int:
+    """A JSON integer that fits in 64 bits (every count, pid, tick and
+    time we write does); a longer one is corrupt or hostile, and as a
+    Python int it would raise OverflowError where a reader mixes it with
+    a float."""
+    if len(token) > 20:
+        raise ValueError(f"number out of range: {token[:24]}...")
+    value = int(token)
+    if not -(1 << 63) <= value < 1 << 63:
+        raise ValueError(f"number out of range: {token}")
+    return value
+
+
+def _float(token: str) -> float:
+    """A JSON number with a fraction or exponent, finite (1e400 is not)."""
+    value = float(token)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"number out of range: {token[:24]}")
+    return value
+
+
 class _Strict:
     """The scanner's settings (what `json.JSONDecoder` passes it): plain
-    JSON only -- no control characters in strings, no NaN or Infinity."""
+    JSON only -- no control characters in strings, no NaN or Infinity,
+    no number out of range (`_int`, `_float`)."""
 
     strict = True
     object_hook = None
     object_pairs_hook = None
-    parse_float = float
-    parse_int = int
+    parse_float = staticmethod(_float)
+    parse_int = staticmethod(_int)
 
     @staticmethod
     def parse_constant(name: str) -> object:
@@ -240,9 +262,9 @@ def _parse(s: str, i: int, depth: int) -> tuple[object, int]:
     if not _is_number(token):
         raise ValueError(f"bad number {token!r} at {i}")
     try:
-        return (int(token) if token.lstrip("-").isdigit() else float(token)), j
-    except ValueError:  # an integer of more digits than Python converts
-        raise ValueError(f"bad number {token!r} at {i}") from None
+        return (_int(token) if token.lstrip("-").isdigit() else _float(token)), j
+    except ValueError as e:  # out of range
+        raise ValueError(f"{e} at {i}") from None
 
 
 def _is_number(token: str) -> bool:
@@ -292,6 +314,32 @@ def _string_at(s: str, i: int) -> tuple[str, int]:
             i = j + 2
         else:
             raise ValueError(f"bad escape at {j}")
+
+
+_STATE_INTS = ("pid", "pid_start", "keeper", "keeper_start", "cmd", "cmd_start", "uid")
+_STATE_NUMBERS = ("since", "budget", "grace")
+_STATE_TEXT = ("run_id", "label", "cls", "host", "phase")
+
+
+def clean_state(info: dict[str, object]) -> dict[str, object]:
+    """A ticket's or a slot holder's record (another user may have written
+    it) with the types its readers rely on: pids, start ticks and the uid
+    ints >= 0; times and durations numbers in [0, 1e12); names and the
+    phase text. A field of any other type or range becomes None -- shown
+    as unknown, never a crash in a waiting run or in `status`."""
+    out = dict(info)
+    for k in _STATE_INTS:
+        v = out.get(k)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            out[k] = None
+    for k in _STATE_NUMBERS:
+        v = out.get(k)
+        if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < 1e12):
+            out[k] = None
+    for k in _STATE_TEXT:
+        if not isinstance(out.get(k), (str, type(None))):
+            out[k] = None
+    return out
 
 
 def printable(value: object, limit: int = 200) -> str:

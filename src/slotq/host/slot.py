@@ -28,7 +28,7 @@ import fcntl
 import os
 
 from ..errors import StateDirError
-from ..records import from_json, to_json
+from ..records import clean_state, from_json, to_json
 from ..statefile import StateFileError, make_dirs, open_state, share_created
 
 MAX_RECORD = 65536
@@ -234,4 +234,4 @@ def _parse_record(raw: bytes) -> dict[str, object] | None:
         parsed = from_json(raw.decode("utf-8", "replace") or "null")
     except ValueError:
         return None
-    return parsed if isinstance(parsed, dict) else None
+    return clean_state(parsed) if isinstance(parsed, dict) else None

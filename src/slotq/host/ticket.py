@@ -31,7 +31,7 @@ import os
 import time
 
 from ..errors import AdmissionRefused, StateDirError
-from ..records import from_json, load_scanner, to_json
+from ..records import clean_state, from_json, load_scanner, to_json
 from ..statefile import StateFileError, make_dirs, open_state, read_limited, share_created
 
 TYPE_CHECKING = False
@@ -445,6 +445,7 @@ def bury(path: str, fd: int) -> None:
 
     record = None
     if isinstance(info, dict):
+        info = clean_state(info)
         since = info.get("since")
         record = history.run_record(
             run_id=info.get("run_id"), label=info.get("label"), cls=info.get("cls"), host=info.get("host"),
@@ -478,7 +479,7 @@ def read_info(path: str) -> dict[str, object] | None:
         return None
     finally:
         os.close(fd)
-    return data if isinstance(data, dict) else None
+    return clean_state(data) if isinstance(data, dict) else None
 
 
 def live_tickets(pdir: str, locked: set[tuple[int, int]] | None) -> list[tuple[int, str]] | None:
