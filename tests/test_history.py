@@ -141,16 +141,21 @@ def test_corrupt_lines_are_skipped_and_counted_never_a_crash(state_dir: Path, tm
         f.write(b'{"run_id": "' + b"x" * 200_000 + b'"}\n')  # too long
         f.write(b"\xff\xfe not json\n")
         f.write(b'{"run_id": "no-end", "phases": {"ended": "soon"}}\n')
+        # Well-formed, but values no slotq writes: read as unknown.
+        f.write(b'{"run_id": "odd", "exit_code": 1%s, "uid": 1%s, "label": ["x"], "waited_s": NaN, '
+                b'"phases": {"submitted": Infinity, "ended": %r}}\n' % (b"0" * 19, b"0" * 19, now))
     history.append(str(state_dir), record(2, now))
     index = Index(str(state_dir), 180 * DAY, path=str(tmp_path / "idx.sqlite"))
     index.catch_up()
-    assert [r["run_id"] for r in index.query()] == ["run0000001", "run0000002"]
+    got = index.query()
+    assert [r["run_id"] for r in got] == ["run0000001", "odd", "run0000002"]
+    assert [got[1][k] for k in ("exit_code", "label", "waited_s")] == [None, None, None]
     assert index.skipped == 4
     index.close()
     # The status view shows any JSON object (the one without an end too).
     assert [r["run_id"] for r in history.recent(str(state_dir), 10)] == ["run0000001", "no-end", "run0000002"]
     proc = cli("history")
-    assert proc.returncode == 0 and "2 run(s)" in proc.stdout
+    assert proc.returncode == 0 and "3 run(s)" in proc.stdout
     assert "4 corrupt line(s)" in proc.stderr
 
 

@@ -228,7 +228,10 @@ def clean_record(rec: dict[str, object]) -> dict[str, object]:
         v = out.get(k)
         out[k] = v if _number(v) else None
     code = out.get("exit_code")
-    out["exit_code"] = code if isinstance(code, int) and not isinstance(code, bool) else None
+    # An exit status or a negative signal number: 32 bits at most (a longer
+    # one would not fit the index's SQLite INTEGER).
+    out["exit_code"] = code if isinstance(code, int) and not isinstance(code, bool) and -(1 << 31) <= code < 1 << 31 \
+        else None
     raw = out.get("phases")
     if isinstance(raw, dict):
         if "submitted" not in raw and "queued" in raw:
