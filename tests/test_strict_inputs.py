@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -202,6 +203,61 @@ def test_ticket_numbers_keep_rising_when_a_line_empties(tmp_path: Path) -> None:
     assert late.seq > keep.seq > t.seq
     for x in (t, keep, late):
         x.withdraw()
+
+
+ODD_VALUES: list[object] = [2**63 - 1, -2**63, 1e308, -1e308, -1, 0, True, "x", [], {"a": [1]}, None, 1e11]
+RECORD_FIELDS = ["since", "pid", "pid_start", "keeper", "keeper_start", "cmd", "cmd_start", "budget", "grace",
+                 "uid", "run_id", "label", "cls", "host", "phase"]
+
+
+@pytest.mark.timeout(120)
+def test_any_json_value_in_a_ticket_or_holder_record_is_survived(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another user writes their ticket and holder record (issue 11): every
+    field of either, set to any JSON value, is read as that value or as
+    unknown by status, the orphan check and the burial of a dead ticket --
+    never an exception (each raised in `status` and in a waiting run)."""
+    from slotq import history, status
+    from slotq.config import HostConfig
+    from slotq.host import orphans
+    from slotq.host.slot import read_slot
+    from slotq.host.ticket import pool_dir, probe
+
+    monkeypatch.delenv("SLOTQ_CONFIG", raising=False)
+    state = str(tmp_path)
+    config = HostConfig.load(state_dir=state)
+    slots = SlotProbe(state, "shared", 1)
+    lease = slots.try_lease()
+    assert lease is not None
+    now = time.time()
+    try:
+        for field in RECORD_FIELDS:
+            for value in ODD_VALUES:
+                record = {"run_id": "abc123", "label": "b's run", "pid": 1, "cls": "shared", "phase": "running",
+                          "since": now, "budget": 60, field: value}
+                text = json.dumps(record).encode()
+                os.pwrite(lease.fd, text, 0)
+                os.ftruncate(lease.fd, len(text))
+                live = take_ticket(state, "shared", record)
+                dead = os.path.join(pool_dir(state, "shared"), f"{live.seq - 1:016d}.t")
+                with open(dead, "wb") as f:
+                    f.write(text)
+                try:
+                    snap = status.snapshot(state, config, now)  # buries the dead ticket too
+                    assert not os.path.exists(dead), (field, value)
+                    info = read_slot(state, "shared", 0)[1]
+                    assert info is not None and orphans.end_orphan(state, info, 0.1, "test") == [], (field, value)
+                    with open(dead, "wb") as f:
+                        f.write(text)
+                    assert probe(dead) is False, (field, value)
+                finally:
+                    live.withdraw()
+                pools = snap["pools"]
+                assert isinstance(pools, list) and [p["pool"] for p in pools] == ["shared", "landing"]
+        assert len(history.recent(state, 1000)) == 2 * len(RECORD_FIELDS) * len(ODD_VALUES)
+    finally:
+        lease.release()
+        slots.close()
 
 
 # ---------------------------------------------------------------- the wait ledger's spool
