@@ -4,7 +4,10 @@ holder in a one-slot pool, then in a two-slot pool.
   Pss per queued caller   the caller's process and any helper of it (its
                           standby keeper), /proc/PID/smaps_rollup, summed
                           and divided by N, once all N are in line
-  idle CPU                CPU seconds all of them burn over WINDOW_S in line,
+  idle CPU                CPU seconds all of them burn over WINDOW_S in line
+                          (the scheduler's sum, to the ns: tools.proc_cpu;
+                          the clock-tick figure runs before 2026-12-02
+                          14:00 gave is kept in the JSON, idle_cpu_ticks_s),
                           once the line is in place and the machine quiet
                           (one heartbeat period: each quiet caller refreshes
                           its wait record once in it, whenever it joined; a
@@ -24,7 +27,7 @@ import sys
 import tempfile
 import time
 
-from tools import SLOTQ, settle
+from tools import SLOTQ, proc_cpu, proc_cpu_ticks, settle
 
 WINDOW_S = 30.0  # = the default --report-every, and a quiet caller's heartbeat period
 
@@ -43,15 +46,6 @@ def _pss_kb(pid: int) -> int:
             return next((int(line.split()[1]) for line in f if line.startswith("Pss:")), 0)
     except OSError:
         return 0
-
-
-def _cpu_s(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except OSError:
-        return 0.0
 
 
 def _children(pids: set[int]) -> list[int]:
@@ -96,9 +90,11 @@ def line_of(n: int, slots: int) -> dict[str, object]:
         pids = {p.pid for p in procs}
         helpers = _children(pids)
         pss = sum(_pss_kb(p) for p in [*pids, *helpers])
-        cpu0 = sum(_cpu_s(p) for p in [*pids, *helpers])
+        everyone = [*pids, *helpers]
+        cpu0, ticks0 = sum(proc_cpu(p) for p in everyone), sum(proc_cpu_ticks(p) for p in everyone)
         time.sleep(WINDOW_S)
-        cpu = sum(_cpu_s(p) for p in [*pids, *helpers]) - cpu0
+        cpu = sum(proc_cpu(p) for p in everyone) - cpu0
+        ticks = sum(proc_cpu_ticks(p) for p in everyone) - ticks0  # the measure of runs before 2026-12-02 14:00
         with open(gate, "w"):
             pass
         codes = [p.wait(timeout=600) for p in procs]
@@ -111,6 +107,7 @@ def line_of(n: int, slots: int) -> dict[str, object]:
         inversions = sum(1 for a, b in zip(started, started[1:]) if tickets[a] > tickets[b]) if slots == 1 else None
         return {"n": n, "slots": slots, "pss_mb_per_caller": round(pss / n / 1024, 2),
                 "helpers": len(helpers), "idle_cpu_s": round(cpu, 3),
+                "idle_cpu_ticks_s": round(ticks, 3),
                 "passed": sum(1 for c, o in zip(codes, outcomes) if c == 0 and o == "passed"),
                 "inversions": inversions, "in_ticket_order": started == by_ticket if slots == 1 else None}
     finally:
