@@ -518,6 +518,30 @@ def test_cancel_does_not_talk_to_a_socket_squatting_a_runs_name(world: World) ->
 
 
 @pytest.mark.timeout(60)
+def test_another_users_silent_connection_to_a_runs_control_socket_is_refused_at_once(world: World) -> None:
+    """Anyone on the machine can connect to a run's abstract control
+    socket. B connects to A's running run and says nothing: the runner
+    refuses B from the kernel's word on who B is, without waiting for B to
+    speak (a wait would stall A's runner a second per connection)."""
+    w = world
+    gate = w.root / "gate"
+    holder = _hold(w, w.a, gate)
+    held = _holder(w)
+    assert held is not None
+    silent = ("import socket, time\n"
+              "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+              f"s.connect(b'\\0slotq-run/{held['run_id']}')\n"
+              "s.settimeout(10)\n"
+              "print(s.recv(4096).decode().strip())\n")
+    out = w.py(w.b, silent)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"refused: run {held['run_id']} belongs to user {w.a}", out.stdout
+    cancel = w.run(w.a, "cancel", str(held["run_id"]))  # A's own cancel still works
+    assert cancel.returncode == 0, cancel.stderr
+    assert holder.wait(timeout=30) == 130
+
+
+@pytest.mark.timeout(60)
 def test_a_ticket_held_by_hand_behind_a_forged_label_is_named_by_its_owner(world: World) -> None:
     w = world
     ticket = w.state / "tickets" / "shared" / f"{5:016d}.t"

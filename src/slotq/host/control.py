@@ -63,16 +63,18 @@ class ControlSocket:
             return None
         c = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM, 0, conn)
         try:
-            c.settimeout(1.0)  # a silent client cannot hold the runner up for long
-            request = c.recv(64).strip()
+            c.settimeout(1.0)  # our own user's silent client cannot hold the runner up for long
             pid, uid = peer(c)
-            if request != b"cancel":
-                c.sendall(b"refused: unknown request\n")
-                return None
             from .orphans import user_name
 
             if uid not in (os.getuid(), 0):
+                # Refused before reading: anyone on the machine can connect
+                # to an abstract socket, and a wait for what they say would
+                # stall this run's runner a second per connection.
                 c.sendall(f"refused: run {self.run_id} belongs to user {user_name(os.getuid())}\n".encode())
+                return None
+            if c.recv(64).strip() != b"cancel":
+                c.sendall(b"refused: unknown request\n")
                 return None
             c.sendall(b"ok\n")
             return f"pid {pid}, user {user_name(uid)}"
@@ -112,14 +114,22 @@ def send_cancel(run_id: str, timeout: float = 5.0, expect_uid: int | None = None
         pid, uid = peer(s)
         if expect_uid is not None and uid != expect_uid:
             return CancelReply(False, "impostor", pid, uid)
-        s.sendall(b"cancel\n")
+        try:
+            s.sendall(b"cancel\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # a runner refuses another user before reading, and may have closed: its reply is queued
         reply = b""
-        while len(reply) < 4096:
-            chunk = s.recv(4096)
+        while b"\n" not in reply and len(reply) < 4096:  # one line: `ok` or `refused: ...`
+            try:
+                chunk = s.recv(4096)
+            except ConnectionResetError:
+                if reply:
+                    break  # the runner closed with our request unread (a refusal): we have its line
+                raise
             if not chunk:
                 break
             reply += chunk
-        text = reply.decode(errors="replace").strip()
+        text = reply.split(b"\n")[0].decode(errors="replace").strip()
         return CancelReply(text == "ok", text, pid, uid)
     finally:
         s.close()
