@@ -425,7 +425,6 @@ def test_corrupt_state_is_survived(world: World) -> None:
 ODD_RECORDS: dict[str, dict[str, object]] = {
     "pids of the wrong type": {"pid": [], "keeper": {"a": 1}, "cmd": "1", "pid_start": 1.5},
     "numbers out of range": {"since": 10**400, "budget": -1, "grace": 1e300, "keeper": -5},
-    "names of the wrong type": {"since": "yesterday", "cls": 5, "label": ["x"], "phase": {}, "host": True},
 }
 
 
