@@ -89,8 +89,8 @@ def line_of(n: int, slots: int) -> dict[str, object]:
         settle(cap=60.0)  # first status reports and standby keepers done: the line is in place
         pids = {p.pid for p in procs}
         helpers = _children(pids)
-        pss = sum(_pss_kb(p) for p in [*pids, *helpers])
         everyone = [*pids, *helpers]
+        pss = sum(_pss_kb(p) for p in everyone)
         cpu0, ticks0 = sum(proc_cpu(p) for p in everyone), sum(proc_cpu_ticks(p) for p in everyone)
         time.sleep(WINDOW_S)
         cpu = sum(proc_cpu(p) for p in everyone) - cpu0

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 
-from .records import from_json, to_json
+from .records import from_json, is_number, to_json
 
 SPOOL_BYTES = 1 << 20  # the spool moves to its segment past this
 MAX_LINE = 64 * 1024  # longer lines are skipped as corrupt
@@ -226,7 +226,7 @@ def clean_record(rec: dict[str, object]) -> dict[str, object]:
         out[k] = v if isinstance(v, str) else None
     for k in _NUMBERS:
         v = out.get(k)
-        out[k] = v if _number(v) else None
+        out[k] = v if is_number(v) else None
     code = out.get("exit_code")
     # An exit status or a negative signal number: 32 bits at most (a longer
     # one would not fit the index's SQLite INTEGER).
@@ -236,7 +236,7 @@ def clean_record(rec: dict[str, object]) -> dict[str, object]:
     if isinstance(raw, dict):
         if "submitted" not in raw and "queued" in raw:
             raw = dict(raw, submitted=raw["queued"])
-        out["phases"] = {k: (raw.get(k) if _number(raw.get(k)) else None) for k in PHASES}
+        out["phases"] = {k: (raw.get(k) if is_number(raw.get(k)) else None) for k in PHASES}
     else:
         out["phases"] = None
     try:
@@ -255,10 +255,6 @@ def _user_name(uid: int) -> str:
 
         _names[uid] = user_name(uid)
     return _names[uid]
-
-
-def _number(v: object) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) < 1e12
 
 
 def run_record(*, run_id: object, label: object, cls: object, host: object, outcome: str,

@@ -316,6 +316,12 @@ def _string_at(s: str, i: int) -> tuple[str, int]:
             raise ValueError(f"bad escape at {j}")
 
 
+def is_number(v: object) -> bool:
+    """A time or a duration from a record: an int or a float (not a bool),
+    finite and under 1e12 in size (year 33658 as epoch seconds)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) < 1e12
+
+
 _STATE_INTS = ("pid", "pid_start", "keeper", "keeper_start", "cmd", "cmd_start", "uid")
 _STATE_NUMBERS = ("since", "budget", "grace")
 _STATE_TEXT = ("run_id", "label", "cls", "host", "phase")
@@ -334,7 +340,7 @@ def clean_state(info: dict[str, object]) -> dict[str, object]:
             out[k] = None
     for k in _STATE_NUMBERS:
         v = out.get(k)
-        if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < 1e12):
+        if v is not None and not (is_number(v) and v >= 0):  # type: ignore[operator]
             out[k] = None
     for k in _STATE_TEXT:
         if not isinstance(out.get(k), (str, type(None))):

@@ -451,7 +451,7 @@ def bury(path: str, fd: int) -> None:
             run_id=info.get("run_id"), label=info.get("label"), cls=info.get("cls"), host=info.get("host"),
             pool=os.path.basename(os.path.dirname(path)), outcome="caller_gone", exit_code=None,
             message="caller gone while waiting in line (its ticket was found dead)", uid=owner,
-            phases={"submitted": since if isinstance(since, (int, float)) and not isinstance(since, bool) else None,
+            phases={"submitted": since if isinstance(since, (int, float)) else None,  # clean: a number or None
                     "ended": time.time()})
     state_dir = os.path.dirname(os.path.dirname(os.path.dirname(path)))
     held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
