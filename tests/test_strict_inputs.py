@@ -286,6 +286,38 @@ def test_a_bad_spool_line_is_set_aside_and_counted_never_a_jam(tmp_path: Path,
     assert proc.returncode == 0 and "2 unreadable line(s)" in proc.stdout, proc.stdout + proc.stderr
 
 
+NO_PROCESS_PIDS = (0, -1, 2 ** 31, 2 ** 63 - 1)
+
+
+@pytest.mark.timeout(30)
+def test_a_wait_of_a_pid_no_process_can_have_is_never_a_jam_nor_in_progress(tmp_path: Path) -> None:
+    from slotq.client.ledger import Ledger, spool_path
+
+    path = str(tmp_path / "ledger.sqlite")
+    now = time.time()
+    # Spooled: set aside like any other unreadable line.
+    with open(spool_path(path), "w") as f:
+        for n, pid in enumerate(NO_PROCESS_PIDS):
+            f.write(json.dumps({"op": "open", "key": f"s{n}", "run_id": f"spooled{n}", "pid": pid, "pid_start": None,
+                                "workdir": str(tmp_path), "host": "h", "kind": "queue", "start": now - 100}) + "\n")
+    ledger = Ledger(path)
+    assert ledger.ingest() == 0 and ledger.set_aside() == len(NO_PROCESS_PIDS)
+    # Already in the table (an earlier slotq took them in): an open wait of
+    # such a pid is a dead waiter's, ended at its last heartbeat.
+    for n, pid in enumerate(NO_PROCESS_PIDS):
+        wait = ledger.open_wait(run_id=f"kept{n}", workdir=str(tmp_path), host="h", kind="queue", start=now - 100,
+                                pid=pid)
+        ledger.heartbeat(wait, now - 40)
+    ledger.close()
+    proc = subprocess.run(slotq_cmd() + ["waits", "--dir", str(tmp_path), "--json"], capture_output=True, text=True,
+                          timeout=20, env=dict(os.environ, SLOTQ_LEDGER=path))
+    assert proc.returncode == 0, one_line(proc)
+    credit = json.loads(proc.stdout)
+    assert credit["in_progress"] == []
+    assert sorted(w["run_id"] for w in credit["waits"]) == [f"kept{n}" for n in range(len(NO_PROCESS_PIDS))]
+    assert {(w["closed_by"], w["seconds"]) for w in credit["waits"]} == {("heartbeat", 60)}
+
+
 # ---------------------------------------------------------------- full disks and --json
 
 @pytest.fixture

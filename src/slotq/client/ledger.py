@@ -86,7 +86,14 @@ def process_start(pid: int) -> str | None:
     return None if ticks is None else f"{_boot_id}:{ticks}"
 
 
+def is_pid(value: object) -> bool:
+    """A pid a process can have: a positive pid_t."""
+    return type(value) is int and 0 < value < 2 ** 31
+
+
 def process_alive(pid: int, pid_start: str | None) -> bool:
+    if not is_pid(pid):
+        return False  # no process has it (and 0 or -1 would ask about many)
     if pid_start is None:
         try:
             os.kill(pid, 0)
@@ -351,8 +358,10 @@ def _valid_event(ev: dict[str, object]) -> bool:
             return False
         if isinstance(v, float) and not (v == v and abs(v) < 1e12):
             return False
+    if ev.get("op") != "open":
+        return True
     ps = ev.get("pid_start")
-    return ev.get("op") != "open" or ps is None or isinstance(ps, str)
+    return is_pid(ev.get("pid")) and (ps is None or isinstance(ps, str))
 
 
 def _set_aside(spool: str, lines: list[bytes]) -> None:
