@@ -98,6 +98,36 @@ def test_the_page_renders_in_a_real_browser_one_bar_per_run_hover_and_no_console
         shutil.copy(shot, Path(artifacts) / "report.png")
 
 
+HOSTILE_LABELS = ["<!--<script>", "</script><script>document.title='taken'</script>",
+                  "<img src=x onerror=\"document.title='taken'\">"]
+
+
+@pytest.mark.timeout(120)
+def test_labels_anyone_could_write_neither_break_the_page_nor_run(state_dir: Path, tmp_path: Path) -> None:
+    # In a shared state dir every user's run labels are on the page.
+    state_dir.mkdir()
+    now = time.time()
+    for i, label in enumerate(HOSTILE_LABELS + ["plain"]):
+        got = now - 100 + i * 10
+        history.append(str(state_dir), history.run_record(
+            run_id=f"run{i}", label=label, cls="shared", host="h", pool="shared", slot="shared#0",
+            outcome="passed", exit_code=0, message="", phases={"submitted": got - 1, "slot": got, "started": got,
+                                                                 "ended": got + 5}))
+    page = tmp_path / "runs.html"
+    proc = subprocess.run(slotq_cmd() + ["report", "--html", str(page), "--since", "1h"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, one_line(proc)
+    probe = tmp_path / "probe.html"
+    probe.write_text(page.read_text().replace("</body>", HOVER + "</body>"))  # the first run's tooltip
+    dom, log = browse(probe, tmp_path, "--dump-dom")
+    assert console_lines(log) == [], console_lines(log)
+    assert 'data-ready="1"' in dom, "the page's script did not run to its end"
+    assert len(re.findall(r'<rect class="run"', dom)) == len(HOSTILE_LABELS) + 1
+    assert "<title>taken</title>" not in dom, "a label ran as code"
+    tip = re.search(r'data-tip="([^"]*)"', dom)
+    assert tip is not None and tip.group(1).startswith("&lt;!--&lt;script&gt;"), tip
+
+
 @pytest.mark.timeout(120)
 def test_the_console_check_sees_an_error_in_a_broken_page(tmp_path: Path) -> None:
     broken = tmp_path / "broken.html"

@@ -138,7 +138,10 @@ def render_html(data: dict[str, object]) -> str:
     legend = "".join(f'<span class="key"><i style="background:{c}"></i>{html.escape(o)}</span>'
                      for o, c in zip(data["outcomes"], data["colors"])  # type: ignore[call-overload]
                      if any(r[5] == data["outcomes"].index(o) for r in data["runs"]))  # type: ignore[attr-defined]
-    payload = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
+    # Inside <script> the HTML parser acts on "</script" and "<!--" (which
+    # can make it swallow the rest of the page): a label from any user of a
+    # shared state dir may hold either. JSON may spell every "<" as \u003c.
+    payload = json.dumps(data, separators=(",", ":")).replace("<", "\\u003c")
     title = f"slotq runs on {data['host']}, {when(data['since'])} – {when(data['until'])}"
     return _PAGE.format(title=html.escape(title), rows="".join(rows), legend=legend, payload=payload,
                         count=len(data["runs"]))  # type: ignore[arg-type]
