@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
 from slotq.client.choose import describe_choice, expected_wait, rank_hosts
 
 
-def snap(slots: list[tuple[bool, float]], waiting: int = 0, runs: list[float] | None = None,
-         classes: tuple[str, ...] = ("shared",)) -> dict[str, object]:
+Slot = tuple[bool, float] | tuple[bool, float, float]
+
+
+def snap(slots: Sequence[Slot], waiting: int = 0,
+         runs: list[float] | None = None, classes: tuple[str, ...] = ("shared",)) -> dict[str, object]:
+    """Slots as (held, held_s) or (held, held_s, budget)."""
     return {
         "pools": [{"pool": "shared", "classes": list(classes),
-                   "slots": [{"held": held, "held_s": held_s} for held, held_s in slots],
+                   "slots": [{"held": s[0], "held_s": s[1], **({"budget": s[2]} if len(s) > 2 else {})}
+                             for s in slots],
                    "waiting": [{"seq": i} for i in range(waiting)]}],
         "history": [{"ran_s": r} for r in (runs or [])],
     }
@@ -22,12 +29,12 @@ def snap(slots: list[tuple[bool, float]], waiting: int = 0, runs: list[float] | 
     ([(True, 10)], 0, [40], 30),                 # holder 10 s into a typical 40 s run
     ([(True, 10)], 2, [40], 110),                # then two full runs ahead of us
     ([(True, 50)], 0, [40], 20),                 # past typical: half a run more, never 0
+    ([(True, 540, 600)], 0, [1800], 60),         # its budget ends it sooner than a typical run would
     ([(True, 10), (False, 0)], 1, [40], 30),     # the waiter takes the free slot
     ([(True, 0)], 0, [], 60),                    # no history: 60 s assumed
     ([(True, 5), (True, 25)], 1, [30, 30, 90], 25),
 ])
-def test_expected_wait_table(slots: list[tuple[bool, float]], waiting: int, runs: list[float],
-                             expected: float) -> None:
+def test_expected_wait_table(slots: list[Slot], waiting: int, runs: list[float], expected: float) -> None:
     wait, why = expected_wait(snap(slots, waiting, runs), "shared")
     assert wait == pytest.approx(expected)
     assert f"{waiting} waiting" in why

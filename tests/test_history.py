@@ -169,11 +169,16 @@ def test_retention_drops_old_runs_and_old_segments(state_dir: Path, tmp_path: Pa
     old.write_text(json.dumps(record(1, 978_307_200 + 3600)) + "\n")
     history.append(str(state_dir), record(2, now - 40 * DAY))
     history.append(str(state_dir), record(3, now - 1 * DAY))
+    # A month that ended (or ends) within the window: its segment is kept.
+    within = seg_dir / time.strftime("%Y-%m.jsonl", time.gmtime(now - 25 * DAY))
+    with open(within, "a") as f:
+        f.write(json.dumps(record(4, now - 25 * DAY)) + "\n")
     (state_dir / "host.toml").write_text('[history]\nretention = "30d"\n')
     proc = cli("history", "--json", "--since", "3650d")
     assert proc.returncode == 0, proc.stderr
-    assert [r["run_id"] for r in json.loads(proc.stdout)] == ["run0000003"]
+    assert sorted(r["run_id"] for r in json.loads(proc.stdout)) == ["run0000003", "run0000004"]
     assert not old.exists(), "a segment wholly past the retention is deleted"
+    assert within.exists(), "a segment of a month that ended within the retention is kept"
     (state_dir / "host.toml").write_text('[history]\nretention = "forever"\n')
     proc = cli("history")
     assert proc.returncode == 78 and "[history] retention" in proc.stderr

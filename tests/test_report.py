@@ -103,14 +103,15 @@ HOSTILE_LABELS = ["<!--<script>", "</script><script>document.title='taken'</scri
 
 
 @pytest.mark.timeout(120)
-def test_labels_anyone_could_write_neither_break_the_page_nor_run(state_dir: Path, tmp_path: Path) -> None:
+def test_labels_and_pools_anyone_could_write_neither_break_the_page_nor_run(state_dir: Path, tmp_path: Path) -> None:
     # In a shared state dir every user's run labels are on the page.
     state_dir.mkdir()
     now = time.time()
     for i, label in enumerate(HOSTILE_LABELS + ["plain"]):
         got = now - 100 + i * 10
+        pool = '<em id="forged">pool</em>' if label == "plain" else "shared"  # a history line anyone can append
         history.append(str(state_dir), history.run_record(
-            run_id=f"run{i}", label=label, cls="shared", host="h", pool="shared", slot="shared#0",
+            run_id=f"run{i}", label=label, cls="shared", host="h", pool=pool, slot="shared#0",
             outcome="passed", exit_code=0, message="", phases={"submitted": got - 1, "slot": got, "started": got,
                                                                  "ended": got + 5}))
     page = tmp_path / "runs.html"
@@ -124,6 +125,7 @@ def test_labels_anyone_could_write_neither_break_the_page_nor_run(state_dir: Pat
     assert 'data-ready="1"' in dom, "the page's script did not run to its end"
     assert len(re.findall(r'<rect class="run"', dom)) == len(HOSTILE_LABELS) + 1
     assert "<title>taken</title>" not in dom, "a label ran as code"
+    assert '<em id="forged">' not in dom and '&lt;em id="forged"&gt;pool&lt;/em&gt;' in dom, "a pool name became markup"
     tip = re.search(r'data-tip="([^"]*)"', dom)
     assert tip is not None and tip.group(1).startswith("&lt;!--&lt;script&gt;"), tip
 

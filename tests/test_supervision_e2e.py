@@ -162,12 +162,13 @@ def test_a_killed_standby_keeper_ends_the_wait_unavailable_and_the_line_moves_up
 
 
 def orphan(state_dir: Path, tmp_path: Path, slotq: list[str] | None = None,
-           user: str | None = None) -> tuple[int, str]:
+           user: str | None = None, command: str = TERM_IGNORING, grace: str = "1") -> tuple[int, str]:
     """A holder whose runner and keeper are both SIGKILLed by pid, leaving
-    its TERM-ignoring command holding the slot. Returns (pgid, run id)."""
+    its command (TERM-ignoring by default) holding the slot. Returns (pgid,
+    run id)."""
     pidf = tmp_path / "orphan-pgid"
-    cmd = (slotq or slotq_cmd()) + ["run", "-q", "--budget", "600", "--kill-grace", "1", "--", "sh", "-c",
-                                    TERM_IGNORING.format(pidf=pidf)]
+    cmd = (slotq or slotq_cmd()) + ["run", "-q", "--budget", "600", "--kill-grace", grace, "--", "sh", "-c",
+                                    command.format(pidf=pidf)]
     # As the other user: setuid in the child itself (runuser would stop
     # itself when we stop its child, and never exit).
     who = pwd.getpwnam(user) if user else None
@@ -206,6 +207,26 @@ def test_when_runner_and_supervisor_both_die_the_next_head_ends_the_orphan(
         assert f"ended the orphaned command of run {run_id}" in nxt.err
     [line] = history_of(state_dir, run_id)
     assert line["outcome"] == "caller_gone" and "ended by the next in line" in str(line["message"])
+
+
+@pytest.mark.timeout(40)
+def test_an_orphans_command_gets_its_kill_grace_to_clean_up(state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    # TERM, then the run's own --kill-grace before KILL, also when the one
+    # ending the command is the next head and not the run's keeper: the
+    # command's TERM handler takes a moment, then leaves a mark. (Its output
+    # goes nowhere: an orphan's stdout and stderr have no reader left, so
+    # any write -- the shell's "Terminated" for the handler's sleep -- would
+    # end it by SIGPIPE.)
+    done = tmp_path / "cleaned"
+    cleans_up = (f"exec >/dev/null 2>&1; trap 'sleep 0.3; echo cleaned > {done}; exit 0' TERM; echo $$ > {{pidf}}; "
+                 "sleep 300 & wait")
+    pgid, run_id = orphan(state_dir, tmp_path, command=cleans_up, grace="10")
+    nxt = runs("-q", "--", "true", name="next")
+    assert nxt.wait(timeout=30) == 0
+    assert done.read_text() == "cleaned\n", "the orphan's command was killed before its grace"
+    assert not group_alive(pgid)
+    [line] = history_of(state_dir, run_id)
+    assert line["outcome"] == "caller_gone"
 
 
 @pytest.mark.timeout(40)
@@ -394,5 +415,31 @@ def test_a_slot_just_taken_by_a_new_holder_is_starting_not_orphaned(state_dir: P
         text = subprocess.run(slotq_cmd() + ["status"], capture_output=True, text=True, timeout=20).stdout
         assert "shared#0: just taken by pid" in text and "orphan" not in text and "previous run" not in text
         assert heal_slots(str(state_dir), "shared", 1, 1.0, set(), by="the test") == []
+    finally:
+        lease.release()
+
+
+@pytest.mark.timeout(30)
+def test_a_holder_whose_pid_another_process_now_has_is_not_running(state_dir: Path) -> None:
+    # pids are reused: a holder's runner (or keeper) counts as alive only
+    # if the process that has its pid now started when it did. The record
+    # names this live process, which holds the slot's lock: with its own
+    # start time it is the running holder; with another start time it is
+    # a runner and keeper that are gone.
+    from slotq.host.orphans import start_ticks
+    from slotq.host.slot import SlotProbe
+
+    me, started = os.getpid(), start_ticks(os.getpid())
+    assert started is not None
+    state_dir.mkdir()
+    lease = SlotProbe(str(state_dir), "shared", 1).try_lease()
+    assert lease is not None
+    try:
+        lease.record(run_id="feedc0de", label="the run", pid=me, pid_start=started, since=time.time(),
+                     phase="running")
+        assert shared_slot()["phase"] == "running"
+        lease.record(pid_start=started - 1, keeper=me, keeper_start=started - 1)
+        slot = shared_slot()
+        assert slot["phase"] == "orphaned" and slot["orphan_pids"] == [], slot
     finally:
         lease.release()

@@ -187,6 +187,27 @@ def test_the_exec_timeout_message_does_not_restate_a_different_wait(state_dir: P
 
 
 @pytest.mark.timeout(30)
+def test_status_says_how_long_the_holder_has_held_its_slot(state_dir: Path) -> None:
+    from slotq.host.orphans import start_ticks
+    from slotq.host.slot import SlotProbe
+
+    state_dir.mkdir()
+    lease = SlotProbe(str(state_dir), "shared", 1).try_lease()  # held by this (live) process
+    assert lease is not None
+    try:
+        lease.record(run_id="feedc0de", label="long suite", pid=os.getpid(), pid_start=start_ticks(os.getpid()),
+                     since=time.time() - 125, budget=600.0, phase="running")
+        proc = cli("status", "--json")
+        assert proc.returncode == 0, proc.stderr
+        [slot] = next(p for p in json.loads(proc.stdout)["pools"] if p["pool"] == "shared")["slots"]
+        assert 125 <= slot["held_s"] < 185, slot
+        text = cli("status").stdout
+        assert re.search(r"shared#0: long suite .*running, held 2m\d\ds, budget 10m00s\)", text), text
+    finally:
+        lease.release()
+
+
+@pytest.mark.timeout(30)
 def test_status_ends_with_a_newline_and_bare_slotq_is_usage_on_stderr(state_dir: Path) -> None:
     proc = cli("status")
     assert proc.returncode == 0 and proc.stdout.endswith("\n") and not proc.stdout.endswith("\n\n")
