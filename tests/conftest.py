@@ -119,15 +119,35 @@ def group_alive(pgid: int) -> bool:
 
 # ---------------------------------------------------------------- hygiene
 # The suite leaves nothing behind: no files in the system temp dir or in the
-# ssh test user's home beyond what pytest's own temp dirs hold, and ssh
-# masters live in a runtime dir of the session's own, ended by their control
-# sockets (never by a pattern match on the process table).
+# ssh test user's home beyond what pytest's own temp dirs hold, nothing new
+# or changed in the real user's own slotq state (default state dir, wait
+# ledger, history index), and ssh masters live in a runtime dir of the
+# session's own, ended by their control sockets (never by a pattern match on
+# the process table).
 
 _LEFTOVER_HOMES = ("/home/slotqtest",)
+# Where slotq keeps a user's state when nothing says otherwise: the default
+# state dir (<root>/host) and the wait ledger with its history index (<root>).
+_USER_STATE = os.path.join(os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local",
+                                                                             "state"), "slotq")
+
+
+def _user_state() -> set[str]:
+    """Every path under the user's own slotq state, with its modification
+    time: a file the suite made or changed there shows up as new."""
+    out = {_USER_STATE} if os.path.lexists(_USER_STATE) else set()
+    for top, dirs, files in os.walk(_USER_STATE):
+        for name in dirs + files:
+            path = os.path.join(top, name)
+            try:
+                out.add(f"{path} (modified {os.lstat(path).st_mtime_ns})")
+            except OSError:
+                pass
+    return out
 
 
 def _leftovers() -> set[str]:
-    out = set()
+    out = _user_state()
     tmp = tempfile.gettempdir()
     for name in os.listdir(tmp):
         if name.startswith("slotq"):
