@@ -391,6 +391,35 @@ def test_a_host_cap_on_waiting_runs_refuses_the_next_at_once(
     assert [w.wait() for w in waiters] == [0, 0]
 
 
+@pytest.mark.timeout(40)
+def test_a_per_user_cap_counts_only_that_users_waiting_runs(
+        shared_state: Path, runs: Start, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "host.toml"
+    cfg.write_text("[admission]\nmax_waiting_per_user = 1\n")
+    gate = tmp_path / "gate"
+    start_holder(runs, shared_state, gate)
+    # Another user waits first (their own slotq; their own ledger).
+    work = Path(tempfile.mkdtemp(prefix="slotq-peruser-", dir=shared_state.parent))
+    os.chmod(work, 0o777)
+    env = dict(os.environ, SLOTQ_LEDGER=str(work / "their-ledger.sqlite"))
+    theirs = subprocess.Popen(["runuser", "-u", "slotqtest", "--", *second_user_slotq(), "run", "-q", "--", "true"],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, cwd=work, env=env)
+    try:
+        wait_for(lambda: len(live_tickets(shared_state)) == 1, what="the other user's run waiting")
+        monkeypatch.setenv("SLOTQ_CONFIG", str(cfg))
+        mine = runs("--", "true", name="mine")  # their waiting run is not ours: admitted
+        wait_for(lambda: len(live_tickets(shared_state)) == 2, what="our run waiting too")
+        second = runs("--", "true", name="second")
+        assert second.wait() == 117
+        res = second.result()
+        assert res["outcome"] == "not_admitted"
+        assert "you already have 1 run(s) waiting" in res["message"] and "max_waiting_per_user = 1" in res["message"]
+    finally:
+        gate.touch()
+        assert theirs.wait(timeout=20) == 0
+    assert mine.wait() == 0
+
+
 @pytest.mark.timeout(30)
 def test_a_slot_just_taken_by_a_new_holder_is_starting_not_orphaned(state_dir: Path) -> None:
     # At every hand-over, for a few ms, the new holder has the slot's lock
