@@ -238,6 +238,30 @@ def test_a_config_written_by_another_user_is_ignored_with_a_warning(legacy: Worl
 
 
 @pytest.mark.timeout(60)
+def test_a_config_the_group_can_write_is_ignored_until_it_is_not(legacy: World) -> None:
+    # Owned by root, a trusted owner; but any member of the group could
+    # rewrite it, so it is as good as written by another user.
+    w = legacy
+    cfg = w.state / "host.toml"
+    cfg.write_text("[pools]\nshared = 8\n")
+    os.chown(cfg, 0, grp.getgrnam(GROUP).gr_gid)
+
+    def shared_slots_and_warnings() -> tuple[list[int], list[str]]:
+        status = w.run(w.a, "status", "--json")
+        assert status.returncode == 0, status.stderr
+        snap = json.loads(status.stdout)
+        return [len(p["slots"]) for p in snap["pools"] if p["pool"] == "shared"], snap["warnings"]
+
+    os.chmod(cfg, 0o664)
+    slots, warnings = shared_slots_and_warnings()
+    assert slots == [1] and any(f"ignoring host config {cfg}" in x and "writable by others (mode 0664)" in x
+                                for x in warnings), warnings
+    os.chmod(cfg, 0o644)
+    slots, warnings = shared_slots_and_warnings()
+    assert slots == [8] and not any("ignoring host config" in x for x in warnings), warnings
+
+
+@pytest.mark.timeout(60)
 def test_a_forged_config_cache_is_not_used(world: World) -> None:
     """B cannot write A's cache (per user, A's own 0600 file); a cache of
     B's own forging with matching keys is never read by A."""
