@@ -288,7 +288,7 @@ def second_user_slotq() -> list[str]:
 def test_another_users_orphan_is_named_not_touched(shared_state: Path, tmp_path: Path) -> None:
     work = Path(tempfile.mkdtemp(prefix="slotq-orphan-", dir=shared_state.parent))
     os.chmod(work, 0o777)
-    pgid, _ = orphan(shared_state, work, second_user_slotq(), user="slotqtest")
+    pgid, run_id = orphan(shared_state, work, second_user_slotq(), user="slotqtest")
     assert group_alive(pgid)
     err = tmp_path / "next.err"
     nxt = subprocess.Popen(slotq_cmd() + ["run", "--report-every", "0.5", "--", "true"], stdin=subprocess.DEVNULL,
@@ -299,6 +299,8 @@ def test_another_users_orphan_is_named_not_touched(shared_state: Path, tmp_path:
         wait_for(lambda: err.read_text().count("slotq: waiting") >= 3, timeout=10, what="two more reports")
         assert group_alive(pgid), "another user's processes must not be touched"
         assert shared_slot()["orphan_user"] == "slotqtest"
+        assert history_of(shared_state, run_id) == [], "no line may say the orphan was ended"
+        assert "ended the orphaned command" not in err.read_text()
     finally:
         for pid in __import__("pgroup").members(pgid):
             os.kill(pid, signal.SIGKILL)
