@@ -304,6 +304,29 @@ def test_work_tree_transfer_respects_gitignore_and_propagates_deletes(
 
 
 @pytest.mark.timeout(60)
+def test_each_work_dir_has_its_own_tree_on_the_host(remote: Remote, tmp_path: Path) -> None:
+    # Two projects of one user, each mirrored (with --delete) to the host:
+    # were they one remote tree, a run of one would delete the other's
+    # files under a run of the other.
+    dirs = [tmp_path / "project-a", tmp_path / "project-b"]
+    for d in dirs:
+        d.mkdir()
+        (d / f"{d.name}.txt").write_text(d.name)
+
+    def remote_cwd_and_files(d: Path) -> tuple[str, list[str]]:
+        proc = subprocess.run(slotq_cmd() + ["run", "-q", *remote.args, "--", "sh", "-c", "pwd; ls"],
+                              capture_output=True, text=True, timeout=40, cwd=d)
+        assert proc.returncode == 0, proc.stderr
+        cwd, *files = proc.stdout.split()
+        return cwd, files
+
+    a, b = (remote_cwd_and_files(d) for d in dirs)
+    assert a[1] == ["project-a.txt"] and b[1] == ["project-b.txt"]
+    assert a[0] != b[0]
+    assert remote_cwd_and_files(dirs[0])[0] == a[0]  # the same dir keeps its tree (rsync sends only changes)
+
+
+@pytest.mark.timeout(60)
 def test_sync_none_runs_in_the_same_path(remote: Remote, tmp_path: Path) -> None:
     shared = Path("/tmp") / f"slotq-shared-{remote.tag}"
     shared.mkdir(mode=0o777)
