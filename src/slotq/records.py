@@ -19,6 +19,10 @@ hand-written one.
 
 from __future__ import annotations
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import TypeGuard
+
 _ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
@@ -314,6 +318,13 @@ def _string_at(s: str, i: int) -> tuple[str, int]:
             i = j + 2
         else:
             raise ValueError(f"bad escape at {j}")
+
+
+def is_pid(v: object) -> TypeGuard[int]:
+    """A pid a process can have: a positive pid_t (not a bool). A record's
+    pid that is not one names no process -- and 0 or -1 handed to kill(2)
+    would ask about a whole group, or everyone."""
+    return type(v) is int and 0 < v < 2 ** 31
 
 
 def is_number(v: object) -> bool:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 
-from ..records import from_json, to_json
+from ..records import from_json, is_pid, to_json
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -84,11 +84,6 @@ def process_start(pid: int) -> str | None:
         return None
     ticks = start_ticks(pid)
     return None if ticks is None else f"{_boot_id}:{ticks}"
-
-
-def is_pid(value: object) -> bool:
-    """A pid a process can have: a positive pid_t."""
-    return type(value) is int and 0 < value < 2 ** 31
 
 
 def process_alive(pid: int, pid_start: str | None) -> bool:

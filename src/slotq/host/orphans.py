@@ -32,6 +32,8 @@ from __future__ import annotations
 import os
 import time
 
+from ..records import is_pid
+
 MARKER = "SLOTQ_RUN_ID"
 
 
@@ -67,7 +69,7 @@ def own_start() -> int:
 def alive(pid: object, start: object) -> bool:
     """Is the process that had `pid` and started at `start` still there?
     Without a start time (an older record), the pid alone decides."""
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+    if not is_pid(pid):
         return False
     if isinstance(start, int) and not isinstance(start, bool):
         return start_ticks(pid) == start
