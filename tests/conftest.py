@@ -3,6 +3,7 @@ bounded wait-for-condition polling (never fixed sleeps)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -15,6 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from slotq.host.slot import SlotLease
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -126,10 +131,18 @@ def group_alive(pgid: int) -> bool:
 # the process table).
 
 _LEFTOVER_HOMES = ("/home/slotqtest",)
-# Where slotq keeps a user's state when nothing says otherwise: the default
-# state dir (<root>/host) and the wait ledger with its history index (<root>).
-_USER_STATE = os.path.join(os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local",
-                                                                             "state"), "slotq")
+
+
+def _user_state_root() -> str:
+    """Where slotq keeps a user's state when nothing says otherwise: its
+    default state dir is <root>/host, and the default wait ledger and its
+    history index sit in <root> (slotq's own default, SLOTQ_* unset)."""
+    from slotq.config import state_dir_from_env
+
+    return os.path.dirname(state_dir_from_env({k: v for k, v in os.environ.items() if not k.startswith("SLOTQ_")}))
+
+
+_USER_STATE = _user_state_root()
 
 
 def _user_state() -> set[str]:
@@ -280,6 +293,21 @@ def live_tickets(state_dir: Path, pool: str = "shared") -> list[str]:
     from slotq.host.ticket import list_tickets, pool_dir, probe
 
     return [p for _, p in list_tickets(pool_dir(str(state_dir), pool)) if probe(p)]
+
+
+@contextlib.contextmanager
+def slot_held_here(state_dir: Path) -> Iterator[SlotLease]:
+    """shared#0 of a new state dir, held by this (live) test process; the
+    holder record is the test's to write (`lease.record(...)`)."""
+    from slotq.host.slot import SlotProbe
+
+    state_dir.mkdir()
+    lease = SlotProbe(str(state_dir), "shared", 1).try_lease()
+    assert lease is not None
+    try:
+        yield lease
+    finally:
+        lease.release()
 
 
 def slot_holder(state_dir: Path, pool: str = "shared") -> dict[str, Any] | None:

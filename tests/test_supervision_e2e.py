@@ -22,7 +22,7 @@ import pytest
 from conftest import alive, blocked_in_flock, group_alive, slotq_cmd, wait_for
 from slotq import history
 from slotq.client.ledger import Ledger
-from conftest import Start, children, gate_cmd, live_tickets, slot_holder, start_holder
+from conftest import Start, children, gate_cmd, live_tickets, slot_held_here, slot_holder, start_holder
 
 TERM_IGNORING = "trap '' TERM HUP; echo $$ > {pidf}; sleep 300 & sleep 300"
 PGROUP = Path(__file__).with_name("pgroup.py")
@@ -430,14 +430,10 @@ def test_a_slot_just_taken_by_a_new_holder_is_starting_not_orphaned(state_dir: P
     # of the old record), and the head's healing ends nothing -- nor
     # searches /proc for the old run's processes.
     from slotq.host.orphans import heal_slots
-    from slotq.host.slot import SlotProbe
 
     gone = subprocess.Popen(["true"])
     gone.wait()
-    state_dir.mkdir()
-    lease = SlotProbe(str(state_dir), "shared", 1).try_lease()  # taken by this (live) process
-    assert lease is not None
-    try:
+    with slot_held_here(state_dir) as lease:
         lease.record(run_id="feedc0de", label="the previous run", pid=gone.pid, pid_start=1, keeper=gone.pid,
                      keeper_start=1, cmd=gone.pid, cmd_start=1, since=time.time(), phase="running")
         slot = shared_slot()
@@ -446,8 +442,6 @@ def test_a_slot_just_taken_by_a_new_holder_is_starting_not_orphaned(state_dir: P
         text = subprocess.run(slotq_cmd() + ["status"], capture_output=True, text=True, timeout=20).stdout
         assert "shared#0: just taken by pid" in text and "orphan" not in text and "previous run" not in text
         assert heal_slots(str(state_dir), "shared", 1, 1.0, set(), by="the test") == []
-    finally:
-        lease.release()
 
 
 @pytest.mark.timeout(30)
@@ -458,19 +452,13 @@ def test_a_holder_whose_pid_another_process_now_has_is_not_running(state_dir: Pa
     # start time it is the running holder; with another start time it is
     # a runner and keeper that are gone.
     from slotq.host.orphans import start_ticks
-    from slotq.host.slot import SlotProbe
 
     me, started = os.getpid(), start_ticks(os.getpid())
     assert started is not None
-    state_dir.mkdir()
-    lease = SlotProbe(str(state_dir), "shared", 1).try_lease()
-    assert lease is not None
-    try:
+    with slot_held_here(state_dir) as lease:
         lease.record(run_id="feedc0de", label="the run", pid=me, pid_start=started, since=time.time(),
                      phase="running")
         assert shared_slot()["phase"] == "running"
         lease.record(pid_start=started - 1, keeper=me, keeper_start=started - 1)
         slot = shared_slot()
         assert slot["phase"] == "orphaned" and slot["orphan_pids"] == [], slot
-    finally:
-        lease.release()

@@ -17,7 +17,7 @@ from typing import Callable
 
 import pytest
 
-from conftest import Start, live_tickets, slotq_cmd, start_holder, wait_for, watch_snapshots
+from conftest import Start, live_tickets, slot_held_here, slotq_cmd, start_holder, wait_for, watch_snapshots
 from slotq import history
 
 
@@ -189,12 +189,8 @@ def test_the_exec_timeout_message_does_not_restate_a_different_wait(state_dir: P
 @pytest.mark.timeout(30)
 def test_status_says_how_long_the_holder_has_held_its_slot(state_dir: Path) -> None:
     from slotq.host.orphans import start_ticks
-    from slotq.host.slot import SlotProbe
 
-    state_dir.mkdir()
-    lease = SlotProbe(str(state_dir), "shared", 1).try_lease()  # held by this (live) process
-    assert lease is not None
-    try:
+    with slot_held_here(state_dir) as lease:
         lease.record(run_id="feedc0de", label="long suite", pid=os.getpid(), pid_start=start_ticks(os.getpid()),
                      since=time.time() - 125, budget=600.0, phase="running")
         proc = cli("status", "--json")
@@ -203,8 +199,6 @@ def test_status_says_how_long_the_holder_has_held_its_slot(state_dir: Path) -> N
         assert 125 <= slot["held_s"] < 185, slot
         text = cli("status").stdout
         assert re.search(r"shared#0: long suite .*running, held 2m\d\ds, budget 10m00s\)", text), text
-    finally:
-        lease.release()
 
 
 @pytest.mark.timeout(30)
