@@ -46,6 +46,13 @@ def slotq_cmd() -> list[str]:
     return [found]
 
 
+def reachable(run_id: str) -> bool:
+    """Does the run listen for `slotq cancel` yet (its abstract socket)? A
+    running command's run opens it after CONTROL_AFTER."""
+    with open("/proc/net/unix") as f:
+        return any(line.rstrip().endswith(f"@slotq-run/{run_id}") for line in f)
+
+
 def take_slot(state_dir: Path) -> "SlotLease":
     """The first in line leases the one slot of `shared` (default config)."""
     from slotq.config import HostConfig

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import catches, one_line, slotq_cmd, wait_for
+from conftest import catches, one_line, reachable, slotq_cmd, wait_for
 from shared_world import FLOCK_BY_HAND, GROUP, USERS, World, make_root, snapshot_files, stop_users_processes, \
     ticket_by_hand
 
@@ -551,6 +551,8 @@ def test_another_users_silent_connection_to_a_runs_control_socket_is_refused_at_
     holder = _hold(w, w.a, gate)
     held = _holder(w)
     assert held is not None
+    # A run that got its slot at once listens once its command has run 0.1 s.
+    wait_for(lambda: reachable(str(held["run_id"])), what="A's run to listen for cancel")
     silent = ("import socket, time\n"
               "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
               f"s.connect(b'\\0slotq-run/{held['run_id']}')\n"

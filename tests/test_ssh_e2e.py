@@ -213,7 +213,7 @@ def test_cancel_over_ssh_ends_a_remote_run(remote: Remote, runs: Start) -> None:
     r = runs(*remote.args, "--kill-grace", "1", "--", *remote.gate_cmd(), name="remote-run")
     wait_for(remote.holder_running, timeout=20, what="remote run holds the slot")
     run_id = remote.shared()["slots"][0]["run_id"]
-    from test_supervision_e2e import reachable  # the test host is this machine
+    from conftest import reachable  # the test host is this machine
 
     wait_for(lambda: reachable(run_id), what="the remote run to listen for cancel")
     proc = subprocess.run(slotq_cmd() + ["cancel", *remote.args, run_id], capture_output=True, text=True,

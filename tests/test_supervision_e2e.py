@@ -22,7 +22,7 @@ import pytest
 from conftest import alive, blocked_in_flock, group_alive, slotq_cmd, wait_for
 from slotq import history
 from slotq.client.ledger import Ledger
-from conftest import Start, children, gate_cmd, live_tickets, slot_held_here, slot_holder, start_holder
+from conftest import Start, children, gate_cmd, live_tickets, reachable, slot_held_here, slot_holder, start_holder
 
 TERM_IGNORING = "trap '' TERM HUP; echo $$ > {pidf}; sleep 300 & sleep 300"
 PGROUP = Path(__file__).with_name("pgroup.py")
@@ -41,13 +41,6 @@ def holder_record(state_dir: Path) -> dict[str, Any]:
     rec: dict[str, Any] = wait_for(lambda: (slot_holder(state_dir) or {}).get("cmd") and not live_tickets(state_dir)
                                    and slot_holder(state_dir), what="the holder record with its command")
     return rec
-
-
-def reachable(run_id: str) -> bool:
-    """Does the run listen for `slotq cancel` yet (its abstract socket)? A
-    running command's run opens it after CONTROL_AFTER."""
-    with open("/proc/net/unix") as f:
-        return any(line.rstrip().endswith(f"@slotq-run/{run_id}") for line in f)
 
 
 def history_of(state_dir: Path, run_id: str) -> list[dict[str, object]]:
