@@ -331,6 +331,36 @@ def test_cancel_a_queued_and_a_running_run(state_dir: Path, runs: Start, tmp_pat
     assert proc.returncode == 66  # nothing of ours is left
 
 
+@pytest.mark.timeout(60)
+def test_cancel_of_a_run_that_just_started_waits_for_it_to_listen(state_dir: Path, runs: Start) -> None:
+    """A script cancels the run it has just started: the queue shows the run,
+    but its runner opens its control socket only once the command has run
+    0.1 s. `slotq cancel` waits for it, rather than saying "no live run"
+    (exit 66) about a run `slotq status` shows running."""
+    for attempt in range(5):
+        run = runs("--", "sleep", "300", name=f"run{attempt}")
+        rec = wait_for(lambda: slot_holder(state_dir), what="the run's holder record")
+        runner = int(rec["pid"])
+        os.kill(runner, signal.SIGSTOP)  # the runner as the scheduler may leave it: not yet listening
+        if not reachable(str(rec["run_id"])):
+            break
+        os.kill(runner, signal.SIGCONT)  # too late to catch it before it listened: again
+        assert subprocess.run(slotq_cmd() + ["cancel", str(rec["run_id"])], capture_output=True,
+                              timeout=20).returncode == 0 and run.wait() == 130
+    else:
+        pytest.fail("never caught a run before it listened for cancel")
+    try:
+        cancel = subprocess.Popen(slotq_cmd() + ["cancel", str(rec["run_id"])], stderr=subprocess.PIPE, text=True)
+        with pytest.raises(subprocess.TimeoutExpired):
+            cancel.wait(timeout=0.5)  # it does not give up on a live run that does not listen yet
+    finally:
+        os.kill(runner, signal.SIGCONT)
+    _, err = cancel.communicate(timeout=20)
+    assert cancel.returncode == 0, err
+    assert err.strip() == f"slotq cancel: cancelled run {rec['run_id']}"
+    assert run.wait() == 130 and run.result()["outcome"] == "cancelled"
+
+
 @pytest.mark.timeout(30)
 def test_cancel_of_another_users_run_is_refused(shared_state: Path, runs: Start, tmp_path: Path) -> None:
     gate = tmp_path / "gate"

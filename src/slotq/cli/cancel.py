@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import os
 import sys
+import time
+from typing import TYPE_CHECKING
 
 from slotq.cli.args import FLAG, Namespace, Opt, Parser, host_options
 from slotq.errors import UsageError
 
+if TYPE_CHECKING:
+    from slotq.host.control import CancelReply
+
 EXIT_REFUSED = 77  # EX_NOPERM: another user's run
 EXIT_NOT_FOUND = 66  # EX_NOINPUT: no such run (live) on this host
+LISTEN_WAIT = 2.0  # how long a live run's runner is given to open its control socket
 
 PARSER = Parser(
     prog="slotq cancel", usage="slotq cancel [RUN_ID...] [--label PATTERN] [--mine] [--host HOST]",
@@ -17,7 +23,8 @@ PARSER = Parser(
     description="Cancel queued or running runs of yours: a queued run leaves the line, a running command is "
                 "stopped (TERM, grace, KILL). Its caller ends `cancelled` (exit 130) with a message naming "
                 "who cancelled it. Run ids are shown by `slotq status`. Another user's run is refused.",
-    epilog="exit codes: 0 all cancelled, 2 bad arguments, 66 no such live run, 77 refused (another user's run)\n",
+    epilog="exit codes: 0 all cancelled, 1 a run could not be reached (or its socket is another user's), "
+           "2 bad arguments, 66 no such live run, 77 refused (another user's run)\n",
     options=[
         Opt("--label", metavar="PATTERN", help="cancel the runs whose label matches PATTERN (shell-style: * ?)"),
         Opt("--mine", kind=FLAG, help="cancel all of your runs on this host"),
@@ -43,13 +50,17 @@ def main(args: list[str]) -> int:
             _say(f"slotq cancel: no live run matches{' --label ' + opts.label if opts.label else ''}"
                  f"{' --mine' if opts.mine else ''}")
             return EXIT_NOT_FOUND
-    from slotq.host.control import send_cancel
     from slotq.host.orphans import user_name
 
     code = 0
     for run_id in targets:
         try:
-            reply = send_cancel(run_id, expect_uid=owners.get(run_id))
+            reply = _send(run_id, owners.get(run_id))
+        except _NotListening as e:
+            _say(f"slotq cancel: error: cannot reach run {run_id}: its runner (pid {e.pid}) is in the queue "
+                 f"but has not opened its control socket in {LISTEN_WAIT:g}s")
+            code = code or 1
+            continue
         except (ConnectionRefusedError, FileNotFoundError):
             _say(f"slotq cancel: error: no live run {run_id} on this host (ended already, or never here)")
             code = code or EXIT_NOT_FOUND
@@ -63,7 +74,7 @@ def main(args: list[str]) -> int:
         elif reply.text == "impostor":
             _say(f"slotq cancel: error: run {run_id}'s control socket is held by pid {reply.runner_pid} "
                  f"(user {user_name(reply.runner_uid)}), not by the run's runner (user "
-                 f"{user_name(owners.get(run_id))}): nothing sent (someone took the run's name)")
+                 f"{user_name(owners[run_id].uid)}): nothing sent (someone took the run's name)")
             code = code or 1
         elif reply.text.startswith("refused"):
             _say(f"slotq cancel: error: run {run_id} belongs to user {user_name(reply.runner_uid)}: "
@@ -75,15 +86,53 @@ def main(args: list[str]) -> int:
     return code
 
 
-def _owners() -> dict[str, int]:
-    """run id -> uid of each live run in this host's queue, from the kernel
+class _Live:
+    """A live run as the queue shows it: its user (the kernel's word) and
+    its runner process."""
+    __slots__ = ("uid", "pid", "pid_start")
+
+    def __init__(self, uid: int, pid: object, pid_start: object) -> None:
+        self.uid = uid
+        self.pid = pid
+        self.pid_start = pid_start
+
+
+class _NotListening(OSError):
+    def __init__(self, pid: object) -> None:
+        super().__init__(f"run's runner (pid {pid}) does not listen")
+        self.pid = pid
+
+
+def _send(run_id: str, live: _Live | None) -> CancelReply:
+    """Send the cancel. A run the queue shows live whose runner does not
+    listen yet -- it opens its control socket when it must wait, or once
+    its command has run 0.1 s -- is tried again, for up to LISTEN_WAIT while
+    its runner lives: a script that cancels the run it just started must
+    not hear "no live run"."""
+    from slotq.host.control import send_cancel
+    from slotq.host.orphans import alive
+
+    deadline = time.monotonic() + LISTEN_WAIT
+    while True:
+        try:
+            return send_cancel(run_id, expect_uid=live.uid if live else None)
+        except (ConnectionRefusedError, FileNotFoundError):
+            if live is None or not alive(live.pid, live.pid_start):
+                raise
+            if time.monotonic() >= deadline:
+                raise _NotListening(live.pid) from None
+            time.sleep(0.02)
+
+
+def _owners() -> dict[str, _Live]:
+    """run id -> the live run in this host's queue: its uid from the kernel
     (its ticket file's owner, or its slot lock's holder) -- never from a
-    record anyone could have written."""
+    record anyone could have written -- and its runner's pid."""
     from slotq.config import HostConfig, state_dir_from_env
     from slotq.status import snapshot
 
     state_dir = state_dir_from_env()
-    out: dict[str, int] = {}
+    out: dict[str, _Live] = {}
     try:
         snap = snapshot(state_dir, HostConfig.load(state_dir=state_dir), 0.0, 0)
     except Exception:  # no queue to look at: the runner's own answer decides
@@ -91,8 +140,8 @@ def _owners() -> dict[str, int]:
     for pool in snap["pools"]:  # type: ignore[attr-defined]
         for entry in [*pool["slots"], *pool["waiting"]]:
             run_id, uid = entry.get("run_id"), entry.get("uid")
-            if isinstance(run_id, str) and isinstance(uid, int):
-                out.setdefault(run_id, uid)
+            if isinstance(run_id, str) and isinstance(uid, int) and run_id not in out:
+                out[run_id] = _Live(uid, entry.get("pid"), entry.get("pid_start"))
     return out
 
 

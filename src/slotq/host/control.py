@@ -9,9 +9,13 @@ from the kernel (SO_PEERCRED), never from what is said: a runner obeys only
 its own user (or root), and the canceller checks it reached a runner of
 the run's user.
 
-The runner binds before it takes a ticket, so the name is taken before the
-run id is visible anywhere (nobody can squat it). Built on `_socket`, not
-`socket`, which imports `enum` (start-up cost: benchmarks/).
+The runner binds when it must wait, or once its command has run 0.1 s (a
+run that ends sooner never pays for this module); `slotq cancel` gives a
+run the queue shows live a moment to bind. Its run id is visible before
+that, so someone else could bind the name first: the canceller then sees
+from the kernel that the socket is not the run's user's and sends nothing.
+Built on `_socket`, not `socket`, which imports `enum` (start-up cost:
+benchmarks/).
 """
 
 from __future__ import annotations
