@@ -397,8 +397,13 @@ def test_a_bad_slurm_section_is_one_line_exit_78(slurm_env: Path, monkeypatch: p
     ({"outcome": "failed", "exit_code": None, "signal": 15, "message": "command killed by signal 15"}, "cancelled"),
     ({"outcome": "unavailable", "exit_code": None, "signal": None,
       "message": "the command's supervisor (slotq keeper, pid 7) was killed after the command started"}, "cancelled"),
+    # A shell running the command turns its child's SIGTERM or SIGKILL into
+    # its own exit 128+n ("Terminated", exit 143): the same cancel.
+    ({"outcome": "failed", "exit_code": 143, "signal": None, "message": "command exited 143"}, "cancelled"),
+    ({"outcome": "failed", "exit_code": 137, "signal": None, "message": "command exited 137"}, "cancelled"),
     ({"outcome": "passed", "exit_code": 0, "signal": None, "message": "exit 0"}, "passed"),
     ({"outcome": "failed", "exit_code": 1, "signal": None, "message": "exit 1"}, "failed"),
+    ({"outcome": "failed", "exit_code": 130, "signal": None, "message": "command exited 130"}, "failed"),
 ])
 def test_a_ctrl_c_that_beats_the_nodes_hello_is_reported_as_cancelled(node: dict[str, object], outcome: str) -> None:
     # Pure logic: the relay saw the client's cancel before srun relayed the

@@ -372,10 +372,12 @@ class _Relay:
         cancel. That happens when the cancel comes before the node's hello:
         while the job is pending, and also in the moment after its runner
         started, whose hello srun relays a few ms late. Slurm then signals
-        every process of the job, so a command killed by a signal or a
+        every process of the job, so a command killed by a signal (or a
+        shell's exit 128+n for a child Slurm's TERM or KILL ended) or a
         keeper killed is the cancel's doing, not a failure of the run."""
         outcome = ev.get("outcome")
-        if outcome == "unavailable" or (outcome == "failed" and ev.get("signal") is not None):
+        killed = ev.get("signal") is not None or ev.get("exit_code") in (128 + signal.SIGTERM, 128 + signal.SIGKILL)
+        if outcome == "unavailable" or (outcome == "failed" and killed):
             return dict(ev, outcome=self.cancel_reason,
                         message=f"cancelled while it ran; slotq cancelled Slurm job {self.t.job_id} "
                                 f"before its runner could be told ({ev.get('message')})")
