@@ -38,9 +38,17 @@ def test_the_cluster_runs_a_job_and_queues_the_next_with_a_reason() -> None:
             return slurm("squeue", "-h", "-j", f"{j1},{j2}", "-o", "%i %T %r").stdout
 
         wait_for(lambda: f"{j1} RUNNING" in states(), timeout=20, what="the first job running")
-        # Waiting for the CPUs the first holds: Slurm names a reason (Resources,
-        # or Priority until its scheduler has looked at the job again).
-        assert any(f"{j2} PENDING {why}" in states() for why in ("Resources", "Priority"))
+        # Waiting for the CPUs the first holds, the second is pending with a
+        # reason (Resources, or Priority until the scheduler looks at it
+        # again). Right after the submit the reason can still be None, for
+        # longer on a busy machine: wait for it.
+        def pending_with_reason() -> str | None:
+            text = states()
+            return text if any(f"{j2} PENDING {why}" in text for why in ("Resources", "Priority")) else None
+
+        text = wait_for(pending_with_reason, timeout=20, interval=0.1,
+                        what="the second job pending with a reason")
+        assert f"{j1} RUNNING" in text, text
     finally:
         slurm("scancel", j1, j2)
     wait_for(lambda: slurm("squeue", "-h", "-j", f"{j1},{j2}", "-t", "PD,R,CG", "-o", "%i").stdout.strip() == "",
