@@ -21,10 +21,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from slotq.host.slot import SlotLease
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from slotq.host.slot import SlotLease
-
 BIN = Path(sys.executable).parent
 
 # The tests stand in for a user's Ctrl-C by sending SIGINT to the slotq they

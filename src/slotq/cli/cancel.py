@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from slotq.cli.args import FLAG, Namespace, Opt, Parser, host_options
 from slotq.errors import UsageError
@@ -86,15 +86,12 @@ def main(args: list[str]) -> int:
     return code
 
 
-class _Live:
+class _Live(NamedTuple):
     """A live run as the queue shows it: its user (the kernel's word) and
     its runner process."""
-    __slots__ = ("uid", "pid", "pid_start")
-
-    def __init__(self, uid: int, pid: object, pid_start: object) -> None:
-        self.uid = uid
-        self.pid = pid
-        self.pid_start = pid_start
+    uid: int
+    pid: object
+    pid_start: object
 
 
 class _NotListening(OSError):
