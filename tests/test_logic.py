@@ -328,3 +328,15 @@ def test_a_quiet_request_stays_quiet_on_the_way_to_a_remote_runner() -> None:
     assert RunSpec.from_request(RunSpec(["true"], quiet=True).to_request()).quiet is True
     assert RunSpec.from_request(RunSpec(["true"]).to_request()).quiet is False
     assert RunSpec.from_request(b'{"argv": ["true"]}\n').quiet is False  # a request that does not say
+
+
+def test_a_run_that_names_no_report_period_reports_every_30_s_by_the_cli_and_by_request() -> None:
+    from slotq.cli.run import PARSER
+    from slotq.spec import RunSpec
+
+    opts, command = PARSER.parse(["--", "true"])
+    assert command == ["true"]
+    assert opts.report_every == 30.0  # the mission: every 30 s
+    assert RunSpec(["true"]).report_every == 30.0  # the Python API
+    for request in (b'{"argv": ["true"]}\n', b'{"argv": ["true"], "report_every": null}\n'):
+        assert RunSpec.from_request(request).report_every == 30.0  # a request that does not say

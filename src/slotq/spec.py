@@ -6,6 +6,10 @@ import os
 
 from .durations import check_seconds
 
+# How often a waiting run reports its place, holders and load (the mission:
+# every 30 s); `--report-every`'s default, and a request's that names none.
+REPORT_EVERY = 30.0
+
 
 def new_run_id() -> str:
     return os.urandom(6).hex()
@@ -43,7 +47,7 @@ class RunSpec:
         prepare: str | None = None,
         prepare_timeout: float | None = None,
         label: str | None = None,
-        report_every: float = 30.0,
+        report_every: float = REPORT_EVERY,
         kill_grace: float | None = None,
         cwd: str | None = None,
         env: dict[str, str] | None = None,

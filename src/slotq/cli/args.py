@@ -14,6 +14,7 @@ import sys
 
 from slotq.durations import parse_duration
 from slotq.errors import UsageError
+from slotq.spec import REPORT_EVERY
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -206,8 +207,8 @@ RUN_OPTIONS = [
     Opt("--kill-grace", metavar="D", convert=duration(allow_zero=True),
         help="TERM -> KILL grace when the command is stopped (default: 10s)"),
     Opt("--label", metavar="TEXT", help="how this run is shown to others (default: user: command)"),
-    Opt("--report-every", metavar="D", convert=duration(minimum=0.01), default=30.0,
-        help="queue status interval while waiting (default: 30s)"),
+    Opt("--report-every", metavar="D", convert=duration(minimum=0.01), default=REPORT_EVERY,
+        help=f"queue status interval while waiting (default: {REPORT_EVERY:g}s)"),
     Opt("--max-wait", metavar="D", convert=duration(),
         help="give up after D in line: outcome not_admitted (exit 117), never a timeout (default: wait "
              "as long as it takes)"),
