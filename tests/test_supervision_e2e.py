@@ -445,6 +445,62 @@ def test_a_per_user_cap_counts_only_that_users_waiting_runs(
     assert mine.wait() == 0
 
 
+@pytest.mark.timeout(60)
+def test_a_run_started_inside_a_run_that_holds_its_pools_slot_is_refused_at_once(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    # Without the refusal the inner run waits for the slot its own outer
+    # run holds, until the outer's budget ends both: a make target that
+    # calls `slotq run`, run itself through `slotq run`.
+    inner = tmp_path / "inner.json"
+    for how, args in (("at once", []), ("after waiting in line", ["--report-every", "0.2"])):
+        gate = tmp_path / f"gate-{len(how)}"
+        holder = start_holder(runs, state_dir, gate) if args else None
+        outer = runs(*args, "--", *slotq_cmd(), "run", "--json", str(inner), "--", "echo", "inner ran",
+                     name=f"outer-{len(how)}")
+        if holder is not None:
+            wait_for(lambda: len(live_tickets(state_dir)) == 1, what="the outer run waiting")
+            gate.touch()
+            assert holder.wait() == 0
+        assert outer.wait(timeout=30) == 117, how  # the inner run's exit code, through the outer command
+        res, out = json.loads(inner.read_text()), outer.result()
+        assert res["outcome"] == "not_admitted" and res["exit_code"] == 117, how
+        assert f"inside run {out['run_id']}" in res["message"] and "holds slot shared#0" in res["message"], how
+        assert out["outcome"] == "failed" and b"inner ran" not in outer.out, how
+        assert not live_tickets(state_dir), how  # the inner run's early ticket went with it
+
+
+@pytest.mark.timeout(60)
+def test_a_run_inside_a_run_of_another_class_queues_for_its_own_pool(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    outer = runs("--class", "landing", "--", *slotq_cmd(), "run", "--", "echo", "inner ran", name="outer")
+    assert outer.wait(timeout=30) == 0
+    assert b"inner ran" in outer.out
+
+
+@pytest.mark.timeout(60)
+def test_a_process_that_only_carries_a_runs_marker_waits_its_turn(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    # Outside the run's process tree (e.g. a process that outlived an earlier
+    # run, with its environment): the run's slot will come free.
+    from conftest import Run
+
+    gate = tmp_path / "gate"
+    holder = start_holder(runs, state_dir, gate)
+    holder_id = (slot_holder(state_dir) or {})["run_id"]
+    stray = Run(["--", "echo", "stray ran"], tmp_path, "stray", env=dict(os.environ, SLOTQ_RUN_ID=holder_id))
+    try:
+        # Its first report, sent once its runner has looked and queued (its
+        # ticket alone is taken before the runner looks).
+        wait_for(lambda: "slotq: waiting" in stray.err or stray.proc.poll() is not None,
+                 what="the run with the marker waiting in line")
+        assert stray.proc.poll() is None, stray.err
+        gate.touch()
+        assert stray.wait() == 0 and holder.wait() == 0
+        assert stray.out == b"stray ran\n"
+    finally:
+        stray.kill()
+
+
 @pytest.mark.timeout(30)
 def test_a_slot_just_taken_by_a_new_holder_is_starting_not_orphaned(state_dir: Path) -> None:
     # At every hand-over, for a few ms, the new holder has the slot's lock

@@ -24,7 +24,8 @@ outcomes and exit codes:
   cancelled       Ctrl-C / SIGTERM / slotq cancel            130
   caller_gone     the caller vanished (seen in host history) 129
   not_admitted    an admission policy turned it away         117
-                  (--max-wait, or the host's [admission] limits)
+                  (--max-wait, the host's [admission] limits, or a run
+                  started inside a run that holds its pool's slot)
   bad arguments 2, bad host config 78, unusable state directory 73
 
 environment: SLOTQ_STATE_DIR (host state), SLOTQ_CONFIG (host config TOML),

@@ -76,6 +76,44 @@ def alive(pid: object, start: object) -> bool:
     return start_ticks(pid) is not None
 
 
+def _ancestors(limit: int = 4096) -> set[tuple[int, int]]:
+    """(pid, start ticks) of this process and each of its ancestors."""
+    out: set[tuple[int, int]] = set()
+    pid = os.getpid()
+    while pid > 1 and len(out) < limit:
+        fields = _stat_fields(pid)
+        if fields is None:
+            break
+        out.add((pid, int(fields[19])))
+        pid = int(fields[1])
+    return out
+
+
+def nested_in(state_dir: str, pool: str, count: int, run_id: str) -> tuple[int, dict[str, object]] | None:
+    """The slot of `pool` that run `run_id` holds here (its index and holder
+    record), if this process runs inside that run: the run's command or its
+    keeper (the reaper of what the command leaves behind) is one of our
+    ancestors. A process that merely carries the run's marker in its
+    environment (one that outlived its run, or any other) is not inside it.
+    Reads the slots without locking them: no side effects on the line."""
+    from .proclocks import held
+    from .slot import read_slot
+
+    locked = held()
+    mine: set[tuple[int, int]] | None = None
+    for index in range(count):
+        is_held, info = read_slot(state_dir, pool, index, locked)
+        if not is_held or info is None or info.get("run_id") != run_id:
+            continue
+        if mine is None:
+            mine = _ancestors()
+        for pid_key, start_key in (("cmd", "cmd_start"), ("keeper", "keeper_start")):
+            pid, start = info.get(pid_key), info.get(start_key)
+            if is_pid(pid) and isinstance(start, int) and not isinstance(start, bool) and (pid, start) in mine:
+                return index, info
+    return None
+
+
 def uid_of(pid: int) -> int | None:
     """The real uid of `pid` (readable for every process), None if gone."""
     try:
