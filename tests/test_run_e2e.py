@@ -243,6 +243,28 @@ def test_a_closed_stdout_reaches_the_command_as_in_a_pipeline(state_dir: Path, t
     assert (res["outcome"], res["exit_code"]) == ("failed", 7), res
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("closed, out, err", [(">&-", b"", True), ("2>&-", b"out\n", False), ("<&-", b"out\n", True)])
+def test_a_run_started_with_a_standard_stream_closed_runs_and_keeps_the_state_files_clean(
+        state_dir: Path, tmp_path: Path, closed: str, out: bytes, err: bool) -> None:
+    # A closed descriptor 0, 1 or 2 would be the next file or pipe slotq
+    # opens (the ticket counter, a control pipe), then read or written as
+    # the stream. slotq opens /dev/null there first.
+    result = tmp_path / "r.json"
+    proc = subprocess.run(["sh", "-c", f'exec "$@" {closed}', "sh", *slotq_cmd(), "run", "--json", str(result),
+                           "--", "sh", "-c", "echo out; echo err >&2"], capture_output=True, timeout=30, cwd=tmp_path)
+    assert proc.returncode == 0 and b"Traceback" not in proc.stderr, proc.stderr
+    assert proc.stdout == out and (b"\nerr\n" in proc.stderr if err else proc.stderr == b""), (proc.stdout, proc.stderr)
+    assert json.loads(result.read_text())["outcome"] == "passed"
+    assert (state_dir / "seq").read_bytes().strip().isdigit()
+    lines = (state_dir / "history.jsonl").read_bytes().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["outcome"] == "passed"
+    held, record = read_slot(str(state_dir), "shared", 0)
+    assert not held and record is None
+    slot_file = state_dir / "slots" / "shared.0"
+    assert not slot_file.exists() or json.loads(slot_file.read_bytes() or b"{}").get("phase") in (None, "running")
+
+
 @pytest.mark.timeout(30)
 def test_runner_sigkilled_while_holding_takes_its_command_down_before_the_next_starts(
         state_dir: Path, runs: Start, tmp_path: Path) -> None:

@@ -34,6 +34,7 @@ COMMANDS = {"run": "slotq.cli.run", "status": "slotq.cli.status", "cancel": "slo
 
 
 def main(argv: list[str] | None = None) -> int:
+    _standard_streams()
     args = sys.argv[1:] if argv is None else argv
     if not args:
         sys.stderr.write(USAGE)  # a mistake, not a request: usage on stderr, exit 2
@@ -78,6 +79,30 @@ def main(argv: list[str] | None = None) -> int:
         where = f" ({e.filename})" if e.filename else ""
         sys.stderr.write(f"slotq {args[0]}: error: {e.strerror or e}{where}\n")
         return 73 if e.errno in (errno.ENOSPC, errno.EROFS, errno.EDQUOT) else 71
+
+
+def _standard_streams() -> None:
+    """Open /dev/null on each of descriptors 0-2 that the caller left closed
+    (`slotq run ... >&-`, a daemon without them). Otherwise the next file or
+    pipe slotq opens takes that number, and is read as stdin or written to
+    as stdout or stderr: a state file among them (seen: the ticket counter
+    and the runner's control pipe on 1). Output to a closed stream then goes
+    nowhere, as `>/dev/null` would send it; the run itself is not affected."""
+    import os
+
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            # The interpreter found it closed at start-up and left None here.
+            if fd == 1 and sys.stdout is None:
+                sys.stdout = open(1, "w", closefd=False)
+            elif fd == 2 and sys.stderr is None:
+                sys.stderr = open(2, "w", errors="backslashreplace", closefd=False)
 
 
 def _reader_gone() -> int:
