@@ -358,6 +358,31 @@ def test_a_bad_host_config_is_one_line_and_exit_78(state_dir: Path, tmp_path: Pa
     _one_line_error(proc, str(cfg))
 
 
+@pytest.mark.timeout(60)
+def test_a_relative_state_dir_is_refused_for_it_would_split_the_queue(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Relative, it named another queue in each working directory: a run
+    # started in a subdirectory got "the" slot while another run held it.
+    (tmp_path / "sub").mkdir()
+    monkeypatch.setenv("SLOTQ_STATE_DIR", "state")
+    for cmd, cwd in ((["run", "--", "true"], tmp_path), (["run", "--", "true"], tmp_path / "sub"),
+                     (["status"], tmp_path)):
+        proc = subprocess.run(slotq_cmd() + cmd, capture_output=True, text=True, timeout=20, cwd=cwd)
+        assert proc.returncode == 78, (cmd, proc.stderr)
+        _one_line_error(proc, "SLOTQ_STATE_DIR must be an absolute path, not 'state'")
+    assert not (tmp_path / "state").exists() and not (tmp_path / "sub" / "state").exists()
+    # A relative XDG_STATE_HOME is ignored (the XDG spec): ~/.local/state.
+    monkeypatch.delenv("SLOTQ_STATE_DIR")
+    monkeypatch.setenv("XDG_STATE_HOME", "xdg")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("SLOTQ_LEDGER", str(tmp_path / "ledger.sqlite"))
+    proc = subprocess.run(slotq_cmd() + ["run", "--", "true"], capture_output=True, text=True, timeout=20,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "home" / ".local" / "state" / "slotq" / "host" / "history.jsonl").exists()
+    assert not (tmp_path / "xdg").exists()
+
+
 def test_status_shows_holder_and_waiting_line_as_json(state_dir: Path, runs: Start, tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     start_holder(runs, state_dir, gate, "--budget", "5m")

@@ -45,11 +45,22 @@ DEFAULT_RETENTION = 180 * 86400.0  # the run history: about six months
 
 
 def state_dir_from_env(env: dict[str, str] | os._Environ[str] | None = None) -> str:
+    """The host's state directory: $SLOTQ_STATE_DIR, else
+    $XDG_STATE_HOME/slotq/host, else ~/.local/state/slotq/host. A relative
+    SLOTQ_STATE_DIR is refused (ConfigError): it would name a different
+    queue in each working directory, and two runs started from two
+    directories would hold "the" slot at once. A relative XDG_STATE_HOME is
+    ignored, as the XDG spec asks."""
     env = os.environ if env is None else env
     explicit = env.get("SLOTQ_STATE_DIR")
     if explicit:
-        return os.path.abspath(explicit)
-    xdg = env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+        if not os.path.isabs(explicit):
+            raise ConfigError(f"SLOTQ_STATE_DIR must be an absolute path, not {explicit!r}: a relative one "
+                              "names another queue in each working directory")
+        return os.path.normpath(explicit)
+    xdg = env.get("XDG_STATE_HOME")
+    if not xdg or not os.path.isabs(xdg):
+        xdg = os.path.join(os.path.expanduser("~"), ".local", "state")
     return os.path.join(xdg, "slotq", "host")
 
 
