@@ -359,6 +359,31 @@ def test_a_bad_host_config_is_one_line_and_exit_78(state_dir: Path, tmp_path: Pa
 
 
 @pytest.mark.timeout(60)
+def test_a_personal_config_that_resizes_the_hosts_pools_is_refused(
+        state_dir: Path, runs: Start, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # It read the one-slot pool as three: its run started beside the holder.
+    state_dir.mkdir()
+    (state_dir / "host.toml").write_text("[pools]\nshared = 1\nlanding = 1\n")
+    gate = tmp_path / "gate"
+    holder = start_holder(runs, state_dir, gate)
+    mine = tmp_path / "mine.toml"
+    mine.write_text("[pools]\nshared = 3\n")
+    monkeypatch.setenv("SLOTQ_CONFIG", str(mine))
+    for cmd in (["run", "--", "echo", "beside the holder"], ["status"]):
+        proc = subprocess.run(slotq_cmd() + cmd, capture_output=True, text=True, timeout=20, cwd=tmp_path)
+        assert proc.returncode == 78 and "beside the holder" not in proc.stdout, (cmd, proc.stdout, proc.stderr)
+        _one_line_error(proc, f"$SLOTQ_CONFIG ({mine}) gives pool 'shared' 3 slot(s), this host's own config "
+                              f"({state_dir / 'host.toml'}) 1")
+    # One that agrees on the sizes may set the rest (here, the budget).
+    mine.write_text("[pools]\nshared = 1\n[defaults]\nbudget = \"5m\"\n")
+    waiter = runs("--", "true", name="agrees")
+    wait_for(lambda: "budget 5m00s" in waiter.err or len(live_tickets(state_dir)) == 1, what="the run waiting")
+    gate.touch()
+    assert waiter.wait() == 0 and holder.wait() == 0
+    assert "budget 5m00s" in waiter.err
+
+
+@pytest.mark.timeout(60)
 def test_a_relative_state_dir_is_refused_for_it_would_split_the_queue(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Relative, it named another queue in each working directory: a run

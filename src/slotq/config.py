@@ -120,9 +120,41 @@ class HostConfig:
         Raises ConfigError (with `.path`) for unreadable or invalid files.
         """
         state_dir = state_dir or state_dir_from_env()
-        explicit = path is not None or bool(os.environ.get("SLOTQ_CONFIG"))
+        from_env = path is None and bool(os.environ.get("SLOTQ_CONFIG"))
+        explicit = path is not None or from_env
         if path is None:
             path = os.environ.get("SLOTQ_CONFIG") or os.path.join(state_dir, "host.toml")
+        config = cls._read(path, state_dir, explicit)
+        if from_env:
+            config._agree_with_host(path, state_dir)
+        return config
+
+    def _agree_with_host(self, path: str, state_dir: str) -> None:
+        """A `$SLOTQ_CONFIG` of your own must give the host's pools the sizes
+        the host's own host.toml gives them: two runs that disagree would
+        each take "the" slot of a one-slot pool (one reads it as two).
+        ConfigError if not. With no host.toml of the host's own (a private
+        state dir, say), or an untrusted one, `$SLOTQ_CONFIG` decides."""
+        own = os.path.join(state_dir, "host.toml")
+        try:
+            if os.path.samefile(own, path):
+                return
+        except OSError:
+            return
+        host = HostConfig._read(own, state_dir, False)
+        if host.warnings:
+            return
+        for pool, slots in sorted(host.pools.items()):
+            mine = self.pools.get(pool)
+            if mine is not None and mine != slots:
+                raise ConfigError(f"$SLOTQ_CONFIG ({path}) gives pool {pool!r} {mine} slot(s), this host's own "
+                                  f"config ({own}) {slots}: runs that disagree would hold its slots at once. "
+                                  "Unset SLOTQ_CONFIG, or make the two agree", path)
+
+    @classmethod
+    def _read(cls, path: str, state_dir: str, explicit: bool) -> "HostConfig":
+        """One config file (`load`'s rules); the defaults if a file that was
+        not named explicitly does not exist."""
         try:
             # A link is followed only where you named the file yourself.
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if explicit else os.O_NOFOLLOW))
