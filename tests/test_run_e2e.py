@@ -359,6 +359,19 @@ def test_a_bad_host_config_is_one_line_and_exit_78(state_dir: Path, tmp_path: Pa
 
 
 @pytest.mark.timeout(60)
+def test_a_relative_wait_ledger_is_refused_before_anything_runs(
+        state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Relative, a run in a subdirectory recorded its wait where `slotq task`
+    # (in the directory above) never looked: the wait was never credited.
+    monkeypatch.setenv("SLOTQ_LEDGER", "ledger.sqlite")
+    for cmd in (["run", "--", "echo", "ran"], ["task", "--budget", "1m", "--", "echo", "ran"], ["waits"]):
+        proc = subprocess.run(slotq_cmd() + cmd, capture_output=True, text=True, timeout=20, cwd=tmp_path)
+        assert proc.returncode == 78 and "ran" not in proc.stdout, (cmd, proc.stdout, proc.stderr)
+        _one_line_error(proc, "SLOTQ_LEDGER must be an absolute path, not 'ledger.sqlite'")
+    assert not list(tmp_path.glob("ledger.sqlite*"))
+
+
+@pytest.mark.timeout(60)
 def test_a_personal_config_that_resizes_the_hosts_pools_is_refused(
         state_dir: Path, runs: Start, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # It read the one-slot pool as three: its run started beside the holder.

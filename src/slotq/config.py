@@ -52,16 +52,32 @@ def state_dir_from_env(env: dict[str, str] | os._Environ[str] | None = None) -> 
     directories would hold "the" slot at once. A relative XDG_STATE_HOME is
     ignored, as the XDG spec asks."""
     env = os.environ if env is None else env
-    explicit = env.get("SLOTQ_STATE_DIR")
+    explicit = env_path("SLOTQ_STATE_DIR", "another queue", env)
     if explicit:
-        if not os.path.isabs(explicit):
-            raise ConfigError(f"SLOTQ_STATE_DIR must be an absolute path, not {explicit!r}: a relative one "
-                              "names another queue in each working directory")
-        return os.path.normpath(explicit)
-    xdg = env.get("XDG_STATE_HOME")
+        return explicit
+    return os.path.join(xdg_state_home(env), "slotq", "host")
+
+
+def env_path(name: str, what: str, env: dict[str, str] | os._Environ[str] | None = None) -> str | None:
+    """The absolute path in environment variable `name` (None if unset or
+    empty). ConfigError if it is relative: it would name `what` in each
+    working directory."""
+    value = (os.environ if env is None else env).get(name)
+    if not value:
+        return None
+    if not os.path.isabs(value):
+        raise ConfigError(f"{name} must be an absolute path, not {value!r}: a relative one names {what} "
+                          "in each working directory")
+    return os.path.normpath(value)
+
+
+def xdg_state_home(env: dict[str, str] | os._Environ[str] | None = None) -> str:
+    """$XDG_STATE_HOME, else ~/.local/state (also when it is relative: the
+    XDG spec asks that such a value be ignored)."""
+    xdg = (os.environ if env is None else env).get("XDG_STATE_HOME")
     if not xdg or not os.path.isabs(xdg):
         xdg = os.path.join(os.path.expanduser("~"), ".local", "state")
-    return os.path.join(xdg, "slotq", "host")
+    return xdg
 
 
 class HostConfig:

@@ -62,6 +62,10 @@ PARSER = Parser(
 
 def main(args: list[str]) -> int:
     opts, command = PARSER.parse(args)
+    from slotq.config import env_path
+
+    # Read only if the run waits; a bad value is said now, not mid-line.
+    env_path("SLOTQ_LEDGER", "another wait ledger")
     from slotq.transports.base import Transport
     from slotq.spec import RunSpec
 

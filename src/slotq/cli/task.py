@@ -45,6 +45,9 @@ def main(args: list[str]) -> int:
     opts, command = PARSER.parse(args)
     if not os.path.isdir(opts.credit_dir):
         raise UsageError(f"--credit-dir {opts.credit_dir}: no such directory")
+    from slotq.client.ledger import ledger_path_from_env
+
+    ledger_path_from_env()  # the waits it credits: a bad $SLOTQ_LEDGER is said before the job starts
     json_result = JsonResult(opts.json)
     from slotq.client.deadline import Deadline
     from slotq.client.task import describe_extension, run_task

@@ -59,11 +59,11 @@ CREATE INDEX IF NOT EXISTS waits_by_dir ON waits (workdir, start);
 
 
 def ledger_path_from_env() -> str:
-    explicit = os.environ.get("SLOTQ_LEDGER")
-    if explicit:
-        return os.path.abspath(explicit)
-    xdg = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return os.path.join(xdg, "slotq", "ledger.sqlite")
+    """$SLOTQ_LEDGER (absolute: ConfigError if not), else the user's."""
+    from ..config import env_path, xdg_state_home
+
+    explicit = env_path("SLOTQ_LEDGER", "another wait ledger")
+    return explicit or os.path.join(xdg_state_home(), "slotq", "ledger.sqlite")
 
 
 _boot_id: str | None = None
