@@ -71,6 +71,13 @@ def env_path(name: str, what: str, env: dict[str, str] | os._Environ[str] | None
     return os.path.normpath(value)
 
 
+def ledger_env_path() -> str | None:
+    """$SLOTQ_LEDGER (ConfigError if relative), None if unset: for
+    client/ledger.py, and for `slotq run` to check before the run starts
+    without loading the ledger."""
+    return env_path("SLOTQ_LEDGER", "another wait ledger")
+
+
 def xdg_state_home(env: dict[str, str] | os._Environ[str] | None = None) -> str:
     """$XDG_STATE_HOME, else ~/.local/state (also when it is relative: the
     XDG spec asks that such a value be ignored)."""

@@ -62,10 +62,9 @@ PARSER = Parser(
 
 def main(args: list[str]) -> int:
     opts, command = PARSER.parse(args)
-    from slotq.config import env_path
+    from slotq.config import ledger_env_path
 
-    # Read only if the run waits; a bad value is said now, not mid-line.
-    env_path("SLOTQ_LEDGER", "another wait ledger")
+    ledger_env_path()  # the ledger is read only if the run waits: a bad value is said now, not mid-line
     from slotq.transports.base import Transport
     from slotq.spec import RunSpec
 

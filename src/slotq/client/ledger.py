@@ -60,10 +60,9 @@ CREATE INDEX IF NOT EXISTS waits_by_dir ON waits (workdir, start);
 
 def ledger_path_from_env() -> str:
     """$SLOTQ_LEDGER (absolute: ConfigError if not), else the user's."""
-    from ..config import env_path, xdg_state_home
+    from ..config import ledger_env_path, xdg_state_home
 
-    explicit = env_path("SLOTQ_LEDGER", "another wait ledger")
-    return explicit or os.path.join(xdg_state_home(), "slotq", "ledger.sqlite")
+    return ledger_env_path() or os.path.join(xdg_state_home(), "slotq", "ledger.sqlite")
 
 
 _boot_id: str | None = None

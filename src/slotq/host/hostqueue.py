@@ -28,7 +28,8 @@ from __future__ import annotations
 import os
 
 from ..config import HostConfig
-from ..errors import StateDirError
+from ..errors import AdmissionRefused, StateDirError
+from .orphans import MARKER, nested_in
 from .slot import SlotLease, SlotProbe
 from .ticket import Ticket, ahead_of, list_tickets, live_tickets, pool_dir, probe, take_ticket
 
@@ -62,6 +63,28 @@ def ensure_state_dir(state_dir: str) -> None:
         raise StateDirError(f"state directory {state_dir} is not writable", state_dir)
 
 
+def _nested(state_dir: str, pool: str, count: int) -> str | None:
+    """Why a run started from inside another run's command may not queue for
+    the slot of `pool` that run holds here: it would wait for it until that
+    run ends, and that run waits for it. None if it may (a run without the
+    marker in its environment pays one lookup)."""
+    run_id = os.environ.get(MARKER)
+    if not run_id:
+        return None
+    from ..records import printable
+    from .slot import slot_name
+
+    inside = nested_in(state_dir, pool, count, run_id)
+    if inside is None:
+        return None
+    index, info = inside
+    label, rid = printable(info.get("label") or "?", 200), printable(run_id, 100)
+    return (f"not admitted: this command runs inside run {rid} ({label}), which holds slot "
+            f"{slot_name(pool, index)} on this host; a run nested in it would wait for that slot until run "
+            f"{rid} ends. Run the command directly (it has the slot already), or give the nested run another "
+            "class")
+
+
 class Waiter:
     """One caller's place in a pool's line, until it leases a slot."""
 
@@ -69,7 +92,8 @@ class Waiter:
                  *, defer_leave: bool = False, wait: Callable[[float], None] | None = None,
                  ticket: Ticket | None = None) -> None:
         """Raises StateDirError, or AdmissionRefused when the host's
-        [admission] limits leave no place in line.
+        [admission] limits leave no place in line, or when the run was
+        started inside a run that holds this pool's slot (`_nested`).
 
         defer_leave: on success keep the ticket until `leave()` -- the
         runner starts its command first; the successor could not have the
@@ -89,6 +113,11 @@ class Waiter:
         self._rechecks: list[float] = []
         self._probe: SlotProbe | None = None
         self._watching: str | None = None  # "slots" once the head watches them
+        nested = _nested(state_dir, pool, self.slot_count)
+        if nested is not None:
+            if ticket is not None:
+                ticket.withdraw()
+            raise AdmissionRefused(nested)
         if ticket is not None and ticket.pool == pool:
             self.ticket: Ticket = ticket
             return

@@ -131,11 +131,6 @@ class HostRunner:
         cwd = self.spec.cwd
         if cwd is not None and not os.path.isdir(cwd):
             return self._error("usage", f"work dir {cwd} is not a directory on host {self.host}")
-        marker = os.environ.get(orphans.MARKER)
-        if marker:
-            refused = self._nested(pool, marker)
-            if refused:
-                return self._finish(Outcome.NOT_ADMITTED, None, None, refused)
         try:
             ensure_state_dir(self.state_dir)
             got = self._queue(pool)
@@ -151,22 +146,6 @@ class HostRunner:
         if isinstance(got, SlotLease):
             return self._hold(got)
         return self._run_started(*got, slot=f"{pool}#0")
-
-    def _nested(self, pool: str, run_id: str) -> str | None:
-        """Why a run started from inside run `run_id`'s command cannot queue
-        for the slot of `pool` that run holds here (it would wait for it
-        until run `run_id` ends, and that run waits for it); None if it can."""
-        from ..records import printable
-
-        inside = orphans.nested_in(self.state_dir, pool, self.config.pools.get(pool, 1), run_id)
-        if inside is None:
-            return None
-        index, info = inside
-        label, rid = printable(info.get("label") or "?", 200), printable(run_id, 100)
-        return (f"not admitted: this command runs inside run {rid} ({label}), which holds slot "
-                f"{slot_name(pool, index)} on host {self.host}; a run nested in it would wait for that slot "
-                f"until run {rid} ends. Run the command directly (it has the slot already), or give the "
-                "nested run another class")
 
     def _run_allocated(self, allocation: str) -> Outcome:
         """The scheduler gave us the node: no queue here, the command starts
