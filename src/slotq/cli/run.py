@@ -62,6 +62,9 @@ PARSER = Parser(
 
 def main(args: list[str]) -> int:
     opts, command = PARSER.parse(args)
+    if opts.credit_dir is not None and not os.path.isdir(opts.credit_dir):
+        # as `slotq task` and `slotq waits`: a wait recorded under a typo is never credited
+        raise UsageError(f"--credit-dir {opts.credit_dir}: no such directory")
     from slotq.config import ledger_env_path
 
     ledger_env_path()  # the ledger is read only if the run waits: a bad value is said now, not mid-line
