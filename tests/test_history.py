@@ -160,6 +160,24 @@ def test_corrupt_lines_are_skipped_and_counted_never_a_crash(state_dir: Path, tm
 
 
 @pytest.mark.timeout(60)
+def test_a_command_that_is_not_utf8_is_listed_and_stops_neither_history_nor_report(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    # Its argument reached the history index as a lone surrogate, which
+    # SQLite refuses: `slotq history` and `slotq report` failed with a
+    # traceback for every user of the host until the record aged out.
+    assert runs("--", "true", os.fsdecode(b"\xff\xfe"), name="bytes").wait() == 0
+    with open(history.history_path(str(state_dir)), "ab") as f:  # as an older slotq wrote one
+        f.write(json.dumps(record(1, time.time() + 1, label="old \udcff")).encode() + b"\n")
+    proc = cli("history", "--json")
+    assert proc.returncode == 0, proc.stderr
+    labels = [r["label"] for r in json.loads(proc.stdout)]
+    assert len(labels) == 2 and labels[0].endswith(": true \\xff\\xfe") and labels[1] == "old \\xff", labels
+    page = tmp_path / "runs.html"
+    proc = cli("report", "--html", str(page), "--since", "1h")
+    assert proc.returncode == 0 and "old \\\\xff" in page.read_text(), proc.stderr
+
+
+@pytest.mark.timeout(60)
 def test_retention_drops_old_runs_and_old_segments(state_dir: Path, tmp_path: Path) -> None:
     state_dir.mkdir()
     now = time.time()

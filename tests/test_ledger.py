@@ -161,3 +161,21 @@ def test_a_spooled_wait_in_progress_is_not_credited_until_closed(tmp_path: Path)
     r.close(T0 + 12)
     c = led.credit(str(tmp_path), T0, T0 + 20)
     assert [w.seconds for w in c.waits] == [12] and c.in_progress == []
+
+
+def test_a_spooled_wait_of_a_dir_that_is_not_utf8_moves_in_and_is_credited(tmp_path: Path) -> None:
+    # A spool line as an older slotq wrote it: the path's byte as JSON's
+    # lone-surrogate escape. SQLite refused it, and the move of the spool
+    # failed for every wait behind it.
+    odd = os.path.join(os.fsencode(tmp_path), b"w\xff")
+    os.mkdir(odd)
+    path = str(tmp_path / "ledger.sqlite")
+    workdir = os.fsdecode(odd).replace("\udcff", "\\udcff")
+    with open(path + ".spool", "w") as f:
+        for i, w in enumerate((workdir, str(tmp_path))):
+            f.write(f'{{"op": "open", "key": "r{i}:queue", "run_id": "r{i}", "pid": 1, "pid_start": "1", '
+                    f'"workdir": "{w}", "host": "h", "kind": "queue", "start": {T0}}}\n'
+                    f'{{"op": "close", "key": "r{i}:queue", "end": {T0 + 3}}}\n')
+    led = Ledger(path)
+    assert [w.record.run_id for w in led.credit(str(tmp_path), T0, T0 + 20).waits] == ["r0", "r1"]
+    assert [w.record.workdir for w in led.credit(os.fsdecode(odd), T0, T0 + 20).waits] == [f"{tmp_path}/w\\xff"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -88,6 +89,36 @@ def test_task_is_extended_by_the_wait_once_it_ends(state_dir: Path, runs: Start,
     assert 4.5 <= res["credited_s"] <= 8.0
     assert "budget extended by" in err
     assert res["elapsed_s"] > res["credited_s"] + 2  # the wait, then the 2 s of work
+
+
+@pytest.mark.timeout(60)
+def test_a_wait_in_a_dir_whose_name_is_not_utf8_is_credited_and_listed(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    # Its path reached the ledger as a lone surrogate, which SQLite refuses:
+    # every read of the ledger failed from then on, so `slotq task` could
+    # prove no credit for any dir (and ended at its bare budget), and
+    # `slotq waits` was an error.
+    odd = os.path.join(os.fsencode(tmp_path), b"work\xff")
+    os.mkdir(odd)
+    gate = tmp_path / "gate"
+    hold_shared_slot(runs, state_dir, gate)
+    out = tmp_path / "task.json"
+    # As in the test above: 3 s of budget, a wait of 4.5 s, then 2 s of work.
+    proc = subprocess.Popen(slotq_cmd() + ["task", "--json", str(out), "--budget", "3s", "--recheck", "0.5s",
+                                           "--credit-dir", str(tmp_path), "--", *slotq_cmd(), "run",
+                                           "--budget", "5", "--", "sleep", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=odd,
+                            stdin=subprocess.DEVNULL)
+    wait_for(lambda: waited(state_dir) and waited(state_dir)[0] > 4.5, timeout=20, what="4.5 s of waiting")
+    gate.touch()
+    code, err, res = finish(proc, out)
+    assert code == 0 and res["outcome"] == "passed", err
+    assert 4.5 <= res["credited_s"] <= 8.0
+    listed = subprocess.run(slotq_cmd() + ["waits", "--json", "--dir", os.fsdecode(odd), "--since", "5m"],
+                            capture_output=True, text=True, timeout=20)
+    assert listed.returncode == 0, listed.stderr
+    waits = json.loads(listed.stdout)["waits"]
+    assert [(w["kind"], w["workdir"]) for w in waits] == [("queue", f"{tmp_path}/work\\xff")]
 
 
 @pytest.mark.timeout(60)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 
-from .records import from_json, is_number, to_json
+from .records import from_json, is_number, to_json, valid_text
 
 SPOOL_BYTES = 1 << 20  # the spool moves to its segment past this
 MAX_LINE = 64 * 1024  # longer lines are skipped as corrupt
@@ -223,7 +223,7 @@ def clean_record(rec: dict[str, object]) -> dict[str, object]:
         out["class"] = out.pop("cls")
     for k in _TEXT:
         v = out.get(k)
-        out[k] = v if isinstance(v, str) else None
+        out[k] = valid_text(v) if isinstance(v, str) else None  # a non-UTF-8 label must not stop the index
     for k in _NUMBERS:
         v = out.get(k)
         out[k] = v if is_number(v) else None

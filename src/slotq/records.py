@@ -359,6 +359,21 @@ def clean_state(info: dict[str, object]) -> dict[str, object]:
     return out
 
 
+def valid_text(text: str) -> str:
+    """`text` as valid Unicode, which SQLite (history index, wait ledger)
+    and strict JSON readers need. An argument or path that was not UTF-8
+    reaches Python with lone surrogates (surrogateescape): each such byte
+    becomes `\\xNN` (another lone surrogate `\\uNNNN`). Valid text is
+    returned as it is, at the cost of one encode."""
+    try:
+        text.encode()
+        return text
+    except UnicodeEncodeError:
+        return "".join(ch if not "\ud800" <= ch <= "\udfff" else
+                       f"\\x{ord(ch) - 0xdc00:02x}" if "\udc80" <= ch <= "\udcff" else f"\\u{ord(ch):04x}"
+                       for ch in text)
+
+
 def printable(value: object, limit: int = 200) -> str:
     """`value` as text safe to print on a terminal: control characters
     (newlines, escapes, bidi overrides...) become '?', and it is cut at

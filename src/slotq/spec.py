@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from .durations import check_seconds
+from .records import valid_text
 
 # How often a waiting run reports its place, holders and load (the mission:
 # every 30 s); `--report-every`'s default, and a request's that names none.
@@ -61,7 +62,7 @@ class RunSpec:
         self.budget = budget
         self.prepare = prepare
         self.prepare_timeout = prepare_timeout
-        self.label = label or _default_label(argv)
+        self.label = valid_text(label or _default_label(argv))  # argv need not be UTF-8; the label goes to SQLite
         self.report_every = report_every
         self.kill_grace = kill_grace
         self.cwd = cwd

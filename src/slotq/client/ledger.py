@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 
-from ..records import from_json, is_pid, to_json
+from ..records import from_json, is_pid, to_json, valid_text
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -265,6 +265,7 @@ class Ledger:
             return 0
 
     def _apply(self, ev: dict[str, object]) -> None:
+        ev = {k: _text(v) for k, v in ev.items()}  # a path that is not UTF-8 (an older spool) must not stop the move
         op, key = ev.get("op"), ev.get("key")
         if op == "open" and ev.get("kind") in KINDS:
             self._db.execute(
@@ -290,7 +291,7 @@ class Ledger:
         cur = self._db.execute(
             'INSERT INTO waits (run_id, pid, pid_start, workdir, host, kind, start, "end", heartbeat) '
             "VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?)",
-            (run_id, pid, pid_start, os.path.realpath(workdir), host, kind, start, start))
+            (run_id, pid, pid_start, dir_key(workdir), valid_text(host), kind, start, start))
         assert cur.lastrowid is not None
         return cur.lastrowid
 
@@ -305,7 +306,7 @@ class Ledger:
         """Records of `workdir` and the directories below it that may touch
         [since, until] (the spool moved in first)."""
         self.ingest()
-        root = os.path.realpath(workdir)
+        root = dir_key(workdir)
         prefix = root.rstrip("/") + "/"
         rows = self._db.execute(
             'SELECT id, run_id, pid, pid_start, workdir, host, kind, start, "end", heartbeat FROM waits '
@@ -330,7 +331,19 @@ class Ledger:
             s, e = max(r.start, since), min(end, until)
             if e > s:
                 waits.append(CreditedWait(r, s, e, closed_by))
-        return Credit(os.path.realpath(workdir), since, until, waits, in_progress)
+        return Credit(dir_key(workdir), since, until, waits, in_progress)
+
+
+def dir_key(workdir: str) -> str:
+    """How the ledger names a work dir: its real path, as valid text (a
+    path that is not UTF-8 shows its bytes as \\xNN: SQLite stores text
+    only). Writers and readers name a dir the same way, and a dir below
+    another keeps its parent's name as a prefix."""
+    return valid_text(os.path.realpath(workdir))
+
+
+def _text(value: object) -> object:
+    return valid_text(value) if isinstance(value, str) else value
 
 
 MAX_SPOOL_LINE = 64 * 1024
@@ -426,7 +439,7 @@ class WaitRecorder:
         pid = os.getpid()
         if self._append("record a wait", {
                 "op": "open", "key": key, "run_id": self.run_id, "pid": pid, "pid_start": process_start(pid),
-                "workdir": os.path.realpath(self.workdir), "host": self.host, "kind": kind, "start": start}):
+                "workdir": dir_key(self.workdir), "host": valid_text(self.host), "kind": kind, "start": start}):
             self._open = key
 
     def heartbeat(self, at: float) -> None:
