@@ -83,6 +83,33 @@ def test_help_explains_commands_and_exit_codes() -> None:
     assert bad.returncode == 2 and "unknown command 'frobnicate'" in bad.stderr
 
 
+@pytest.mark.parametrize("args,needle", [
+    (["host", "--help"], "reap RUN_ID"), (["host", "-h"], "hello"),
+    (["host", "hello", "--help"], "usage: slotq host hello\n"),
+    (["host", "reap", "-h"], "usage: slotq host reap RUN_ID\n"),
+    (["host", "init", "--help"], "--group"), (["host", "run", "--help"], "--request-stdin"),
+])
+def test_every_host_command_explains_itself_with_help(state_dir: Path, args: list[str], needle: str) -> None:
+    # `slotq host --help` was an error (exit 2); `host hello --help` did its work instead.
+    proc = subprocess.run(slotq_cmd() + args, capture_output=True, text=True, timeout=10)
+    assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
+    assert proc.stdout.startswith("usage: slotq host") and needle in proc.stdout
+    assert not state_dir.exists()  # help only: nothing made
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["host"], "name a host command: init, hello, reap or run (see `slotq host --help`)"),
+    (["host", "frob"], "unknown host command 'frob'"),
+    (["host", "hello", "--json"], "slotq host hello (it takes no options)"),
+    (["host", "reap"], "usage: slotq host reap RUN_ID"),
+])
+def test_a_bad_host_command_is_one_line_and_exit_2(state_dir: Path, args: list[str], needle: str) -> None:
+    proc = subprocess.run(slotq_cmd() + args, capture_output=True, text=True, timeout=10)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and needle in lines[0], proc.stderr
+
+
 class _SlowClock(Clock):
     """The real clock, each reading 0.1 s later than the one before: a
     machine so busy that a run's first report comes long after its ticket."""

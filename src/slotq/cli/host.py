@@ -1,16 +1,7 @@
-"""`slotq host ...`: the host side, as transports launch it.
-
-  slotq host init --shared DIR --group G
-                                 as root: a state dir the members of G share safely
-  slotq host hello               one JSON line: version, protocol, state dir, work root
-  slotq host reap RUN_ID         after a runner vanished: what became of its command,
-                                 and its orphaned processes ended (same user)
-  slotq host run [opts] -- CMD   the host runner; stdin is the caller's channel
-  slotq host run --request-stdin the same, the request (argv and options) read
-                                 as the first line of stdin: no shell ever sees it
-  slotq host run --request-stdin --slurm-job
-                                 the same inside a Slurm job: the allocation is the
-                                 slot (no local queue)
+"""`slotq host ...`: the host side, as transports launch it (HELP below says
+what each command does). `slotq host run --request-stdin` reads the request
+(argv and options) as the first line of stdin, so no shell ever sees it;
+with `--slurm-job` the Slurm allocation is the slot (no local queue).
 """
 
 from __future__ import annotations
@@ -40,20 +31,61 @@ PARSER = Parser(
 )
 
 
+HELP = {
+    None: """\
+usage: slotq host <init | hello | reap | run> ...
+
+The host side. A person runs `init` (as root); transports run the others on
+the test host, over ssh or in a Slurm job.
+
+  init --shared DIR --group G   as root: a state dir the members of G share
+                                safely (`slotq host init --help`)
+  hello                         one JSON line: version, protocol, state dir,
+                                work root
+  reap RUN_ID                   after a runner vanished: what became of its
+                                command; its leftover processes are ended
+                                (same user only)
+  run [options] -- CMD          the runner of one run; stdin is the caller's
+                                channel (`slotq host run --help`)
+""",
+    "hello": """\
+usage: slotq host hello
+
+Print one JSON line: slotq's version, the protocol version, this host's
+name, its state dir and your work root (where remote work trees are synced).
+The ssh transport reads it first.
+""",
+    "reap": """\
+usage: slotq host reap RUN_ID
+
+After a run's runner vanished (the client lost its stream): say in one line
+what became of the run's command on this host. If its runner and keeper are
+both gone, the command is ended (TERM, grace, KILL) -- if it is yours; a
+keeper still ending it is waited for.
+""",
+}
+
+
 def main(args: list[str]) -> int:
+    sub = args[0] if args and args[0] in ("hello", "reap") else None
+    if args[:1] in (["-h"], ["--help"]) or (sub and args[1:] and args[1] in ("-h", "--help")):
+        sys.stdout.write(HELP[sub])
+        return 0
     if args[:1] == ["init"]:
         from slotq.cli.hostinit import main as init
 
         return init(args[1:])
-    if args[:1] == ["hello"]:
+    if args == ["hello"]:
         return hello()
     if args[:1] == ["reap"]:
         if len(args) != 2 or not (args[1].isalnum() and args[1].isascii()):
             raise UsageError("usage: slotq host reap RUN_ID")
         return reap(args[1])
+    if args[:1] == ["hello"]:
+        raise UsageError("usage: slotq host hello (it takes no options)")
     if not args or args[0] != "run":
-        raise UsageError("usage: slotq host init --shared DIR --group G | slotq host hello | "
-                         "slotq host reap RUN_ID | slotq host run [options] -- CMD [ARGS...]")
+        what = f"unknown host command {args[0]!r}" if args else "name a host command"
+        raise UsageError(f"{what}: init, hello, reap or run (see `slotq host --help`)")
     opts, command = PARSER.parse(args[1:])
     from slotq.config import HostConfig, state_dir_from_env
     from slotq.host.runner import HostRunner
