@@ -199,6 +199,14 @@ class Slotq(Tool):
 
         return sum(1 for _, p in list_tickets(pool_dir(str(self.state), "shared")) if probe(p))
 
+    def line(self) -> list[str]:
+        """The labels of the runs in the shared line, in line order (the
+        host's ticket numbers): the order slotq promises to start them in."""
+        sys.path.insert(0, str(REPO / "src"))
+        from slotq.host.ticket import list_tickets, pool_dir, read_info
+
+        return [str((read_info(p) or {}).get("label")) for _, p in list_tickets(pool_dir(str(self.state), "shared"))]
+
     def holder_process(self, command_pid: int) -> int:
         # command <- keeper <- the caller's process (the host side is a thread of it)
         return parent_of(parent_of(command_pid))
