@@ -172,6 +172,9 @@ def test_a_command_that_is_not_utf8_is_listed_and_stops_neither_history_nor_repo
     assert proc.returncode == 0, proc.stderr
     labels = [r["label"] for r in json.loads(proc.stdout)]
     assert len(labels) == 2 and labels[0].endswith(": true \\xff\\xfe") and labels[1] == "old \\xff", labels
+    for args, found in ((["--label", os.fsdecode(b"\xff")], labels), (["--user", os.fsdecode(b"\xff")], [])):
+        proc = cli("history", "--json", *args)  # a filter that is not UTF-8 failed in SQLite
+        assert proc.returncode == 0 and [r["label"] for r in json.loads(proc.stdout)] == found, proc.stderr
     page = tmp_path / "runs.html"
     proc = cli("report", "--html", str(page), "--since", "1h")
     assert proc.returncode == 0 and "old \\\\xff" in page.read_text(), proc.stderr

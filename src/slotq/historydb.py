@@ -25,6 +25,7 @@ import time
 
 from . import history
 from .client.ledger import ledger_path_from_env
+from .records import valid_text
 from .statefile import StateFileError, open_state
 
 _SCHEMA = """
@@ -208,13 +209,15 @@ class Index:
             # A run overlapping the window ends at most `longest` after it.
             where += ["ended <= ?", "first <= ?"]
             args += [until + self._longest(), until]
+        # Text as the index keeps it (history.clean_record): a filter that is
+        # not UTF-8 matches the label it names, and never fails in SQLite.
         for col, value in (("user", user), ("outcome", outcome), ("class", cls)):
             if value is not None:
                 where.append(f"{_q(col)} = ?")
-                args.append(value)
+                args.append(valid_text(value))
         if label is not None:
             where.append("instr(label, ?) > 0")
-            args.append(label)
+            args.append(valid_text(label))
         sql = f"SELECT {', '.join(_q(c) for c in COLUMNS)} FROM runs WHERE {' AND '.join(where)} ORDER BY ended DESC"
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
