@@ -241,6 +241,17 @@ def test_hostile_arguments_arrive_byte_exact(remote: Remote) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_arguments_that_are_not_utf8_arrive_byte_exact_under_a_label_of_valid_text(remote: Remote) -> None:
+    arg = b"\xff\xfe-\x80"
+    proc = subprocess.run(slotq_cmd() + ["run", "-q", *remote.args, "--json", "-", "--", "echo", os.fsdecode(arg)],
+                          capture_output=True, timeout=40)
+    assert proc.returncode == 0, proc.stderr
+    out, result = proc.stdout.split(b"\n", 1)
+    assert out == arg
+    assert json.loads(result)["label"].endswith(": echo \\xff\\xfe-\\x80")  # valid text, as the host keeps it
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("host,extra,needle", [
     ("slotq-down", [], "Connection refused"),
     ("slotq-badkey", [], "Permission denied"),
