@@ -32,7 +32,7 @@ MAGIC_LOOKALIKE = b"\x00SLOTQ-STREAM 2\nV\x00\x00\x00\x1c{\"event\":\"exited\",\
 
 
 def squeue(*args: str) -> str:
-    return subprocess.run(["squeue", "-h", *args], capture_output=True, text=True, timeout=30,
+    return subprocess.run(["squeue", "-h", *args], capture_output=True, text=True, errors="replace", timeout=30,
                           env=dict(os.environ, SLURM_CONF=CONF)).stdout
 
 
@@ -58,9 +58,9 @@ def slurm_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
             subprocess.run(["scancel", job], env=dict(os.environ, SLURM_CONF=CONF), timeout=30)
 
 
-def placeholder(tmp: Path, seconds: int, partition: str = "test") -> str:
+def placeholder(tmp: Path, seconds: int, partition: str = "test", suffix: bytes = b"") -> str:
     """A job that holds the node's two CPUs for `seconds`; its id once it runs."""
-    name = f"placeholder-{tmp.name}"
+    name = os.fsencode(f"placeholder-{tmp.name}") + suffix
     proc = subprocess.run(["sbatch", "--parsable", "-p", partition, "-c2", "-o", "/dev/null", "-J", name,
                            "--time=2", "--wrap", f"sleep {seconds}"], capture_output=True, text=True,
                           timeout=30, env=dict(os.environ, SLURM_CONF=CONF))
@@ -109,6 +109,24 @@ def test_seed_scenario_waits_in_slurm_then_passes_with_the_wait_on_record(slurm_
     waits = Ledger(str(tmp / "ledger.sqlite")).records(str(tmp))
     [wait] = [w for w in waits if w.run_id == res["run_id"]]
     assert wait.kind == "queue" and wait.end is not None and wait.end - wait.start >= 4
+
+
+@pytest.mark.timeout(60)
+def test_another_users_job_named_in_bytes_that_are_not_utf8_breaks_neither_a_wait_nor_status(
+        slurm_env: Path) -> None:
+    # Slurm passes job names (and work dirs) on as bytes; anyone may submit
+    # one. slotq read squeue's and scontrol's output as strict UTF-8, so
+    # such a job in the partition crashed every waiting run's report and
+    # `slotq status --slurm`.
+    tmp = slurm_env
+    holder = placeholder(tmp, 6, suffix=b"-\xff\xfe")
+    proc = start(tmp, "behind", "--budget", "5", "--report-every", "1", "--", "echo", "ran")
+    assert proc.wait(timeout=40) == 0, err(tmp, "behind")
+    assert (tmp / "behind.out").read_bytes() == b"ran\n"
+    assert f"held by job {holder} placeholder-{tmp.name}-\ufffd\ufffd (user root)" in err(tmp, "behind")
+    holder = placeholder(tmp, 6, suffix=b"-\xff\xfe")
+    status = subprocess.run(slotq_cmd() + ["status", "--slurm"], capture_output=True, timeout=30)
+    assert status.returncode == 0 and f"job {holder}".encode() in status.stdout, status.stderr
 
 
 @pytest.mark.timeout(60)

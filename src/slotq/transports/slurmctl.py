@@ -12,12 +12,19 @@ import subprocess
 from ..errors import HostUnavailable
 
 
+def _run(argv: list[str], env: dict[str, str] | None, timeout: float) -> subprocess.CompletedProcess[str]:
+    """One of Slurm's tools, its output as text. Slurm passes job names,
+    commands and work dirs on as the bytes it was given, and anyone may
+    submit a job: what is not UTF-8 is replaced, never a decoding error."""
+    return subprocess.run(argv, capture_output=True, encoding="utf-8", errors="replace", timeout=timeout, env=env,
+                          stdin=subprocess.DEVNULL)
+
+
 def submit(args: list[str], script: str, env: dict[str, str] | None = None) -> str:
     """Submit a batch job (`sbatch --parsable ARGS --wrap SCRIPT`); its id.
     Raises HostUnavailable with sbatch's own words when it refuses."""
     try:
-        proc = subprocess.run(["sbatch", "--parsable", *args, "--wrap", script], capture_output=True, text=True,
-                              timeout=60, env=env, stdin=subprocess.DEVNULL)
+        proc = _run(["sbatch", "--parsable", *args, "--wrap", script], env, 60)
     except FileNotFoundError:
         raise HostUnavailable("sbatch is not installed here (Slurm's client tools)", host="slurm") from None
     except subprocess.TimeoutExpired:
@@ -45,7 +52,7 @@ def _query(argv: list[str], env: dict[str, str] | None) -> str:
     """The output of one of Slurm's query tools; HostUnavailable with the
     tool's own last line when it fails or does not answer in 30 s."""
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=env, stdin=subprocess.DEVNULL)
+        proc = _run(argv, env, 30)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise HostUnavailable(f"{argv[0]} failed: {e}", host="slurm") from None
     if proc.returncode != 0:
@@ -133,8 +140,7 @@ def job_info(job_id: str, env: dict[str, str] | None = None) -> dict[str, str]:
     Slurm no longer knows the job."""
     info: dict[str, str] = {}
     try:
-        proc = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True,
-                              timeout=30, env=env, stdin=subprocess.DEVNULL)
+        proc = _run(["scontrol", "show", "job", "-o", job_id], env, 30)
         line = proc.stdout[:65536] if proc.returncode == 0 else ""
     except (OSError, subprocess.TimeoutExpired):
         line = ""
@@ -143,8 +149,7 @@ def job_info(job_id: str, env: dict[str, str] | None = None) -> dict[str, str]:
         if eq and key in _JOB_FIELDS:
             info[key] = value
     try:
-        proc = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State"], capture_output=True,
-                              text=True, timeout=30, env=env, stdin=subprocess.DEVNULL)
+        proc = _run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State"], env, 30)
         state = proc.stdout.strip().splitlines()[:1] if proc.returncode == 0 else []
         if state and state[0].strip():
             info["AcctState"] = state[0].strip()[:200]
