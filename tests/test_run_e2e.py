@@ -320,6 +320,10 @@ def _one_line_error(proc: subprocess.CompletedProcess[str], needle: str) -> None
     (["--idle", "1x", "--", "true"], 2, "unknown unit"),
     ([], 2, "no command given"),
     (["--"], 2, "no command given"),
+    # ssh would read it as an option; it was exit 121, as if a host were down
+    (["--host", "-oProxyCommand=touch pwned", "--", "true"], 2, "--host: not a host name: '-oProxyCommand"),
+    (["--host", "127.0.0.1,-oProxyCommand=x", "--ssh-option", "Port=1", "--", "true"], 2,
+     "--host: not a host name: '-oProxyCommand=x'"),
 ])
 def test_bad_arguments_get_one_line_and_exit_2(state_dir: Path, args: list[str], code: int, needle: str) -> None:
     proc = subprocess.run(slotq_cmd() + ["run"] + args, capture_output=True, text=True, timeout=20)

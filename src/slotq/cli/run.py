@@ -123,7 +123,11 @@ def _remote(opts: Namespace) -> "SshTransport":
     hosts = [h.strip() for h in opts.host.split(",") if h.strip()]
     if not hosts:
         raise UsageError("--host: no host named")
-    host = hosts[0]
+    from slotq.transports.ssh import check_host
+
+    host = check_host(hosts[0])
+    for h in hosts[1:]:
+        check_host(h)  # before any is asked: a bad name is the caller's, not a host that is down
     if len(hosts) > 1:
         from slotq.client.choose import describe_choice, rank_hosts
         from slotq.transports.ssh import SshHost

@@ -19,7 +19,7 @@ import os
 import time
 
 from .. import protocol
-from ..errors import HostUnavailable
+from ..errors import HostUnavailable, UsageError
 from ..records import from_json, load_scanner, to_json
 from ..spec import RunSpec
 from .base import Transport
@@ -58,13 +58,20 @@ def control_dir() -> str:
     return path
 
 
+def check_host(host: str) -> str:
+    """`host` if it can name a host for ssh; a usage error if not (one that
+    starts with '-' would be read by ssh as an option)."""
+    if not host or host.startswith("-"):
+        raise UsageError(f"--host: not a host name: {host!r}")
+    return host
+
+
 class SshHost:
     """How to reach one host: ssh arguments, master connection, handshake."""
 
     def __init__(self, host: str, *, config: str | None = None, options: list[str] | None = None,
                  remote_slotq: str = "slotq") -> None:
-        if not host or host.startswith("-"):
-            raise HostUnavailable(f"not a host name: {host!r}", host=host)
+        check_host(host)
         load_scanner()  # the host's handshake and stream: the C JSON scanner reads them
         self.host = host
         self.config = config
