@@ -324,6 +324,8 @@ def _one_line_error(proc: subprocess.CompletedProcess[str], needle: str) -> None
     (["--host", "-oProxyCommand=touch pwned", "--", "true"], 2, "--host: not a host name: '-oProxyCommand"),
     (["--host", "127.0.0.1,-oProxyCommand=x", "--ssh-option", "Port=1", "--", "true"], 2,
      "--host: not a host name: '-oProxyCommand=x'"),
+    # a host refuses a request with more (spec.MAX_TEXT): it ran here, and failed through --host or --slurm
+    (["--label", "x" * 1001, "--", "true"], 2, "option --label: 1001 characters, more than the limit of 1000"),
 ])
 def test_bad_arguments_get_one_line_and_exit_2(state_dir: Path, args: list[str], code: int, needle: str) -> None:
     proc = subprocess.run(slotq_cmd() + ["run"] + args, capture_output=True, text=True, timeout=20)

@@ -10,6 +10,7 @@ from .records import valid_text
 # How often a waiting run reports its place, holders and load (the mission:
 # every 30 s); `--report-every`'s default, and a request's that names none.
 REPORT_EVERY = 30.0
+MAX_TEXT = {"prepare": 65536, "label": 1000}  # characters, as a host accepts them in a request
 
 
 def new_run_id() -> str:
@@ -117,7 +118,7 @@ class RunSpec:
         if not isinstance(cls_name, str) or not 0 < len(cls_name) <= 64 \
                 or not all(c.isalnum() or c in "-_" for c in cls_name):
             raise ValueError("cls must be a class name (letters, digits, - or _)")
-        for key, limit in (("prepare", 65536), ("label", 1000)):
+        for key, limit in MAX_TEXT.items():
             v = data.get(key)
             if v is not None and (not isinstance(v, str) or len(v) > limit or "\0" in v):
                 raise ValueError(f"{key} must be a string of at most {limit} characters without NUL bytes")

@@ -14,7 +14,7 @@ import sys
 
 from slotq.durations import parse_duration
 from slotq.errors import UsageError
-from slotq.spec import REPORT_EVERY
+from slotq.spec import MAX_TEXT, REPORT_EVERY
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -159,6 +159,17 @@ def duration(what: str = "", allow_zero: bool = False, minimum: float = 0.0) -> 
     return parse
 
 
+def bounded_text(limit: int) -> Callable[[str], str]:
+    """Text of at most `limit` characters: what a host accepts in a run
+    request (spec.MAX_TEXT), so a run is refused here, whatever the host."""
+    def check(text: str) -> str:
+        if len(text) > limit:
+            raise ValueError(f"{len(text)} characters, more than the limit of {limit}")
+        return text
+
+    return check
+
+
 def window_options() -> list[Opt]:
     """--since/--until: a time window (the last 24 h by default)."""
     return [Opt("--since", metavar="T", default="24h",
@@ -201,12 +212,12 @@ RUN_OPTIONS = [
     Opt("--budget", metavar="D", convert=duration(),
         help="how long the command may run once it has started (default: the host's, 60m); "
              "time spent waiting in line never counts"),
-    Opt("--prepare", metavar="CMD",
+    Opt("--prepare", metavar="CMD", convert=bounded_text(MAX_TEXT["prepare"]),
         help="shell command run after the slot is acquired, before the command (its own limit)"),
     Opt("--prepare-timeout", metavar="D", convert=duration(), help="limit for --prepare (default: the host's, 10m)"),
     Opt("--kill-grace", metavar="D", convert=duration(allow_zero=True),
         help="TERM -> KILL grace when the command is stopped (default: 10s)"),
-    Opt("--label", metavar="TEXT", help="how this run is shown to others (default: user: command)"),
+    Opt("--label", metavar="TEXT", convert=bounded_text(MAX_TEXT["label"]), help="how this run is shown to others (default: user: command)"),
     Opt("--report-every", metavar="D", convert=duration(minimum=0.01), default=REPORT_EVERY,
         help=f"queue status interval while waiting (default: {REPORT_EVERY:g}s)"),
     Opt("--max-wait", metavar="D", convert=duration(),
