@@ -202,6 +202,22 @@ def test_status_says_how_long_the_holder_has_held_its_slot(state_dir: Path) -> N
 
 
 @pytest.mark.timeout(30)
+def test_a_label_the_terminal_cannot_encode_is_shown_as_a_question_mark_not_a_traceback(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    # Another user's label broke `status` and `history` (UnicodeEncodeError)
+    # for anyone whose output encoding cannot show it.
+    gate = tmp_path / "gate"
+    holder = start_holder(runs, state_dir, gate, "--label", "ü-holder")
+    ascii_env = dict(os.environ, PYTHONIOENCODING="ascii")
+    proc = cli("status", env=ascii_env)
+    assert proc.returncode == 0 and "shared#0: ?-holder (user " in proc.stdout, proc.stderr
+    gate.touch()
+    assert holder.wait() == 0
+    proc = cli("history", env=ascii_env)
+    assert proc.returncode == 0 and proc.stdout.splitlines()[1].endswith(" ?-holder"), proc.stderr
+
+
+@pytest.mark.timeout(30)
 def test_status_ends_with_a_newline_and_bare_slotq_is_usage_on_stderr(state_dir: Path) -> None:
     proc = cli("status")
     assert proc.returncode == 0 and proc.stdout.endswith("\n") and not proc.stdout.endswith("\n\n")

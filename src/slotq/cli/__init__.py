@@ -57,6 +57,11 @@ def main(argv: list[str] | None = None) -> int:
         from slotq.records import load_scanner
 
         gc.enable()  # bin/slotq turns it off for `run`'s start-up only (client.collect_from_now_on)
+        # Other users' labels in a terminal whose encoding cannot show them
+        # (PYTHONIOENCODING=ascii, a Latin-1 locale): '?', not a traceback.
+        reconfigure = getattr(sys.stdout, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="replace")
         load_scanner()  # the C JSON scanner: `run` loads it only once it waits (records.py)
     from slotq.errors import SlotqError
 
