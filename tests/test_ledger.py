@@ -179,3 +179,49 @@ def test_a_spooled_wait_of_a_dir_that_is_not_utf8_moves_in_and_is_credited(tmp_p
     led = Ledger(path)
     assert [w.record.run_id for w in led.credit(str(tmp_path), T0, T0 + 20).waits] == ["r0", "r1"]
     assert [w.record.workdir for w in led.credit(os.fsdecode(odd), T0, T0 + 20).waits] == [f"{tmp_path}/w\\xff"]
+
+
+def test_waits_that_ended_past_the_retention_are_dropped_when_the_spool_moves_in(tmp_path: Path) -> None:
+    import time
+
+    from slotq.client import ledger as ledger_module
+    from slotq.client.ledger import WaitRecorder
+
+    led = Ledger(str(tmp_path / "ledger.sqlite"))
+    now = time.time()
+    day = 86400.0
+    old = closed(led, tmp_path, now - 100 * day, now - 100 * day + 5, run_id="old")
+    kept = closed(led, tmp_path, now - 10 * day, now - 10 * day + 5, run_id="kept")
+    # An open wait whose last heartbeat is past the retention: its waiter died long ago.
+    dead = led.open_wait(run_id="dead", workdir=str(tmp_path), host="h", kind="queue", start=now - 95 * day)
+    live = led.open_wait(run_id="live", workdir=str(tmp_path), host="h", kind="queue", start=now - 100 * day)
+    led.heartbeat(live, now)  # waiting for 100 days, and still beating: kept
+    WaitRecorder(run_id="new", workdir=str(tmp_path), host="h", warn=print, path=led.path).open("queue", now)
+    led.ingest()  # the spool moves in, and the old waits go
+    ids = [r.id for r in led.records(str(tmp_path))]
+    assert old not in ids and dead not in ids and {kept, live} <= set(ids) and len(ids) == 3
+    assert ledger_module.RETAIN_S == 90 * day  # what the README says
+
+
+def test_a_run_that_finds_the_spool_past_its_limit_moves_it_in_while_it_waits(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # With no reader (no `slotq task`, no `slotq waits`) the spool grew for
+    # ever: every wait of every run, with its heartbeats.
+    from slotq.client import ledger as ledger_module
+    from slotq.client.ledger import WaitRecorder, spool_path
+
+    monkeypatch.setattr(ledger_module, "SPOOL_MOVE_BYTES", 2000, raising=False)
+    path = str(tmp_path / "ledger.sqlite")
+    for i in range(8):  # past 2000 bytes
+        r = WaitRecorder(run_id=f"r{i}", workdir=str(tmp_path), host="h", warn=print, path=path)
+        r.open("transfer", T0 + i)  # a transfer's wait is the run's own time: never moves the spool
+        r.close(T0 + i + 1)
+    before = os.path.getsize(spool_path(path))
+    assert before > 2000
+    waiting = WaitRecorder(run_id="waiting", workdir=str(tmp_path), host="h", warn=print, path=path)
+    waiting.open("queue", T0 + 20)
+    assert os.path.getsize(spool_path(path)) == 0
+    db = sqlite3.connect(path)
+    assert db.execute("SELECT count(*) FROM waits").fetchone() == (9,)
+    waiting.close(T0 + 30)  # its own wait goes on as before
+    assert [w.seconds for w in Ledger(path).credit(str(tmp_path), T0 + 20, T0 + 40).waits] == [10]

@@ -122,6 +122,29 @@ def test_a_wait_in_a_dir_whose_name_is_not_utf8_is_credited_and_listed(
 
 
 @pytest.mark.timeout(60)
+def test_a_waiting_run_moves_in_a_spool_that_no_reader_ever_moved(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    # A user who never runs `slotq task` or `slotq waits`: the spool of
+    # every wait, with its heartbeats, grew for ever.
+    from slotq.client import ledger
+
+    limit = getattr(ledger, "SPOOL_MOVE_BYTES", 4 << 20)
+    spool = tmp_path / "ledger.sqlite.spool"
+    beat = b'{"op": "beat", "key": "long-gone:queue", "at": 1800000000.0}\n'
+    spool.write_bytes(beat * (limit // len(beat) + 1))
+    gate = tmp_path / "gate"
+    hold_shared_slot(runs, state_dir, gate)
+    q = runs("--", "true", name="queued")
+    wait_for(lambda: spool.stat().st_size < 4096, timeout=15, what="the waiting run moving the spool in")
+    assert q.proc.poll() is None  # while it waited
+    gate.touch()
+    assert q.wait() == 0
+    proc = subprocess.run(slotq_cmd() + ["waits", "--json", "--dir", str(tmp_path), "--since", "5m"],
+                          capture_output=True, text=True, timeout=20)
+    assert [w["run_id"] for w in json.loads(proc.stdout)["waits"]] == [q.result()["run_id"]]
+
+
+@pytest.mark.timeout(60)
 def test_a_delivery_deadline_ends_the_task_at_its_time(state_dir: Path, runs: Start, tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     holder = hold_shared_slot(runs, state_dir, gate)

@@ -19,6 +19,9 @@ A run appends its wait events as JSON lines to a spool beside the database
 first moves the spool into SQLite under an exclusive flock, in one
 transaction, then empties it. Nothing is lost: an event is either still in
 the spool or already in the table (applying one twice changes nothing).
+Nor does anything grow for ever: a run that finds the spool past
+SPOOL_MOVE_BYTES (where no reader ever comes) moves it in itself while it
+waits, and each move drops the waits that ended more than RETAIN_S ago.
 
 `credit(workdir, since, until)` answers an outer task runner: the waits of
 that directory (and below it) cut to the window, totalled two ways -- `sum`
@@ -38,6 +41,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 KINDS = ("transfer", "queue")
+RETAIN_S = 90 * 86400  # waits that ended longer ago are dropped (credit looks back hours, `waits` days)
+SPOOL_MOVE_BYTES = 1 << 20  # ~650 ten-minute waits (~0.3 s to move in): a run that finds this much moves it
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS waits (
@@ -55,6 +60,7 @@ CREATE TABLE IF NOT EXISTS waits (
     CHECK ("end" IS NULL OR "end" >= start)
 );
 CREATE INDEX IF NOT EXISTS waits_by_dir ON waits (workdir, start);
+CREATE INDEX IF NOT EXISTS waits_by_heartbeat ON waits (heartbeat);  -- a closed wait's heartbeat is its end
 """
 
 
@@ -241,9 +247,13 @@ class Ledger:
             try:
                 for ev in events:
                     try:
-                        self._apply(ev)
+                        try:
+                            self._apply(ev)
+                        except UnicodeEncodeError:  # a path that is not UTF-8, from an older slotq's spool
+                            self._apply({k: _text(v) for k, v in ev.items()})
                     except sqlite3.IntegrityError:
                         bad.append(to_json(ev).encode()[:MAX_SPOOL_LINE])
+                self._drop_old()
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
@@ -255,6 +265,16 @@ class Ledger:
         finally:
             os.close(lock_fd)
 
+    def _drop_old(self) -> None:
+        """Drop the waits that ended (or last beat) more than RETAIN_S
+        before now -- or before the newest record, if that is older: a
+        clock set back, or a test's clock, never empties the ledger."""
+        import time
+
+        newest = self._db.execute("SELECT max(heartbeat) FROM waits").fetchone()[0]
+        if isinstance(newest, (int, float)):
+            self._db.execute("DELETE FROM waits WHERE heartbeat < ?", (min(time.time(), newest) - RETAIN_S,))
+
     def set_aside(self) -> int:
         """How many spool lines were set aside as unreadable (in
         `<ledger>.spool.bad`, for a person to look at)."""
@@ -265,7 +285,6 @@ class Ledger:
             return 0
 
     def _apply(self, ev: dict[str, object]) -> None:
-        ev = {k: _text(v) for k, v in ev.items()}  # a path that is not UTF-8 (an older spool) must not stop the move
         op, key = ev.get("op"), ev.get("key")
         if op == "open" and ev.get("kind") in KINDS:
             self._db.execute(
@@ -401,6 +420,7 @@ class WaitRecorder:
         self.path = path or ledger_path_from_env()
         self._broken = False
         self._made_dir = False  # the spool's directory exists (made once, not every 30 s)
+        self._spool_size = 0  # after our last append
         self._open: str | None = None  # key of the open wait
 
     def _append(self, what: str, event: dict[str, object]) -> bool:
@@ -419,6 +439,7 @@ class WaitRecorder:
                 fd = os.open(spool, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
                 try:
                     os.write(fd, to_json(event).encode() + b"\n")  # one write: lines never interleave
+                    self._spool_size = os.fstat(fd).st_size
                 finally:
                     os.close(fd)
             finally:
@@ -441,6 +462,22 @@ class WaitRecorder:
                 "op": "open", "key": key, "run_id": self.run_id, "pid": pid, "pid_start": process_start(pid),
                 "workdir": dir_key(self.workdir), "host": valid_text(self.host), "kind": kind, "start": start}):
             self._open = key
+            if kind == "queue" and self._spool_size > SPOOL_MOVE_BYTES:
+                self._move_in()  # in line (a transfer's time is the run's own)
+
+    def _move_in(self) -> None:
+        """Move the spool into SQLite ourselves: no reader may ever come
+        (a user who never runs `slotq task` or `slotq waits`). We are
+        waiting in line, so it costs nobody's time; a failure here loses
+        nothing (the events stay in the spool)."""
+        try:
+            ledger = Ledger(self.path)
+            try:
+                ledger.ingest()
+            finally:
+                ledger.close()
+        except Exception:  # sqlite3.Error, OSError: the next run, or a reader, moves it
+            pass
 
     def heartbeat(self, at: float) -> None:
         if self._open is not None:
