@@ -181,6 +181,26 @@ def test_a_command_that_is_not_utf8_is_listed_and_stops_neither_history_nor_repo
 
 
 @pytest.mark.timeout(60)
+def test_history_and_report_work_where_the_index_cannot_be_kept(
+        state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A service account whose HOME does not exist: the index (a cache beside
+    # the wait ledger) could not be made, and `history` and `report` failed
+    # (exit 73), the history itself readable all along.
+    state_dir.mkdir()
+    history.append(str(state_dir), record(1, time.time()))
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("SLOTQ_LEDGER", str(blocker / "ledger.sqlite"))
+    proc = cli("history", "--json")
+    assert proc.returncode == 0 and [r["run_id"] for r in json.loads(proc.stdout)] == ["run0000001"], proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("slotq: note: the history index cannot be kept (")
+    assert str(blocker) in lines[0] and "set SLOTQ_LEDGER or XDG_STATE_HOME" in lines[0]
+    proc = cli("report", "--html", str(tmp_path / "runs.html"))
+    assert proc.returncode == 0 and "job 1" in (tmp_path / "runs.html").read_text(), proc.stderr
+
+
+@pytest.mark.timeout(60)
 def test_retention_drops_old_runs_and_old_segments(state_dir: Path, tmp_path: Path) -> None:
     state_dir.mkdir()
     now = time.time()

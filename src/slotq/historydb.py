@@ -62,9 +62,17 @@ class Index:
         self.state_dir = state_dir
         self.retention_s = retention_s
         self.path = path or index_path(state_dir)
-        os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
-        self.db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        self.db.execute("PRAGMA journal_mode=WAL")
+        # The index is a cache: where it cannot be kept (a service account's
+        # HOME that does not exist, a read-only one), one in memory, built
+        # afresh, reads the same history. `unkept` says why, for a note.
+        self.unkept: str | None = None
+        try:
+            os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
+            self.db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            self.db.execute("PRAGMA journal_mode=WAL")
+        except (OSError, sqlite3.OperationalError) as e:
+            self.unkept = f"{self.path}: {getattr(e, 'strerror', None) or e}"
+            self.db = sqlite3.connect(":memory:", isolation_level=None)
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(_SCHEMA)
         row = self.db.execute("SELECT v FROM meta WHERE k = 'schema'").fetchone()

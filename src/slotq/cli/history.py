@@ -71,6 +71,9 @@ def query(state_dir: str, retention: float, **filters: object) -> tuple[list[dic
 
     try:
         index = Index(state_dir, retention)
+        if index.unkept is not None:
+            sys.stderr.write(f"slotq: note: the history index cannot be kept ({index.unkept}); reading the "
+                             "history without it (set SLOTQ_LEDGER or XDG_STATE_HOME to a writable place)\n")
         try:
             index.catch_up()
             return index.query(**filters), index.skipped  # type: ignore[arg-type]
