@@ -378,17 +378,19 @@ def test_a_relative_wait_ledger_is_refused_before_anything_runs(
 
 
 @pytest.mark.timeout(60)
-def test_a_credit_dir_that_is_not_a_directory_is_refused_before_the_run_joins_the_line(
+def test_a_credit_dir_that_is_not_a_directory_is_refused_by_run_task_and_waits_naming_why(
         state_dir: Path, tmp_path: Path) -> None:
     # A typo recorded the wait under a directory no outer runner could name
     # (`slotq task` and `slotq waits` refuse it): the wait went uncredited.
     afile = tmp_path / "afile"
     afile.write_text("")
-    for bad in ("nosuch", str(afile)):
-        proc = subprocess.run(slotq_cmd() + ["run", "--credit-dir", bad, "--", "echo", "ran"],
-                              capture_output=True, text=True, timeout=20, cwd=tmp_path)
-        assert proc.returncode == 2 and "ran" not in proc.stdout, (bad, proc.stdout, proc.stderr)
-        _one_line_error(proc, f"--credit-dir {bad}: no such directory")
+    for bad, why in (("nosuch", "no such directory"), (str(afile), "not a directory")):
+        for cmd in (["run", "--credit-dir", bad], ["task", "--budget", "1m", "--credit-dir", bad],
+                    ["waits", "--dir", bad]):
+            proc = subprocess.run(slotq_cmd() + cmd + ["--", "echo", "ran"] * (cmd[0] != "waits"),
+                                  capture_output=True, text=True, timeout=20, cwd=tmp_path)
+            assert proc.returncode == 2 and "ran" not in proc.stdout, (cmd, proc.stdout, proc.stderr)
+            _one_line_error(proc, f"{cmd[-2]} {bad}: {why}")
     assert not live_tickets(state_dir) and not (state_dir / "history.jsonl").exists()
 
 

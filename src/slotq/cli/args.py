@@ -170,6 +170,16 @@ def bounded_text(limit: int) -> Callable[[str], str]:
     return check
 
 
+def check_dir(option: str, path: str) -> str:
+    """`path` if it is a directory; else a usage error naming `option` and
+    what is wrong (a work dir whose waits are recorded or credited: one
+    named by a typo would never be found again)."""
+    if not os.path.isdir(path):
+        why = "not a directory" if os.path.exists(path) else "no such directory"
+        raise UsageError(f"{option} {path}: {why}")
+    return path
+
+
 def window_options() -> list[Opt]:
     """--since/--until: a time window (the last 24 h by default)."""
     return [Opt("--since", metavar="T", default="24h",

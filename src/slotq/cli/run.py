@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from slotq.cli.args import (FLAG, RUN_OPTIONS, JsonResult, Namespace, Opt, Parser, duration, host_options,
-                            slurm_options, ssh_transport, use_slurm)
+from slotq.cli.args import (FLAG, RUN_OPTIONS, JsonResult, Namespace, Opt, Parser, check_dir, duration,
+                            host_options, slurm_options, ssh_transport, use_slurm)
 from slotq.errors import UsageError
 
 TYPE_CHECKING = False
@@ -62,9 +62,8 @@ PARSER = Parser(
 
 def main(args: list[str]) -> int:
     opts, command = PARSER.parse(args)
-    if opts.credit_dir is not None and not os.path.isdir(opts.credit_dir):
-        # as `slotq task` and `slotq waits`: a wait recorded under a typo is never credited
-        raise UsageError(f"--credit-dir {opts.credit_dir}: no such directory")
+    if opts.credit_dir is not None:
+        check_dir("--credit-dir", opts.credit_dir)  # as `slotq task` and `slotq waits` check it
     from slotq.config import ledger_env_path
 
     ledger_env_path()  # the ledger is read only if the run waits: a bad value is said now, not mid-line

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
-from slotq.cli.args import FLAG, JsonResult, Opt, Parser, duration
-from slotq.errors import UsageError
+from slotq.cli.args import FLAG, JsonResult, Opt, Parser, check_dir, duration
 
 EPILOG = """\
 When the budget runs out, slotq looks up the waits recorded under --credit-dir
@@ -43,8 +41,7 @@ PARSER = Parser(
 
 def main(args: list[str]) -> int:
     opts, command = PARSER.parse(args)
-    if not os.path.isdir(opts.credit_dir):
-        raise UsageError(f"--credit-dir {opts.credit_dir}: no such directory")
+    check_dir("--credit-dir", opts.credit_dir)
     from slotq.client.ledger import ledger_path_from_env
 
     ledger_path_from_env()  # the waits it credits: a bad $SLOTQ_LEDGER is said before the job starts

@@ -7,8 +7,7 @@ import os
 import sys
 import time
 
-from slotq.cli.args import FLAG, Opt, Parser, parse_window, window_options
-from slotq.errors import UsageError
+from slotq.cli.args import FLAG, Opt, Parser, check_dir, parse_window, window_options
 
 
 PARSER = Parser(
@@ -31,8 +30,7 @@ def main(args: list[str]) -> int:
     from slotq.client.ledger import Ledger, ledger_path_from_env, spool_path
 
     since, until = parse_window(opts)
-    if not os.path.isdir(opts.dir):
-        raise UsageError(f"--dir {opts.dir}: no such directory")
+    check_dir("--dir", opts.dir)
     path = ledger_path_from_env()
     if not os.path.exists(path) and not os.path.exists(spool_path(path)):
         credit_dict: dict[str, object] = {"workdir": os.path.realpath(opts.dir), "since": since, "until": until,
