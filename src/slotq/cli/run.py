@@ -124,9 +124,9 @@ def _remote(opts: Namespace) -> "SshTransport":
         raise UsageError("--host: no host named")
     from slotq.transports.ssh import check_host
 
-    host = check_host(hosts[0])
-    for h in hosts[1:]:
+    for h in hosts:
         check_host(h)  # before any is asked: a bad name is the caller's, not a host that is down
+    host = hosts[0]
     if len(hosts) > 1:
         from slotq.client.choose import describe_choice, rank_hosts
         from slotq.transports.ssh import SshHost
