@@ -331,6 +331,22 @@ def test_cancel_a_queued_and_a_running_run(state_dir: Path, runs: Start, tmp_pat
     assert proc.returncode == 66  # nothing of ours is left
 
 
+@pytest.mark.timeout(40)
+def test_cancel_by_a_label_that_is_not_utf8_finds_the_run(state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    """A label typed with a byte that is not UTF-8 is kept as valid text
+    (`\\xNN`); `slotq cancel --label` with the same bytes must find it."""
+    gate = tmp_path / "gate"
+    holder = start_holder(runs, state_dir, gate)
+    label = "job-\udcff"  # the byte 0xff, as Python passes it on to argv
+    queued = runs("--label", label, "--", "true", name="queued")
+    wait_for(lambda: len(live_tickets(state_dir)) == 1, what="the labelled run in line")
+    proc = subprocess.run(slotq_cmd() + ["cancel", "--label", label], capture_output=True, timeout=20)
+    assert proc.returncode == 0, proc.stderr
+    assert queued.wait() == 130 and queued.result()["outcome"] == "cancelled"
+    gate.touch()
+    assert holder.wait() == 0
+
+
 @pytest.mark.timeout(60)
 def test_cancel_of_a_run_that_just_started_waits_for_it_to_listen(state_dir: Path, runs: Start) -> None:
     """A script cancels the run it has just started: the queue shows the run,

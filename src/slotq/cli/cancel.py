@@ -150,8 +150,11 @@ def _matching(label: str | None, mine: bool) -> list[str]:
 
     from slotq.config import HostConfig, state_dir_from_env
     from slotq.host.orphans import alive, uid_of
+    from slotq.records import valid_text
     from slotq.status import snapshot
 
+    if label is not None:
+        label = valid_text(label)  # as labels are kept: a byte that is not UTF-8 is `\xNN`
     state_dir = state_dir_from_env()
     snap = snapshot(state_dir, HostConfig.load(state_dir=state_dir), 0.0, 0)
     out: list[str] = []
