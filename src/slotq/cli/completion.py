@@ -14,16 +14,19 @@ PARSER = Parser(
                 "  bash: slotq completion bash > ~/.local/share/bash-completion/completions/slotq\n"
                 "  zsh:  slotq completion zsh > ~/.zfunc/_slotq   (with fpath+=(~/.zfunc) before compinit)\n"
                 "  fish: slotq completion fish > ~/.config/fish/completions/slotq.fish",
-    options=[], command="required",
+    options=[], command="optional",
 )
 
 SHELLS = ("bash", "zsh", "fish")
 
 
 def main(args: list[str]) -> int:
-    _, words = PARSER.parse(["--", *args] if args and not args[0].startswith("-") else args)
-    if len(words) != 1 or words[0] not in SHELLS:
-        raise UsageError(f"name one shell: {', '.join(SHELLS)}")
+    _, words = PARSER.parse(args)
+    if len(words) != 1:
+        raise UsageError(f"name one shell ({', '.join(SHELLS)}), not {len(words)}: {' '.join(words)}"
+                         if words else f"name your shell: {', '.join(SHELLS)}")
+    if words[0] not in SHELLS:
+        raise UsageError(f"{words[0]!r} is not a shell slotq completes ({', '.join(SHELLS)})")
     sys.stdout.write({"bash": bash, "zsh": zsh, "fish": fish}[words[0]](commands()))
     return 0
 
