@@ -483,3 +483,33 @@ def test_how_slurm_ended_a_job_maps_to_an_outcome(monkeypatch: pytest.MonkeyPatc
     ev = frames[-1][1]
     assert isinstance(ev, dict) and ev["event"] == "exited" and ev["outcome"] == outcome, ev
     assert "Slurm job 42" in str(ev["message"]) and all(n in str(ev["message"]) for n in needles), ev
+
+
+@pytest.mark.parametrize("lines, kind, needle", [
+    # srun on a machine with no Slurm configuration: it was exit 2, "Slurm refused the job"
+    (["srun: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host",
+      "srun: error: fetch_config: DNS SRV lookup failed",
+      "srun: error: _establish_config_source: failed to fetch config"], "unavailable", "Slurm is not set up here"),
+    (["srun: error: Unable to contact slurm controller (connect failure)"], "unavailable", "Slurm is not answering"),
+    (["srun: error: Unable to allocate resources: Invalid partition name specified"], "usage",
+     "Slurm refused the job"),
+])
+def test_a_job_slurm_never_had_is_told_apart_by_why(lines: list[str], kind: str, needle: str) -> None:
+    # Pure logic (srun's last words, as it says them): a machine without a
+    # Slurm configuration makes srun look the controller up in DNS, which
+    # the tests may not do.
+    from slotq import protocol
+    from slotq.config import HostConfig
+    from slotq.spec import RunSpec
+    from slotq.transports import slurm
+
+    t = slurm.SlurmTransport(HostConfig())
+    t._lines.extend(lines)
+    r, w = os.pipe()
+    slurm._Relay(t, RunSpec(["true"]), -1, w).conclude(1)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        frames = protocol.Decoder().feed(f.read())
+    ev = frames[-1][1]
+    assert isinstance(ev, dict) and ev["event"] == "error" and ev["kind"] == kind, ev
+    assert needle in str(ev["message"]) and lines[-1].split("error: ", 1)[1] in str(ev["message"]), ev

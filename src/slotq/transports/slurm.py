@@ -89,6 +89,7 @@ _SRUN_QUEUED = "srun: job "  # "srun: job 12 queued and waiting for resources"
 _INFRA = ("Unable to contact slurm controller", "Socket timed out", "Connection refused", "Zero Bytes",
           "Communication connection failure", "Slurm backup controller in standby", "Unable to establish",
           "Transport endpoint", "Slurmctld not responding")
+_NO_CONFIG = ("_establish_config_source", "fetch_config", "Could not establish a configuration source")
 _LAST_LINES = 50  # srun / node stderr lines kept for diagnostics
 TIME_MARGIN = 120.0  # Slurm's --time covers prepare + budget + grace + this
 
@@ -429,6 +430,9 @@ class _Relay:
                 self.event(protocol.EXITED, outcome=self.cancel_reason, exit_code=None,
                            message="cancelled before Slurm had the job", phases={"ended": time.time()})
                 self.ended = True
+            elif any(s in why for s in _NO_CONFIG):
+                self.error("unavailable", f"Slurm is not set up here: its tools found no configuration "
+                                          f"(no slurm.conf, and none from $SLURM_CONF or a slurmctld): {why}")
             elif any(s in why for s in _INFRA):
                 self.error("unavailable", f"Slurm is not answering: {why}")
             else:
