@@ -157,6 +157,28 @@ def test_out_of_range_options_are_one_line_and_exit_2(state_dir: Path, opt: str)
 
 
 @pytest.mark.timeout(30)
+@pytest.mark.parametrize("args,needle", [
+    # `--host "$HOST"` with HOST unset ran here instead, exit 0
+    (["run", "--host", "", "--", "true"], "option --host: no host named"),
+    (["status", "--host", " , "], "option --host: no host named"),
+    (["cancel", "--host", "", "--mine"], "option --host: no host named"),
+    (["run", "--host", "127.0.0.1", "--remote-slotq", " ", "--", "true"], "option --remote-slotq: an empty command"),
+    # `--json "$OUT"` with OUT unset: the run ran, and its result was written nowhere
+    (["run", "--json", "", "--", "true"], "--json needs a file name (or - for stdout), not an empty one"),
+    (["task", "--budget", "5", "--json", "", "--", "true"], "--json needs a file name"),
+    (["report", "--html", ""], "--html needs a file name"),
+    (["run", "--credit-dir", "", "--", "true"], "--credit-dir needs a directory, not an empty name"),
+    (["waits", "--dir", ""], "--dir needs a directory, not an empty name"),
+    (["cancel", ""], "'' is not a run id"),  # was "the command name is empty"
+])
+def test_an_empty_value_is_refused_in_one_line_not_taken_as_unset(state_dir: Path, args: list[str],
+                                                                  needle: str) -> None:
+    proc = subprocess.run(slotq_cmd() + args, capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 2, proc.stderr
+    assert needle in one_line(proc)
+
+
+@pytest.mark.timeout(30)
 def test_a_vanished_current_directory_is_one_line(state_dir: Path, tmp_path: Path) -> None:
     gone = tmp_path / "gone"
     gone.mkdir()

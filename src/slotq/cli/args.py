@@ -122,7 +122,7 @@ class Parser:
                 raise self.error(f"option {o.names[0]} is required")
         if self.command == "required" and not command:
             raise self.error(f"no command given: write it after `--`, e.g. `{self.prog} -- pytest -q`")
-        if command and command[0] == "":
+        if self.command == "required" and command[0] == "":
             raise self.error("the command name is empty")
         return Namespace(values), command
 
@@ -170,10 +170,31 @@ def bounded_text(limit: int) -> Callable[[str], str]:
     return check
 
 
+def host_names(text: str) -> str:
+    """HOST[,HOST...] as `a,b`: blanks and empty names dropped, at least one
+    left (`--host "$HOST"` with HOST unset must not run here instead), none
+    that ssh would read as an option."""
+    hosts = [h.strip() for h in text.split(",") if h.strip()]
+    if not hosts:
+        raise ValueError("no host named")
+    for h in hosts:
+        if h.startswith("-"):
+            raise ValueError(f"not a host name: {h!r}")
+    return ",".join(hosts)
+
+
+def _a_command(text: str) -> str:
+    if not text.strip():
+        raise ValueError("an empty command")
+    return text
+
+
 def check_dir(option: str, path: str) -> str:
     """`path` if it is a directory; else a usage error naming `option` and
     what is wrong (a work dir whose waits are recorded or credited: one
     named by a typo would never be found again)."""
+    if not path:
+        raise UsageError(f"{option} needs a directory, not an empty name")
     if not os.path.isdir(path):
         why = "not a directory" if os.path.exists(path) else "no such directory"
         raise UsageError(f"{option} {path}: {why}")
@@ -239,13 +260,14 @@ RUN_OPTIONS = [
 
 def host_options() -> list[Opt]:
     return [
-        Opt("--host", metavar="HOST[,HOST...]",
+        Opt("--host", metavar="HOST[,HOST...]", convert=host_names,
             help="run on HOST over ssh (an alias from your ssh config, or user@host); several: the one "
                  "with the shortest expected wait"),
         Opt("--ssh-config", metavar="FILE", default=os.environ.get("SLOTQ_SSH_CONFIG"),
             help="ssh config file (default: $SLOTQ_SSH_CONFIG, else ssh's own)"),
         Opt("--ssh-option", kind=APPEND, metavar="OPT", help="extra ssh -o option, e.g. Port=2222"),
-        Opt("--remote-slotq", metavar="CMD", default=os.environ.get("SLOTQ_REMOTE_SLOTQ", "slotq"),
+        Opt("--remote-slotq", metavar="CMD", default=os.environ.get("SLOTQ_REMOTE_SLOTQ") or "slotq",
+            convert=_a_command,
             help="how to run slotq on the host, a shell fragment (default: $SLOTQ_REMOTE_SLOTQ, else slotq)"),
     ]
 
@@ -296,7 +318,9 @@ class JsonResult:
         self.option = option  # named in errors
         self._fd = -1
         self._tmp: str | None = None
-        if not dest or dest == "-":
+        if dest == "":  # `--json "$OUT"` with OUT unset: say so, rather than lose the result
+            raise UsageError(f"{option} needs a file name (or - for stdout), not an empty one")
+        if dest is None or dest == "-":
             return
         try:
             st: os.stat_result | None = os.stat(dest)

@@ -119,13 +119,7 @@ def main(args: list[str]) -> int:
 
 
 def _remote(opts: Namespace) -> "SshTransport":
-    hosts = [h.strip() for h in opts.host.split(",") if h.strip()]
-    if not hosts:
-        raise UsageError("--host: no host named")
-    from slotq.transports.ssh import check_host
-
-    for h in hosts:
-        check_host(h)  # before any is asked: a bad name is the caller's, not a host that is down
+    hosts = opts.host.split(",")  # names checked as the options were read (args.host_names)
     host = hosts[0]
     if len(hosts) > 1:
         from slotq.client.choose import describe_choice, rank_hosts
