@@ -123,6 +123,26 @@ def test_host_init_needs_root_and_a_known_group(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_host_init_checks_its_config_before_it_makes_or_replaces_anything(world: World, tmp_path: Path) -> None:
+    """A bad --config replaced the shared dir's good host.toml and then said
+    it was not valid: every member's run failed (exit 78) from then on."""
+    bad, broken = tmp_path / "bad.toml", tmp_path / "broken.toml"
+    bad.write_text('[pools]\nshared = "x"\n')
+    broken.write_text("pools = [\n")
+    good = (world.state / "host.toml").read_bytes()
+    fresh = world.root / "fresh"
+    for src, says in ((bad, "is not a valid host config"), (broken, "is not a valid host config"),
+                      (tmp_path / "missing.toml", "cannot read it")):
+        for top in (world.state, fresh):
+            proc = subprocess.run(slotq_cmd() + ["host", "init", "--shared", str(top), "--group", GROUP,
+                                                 "--config", str(src)], capture_output=True, text=True, timeout=30)
+            assert proc.returncode == 2 and f"--config {src}" in one_line(proc) and says in proc.stderr, proc.stderr
+    assert (world.state / "host.toml").read_bytes() == good
+    assert not fresh.exists()
+    assert world.run(world.a, "run", "-q", "--", "true").returncode == 0
+
+
+@pytest.mark.timeout(60)
 def test_status_warns_about_a_shared_dir_not_made_by_host_init(legacy: World) -> None:
     assert legacy.run(legacy.a, "run", "-q", "--", "true").returncode == 0
     status = legacy.run(legacy.b, "status")

@@ -73,8 +73,9 @@ def main(args: list[str]) -> int:
         gid = grp.getgrnam(opts.group).gr_gid
     except KeyError:
         raise UsageError(f"no group named {opts.group!r}") from None
+    text = _read_config(opts.config) if opts.config is not None else None
     top = os.path.abspath(opts.shared)
-    done = init_shared(top, gid, opts.config)
+    done = init_shared(top, gid, text)
     for line in done:
         print(line)
     print(f"shared state dir ready: tell the members of group {opts.group} to use it with\n"
@@ -82,7 +83,29 @@ def main(args: list[str]) -> int:
     return 0
 
 
-def init_shared(top: str, gid: int, config_src: str | None) -> list[str]:
+def _read_config(src: str) -> bytes:
+    """The text of `--config FILE`, read and checked before anything is made
+    or replaced: a bad file must not become every member's host.toml."""
+    import tomllib
+
+    from slotq.config import MAX_CONFIG, HostConfig
+    from slotq.errors import ConfigError
+
+    try:
+        with open(src, "rb") as f:
+            text = f.read(MAX_CONFIG + 1)
+    except OSError as e:
+        raise UsageError(f"--config {src}: cannot read it: {e.strerror}") from None
+    if len(text) > MAX_CONFIG:
+        raise UsageError(f"--config {src}: larger than {MAX_CONFIG} bytes")
+    try:
+        HostConfig._from_dict(tomllib.loads(text.decode("utf-8")), src)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError, ConfigError) as e:
+        raise UsageError(f"--config {src} is not a valid host config: {e}") from None
+    return text
+
+
+def init_shared(top: str, gid: int, config_text: bytes | None) -> list[str]:
     from slotq.config import HostConfig
     from slotq.errors import ConfigError
 
@@ -90,10 +113,8 @@ def init_shared(top: str, gid: int, config_src: str | None) -> list[str]:
     os.makedirs(os.path.dirname(top), exist_ok=True)
     _dir(top, gid, done)
     cfg = os.path.join(top, "host.toml")
-    if config_src:
-        with open(config_src, "rb") as f:
-            text = f.read()
-        _file(cfg, 0, 0o644, done, content=text, replace=True)
+    if config_text is not None:
+        _file(cfg, 0, 0o644, done, content=config_text, replace=True)
     elif _is_root_file(cfg):
         _file(cfg, 0, 0o644, done)
     else:
