@@ -102,6 +102,8 @@ def test_every_host_command_explains_itself_with_help(state_dir: Path, args: lis
     (["host", "frob"], "unknown host command 'frob'"),
     (["host", "hello", "--json"], "slotq host hello (it takes no options)"),
     (["host", "reap"], "usage: slotq host reap RUN_ID"),
+    # a request's run_id is checked so; this one was taken as it was, and ran
+    (["host", "run", "--run-id", "a/b", "--", "true"], "option --run-id: 'a/b' is not a run id"),
 ])
 def test_a_bad_host_command_is_one_line_and_exit_2(state_dir: Path, args: list[str], needle: str) -> None:
     proc = subprocess.run(slotq_cmd() + args, capture_output=True, text=True, timeout=10)

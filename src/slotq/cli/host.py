@@ -12,6 +12,14 @@ import sys
 from slotq.cli.args import FLAG, RUN_OPTIONS, Opt, Parser
 from slotq.errors import UsageError
 
+def _run_id(text: str) -> str:
+    """What a request's run_id may be (spec.RunSpec.from_request), and what
+    `slotq cancel` and `slotq host reap` accept."""
+    if not (text.isascii() and text.isalnum() and 1 <= len(text) <= 64):
+        raise ValueError(f"{text!r} is not a run id (1..64 letters and digits)")
+    return text
+
+
 PARSER = Parser(
     prog="slotq host run", usage="slotq host run [options] (--request-stdin | -- CMD [ARGS...])",
     command="optional",
@@ -19,7 +27,8 @@ PARSER = Parser(
                 "caller's channel (end-of-file: the caller is gone). Used by transports, not by people.",
     options=[
         *RUN_OPTIONS,
-        Opt("--run-id", metavar="ID", help="the run's id (default: a new one)"),
+        Opt("--run-id", metavar="ID", convert=_run_id, help="the run's id, 1..64 letters and digits "
+                                                            "(default: a new one)"),
         Opt("--cwd", metavar="DIR", help="work dir of the command (default: the current one)"),
         Opt("--request-stdin", kind=FLAG, help="read the request as one JSON line from stdin (remote transports)"),
         Opt("--await-sync", kind=FLAG, help="with --request-stdin: after the request, wait for the line "
