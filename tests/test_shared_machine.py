@@ -142,6 +142,30 @@ def test_host_init_checks_its_config_before_it_makes_or_replaces_anything(world:
     assert world.run(world.a, "run", "-q", "--", "true").returncode == 0
 
 
+@pytest.mark.timeout(30)
+def test_host_init_leaves_a_directory_of_other_files_alone(tmp_path: Path) -> None:
+    """`--shared /tmp` or `--shared /var/lib` (a typo) made that directory
+    root's, mode 3775: no longer writable by the users outside the group."""
+    other = tmp_path / "other"
+    other.mkdir(mode=0o1777)
+    os.chmod(other, 0o1777)
+    (other / "someones-file").write_text("x")
+    before = os.stat(other)
+    proc = subprocess.run(slotq_cmd() + ["host", "init", "--shared", str(other), "--group", GROUP],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and "is not a slotq state dir" in one_line(proc), proc.stderr
+    after = os.stat(other)
+    assert (after.st_mode, after.st_uid, after.st_gid) == (before.st_mode, before.st_uid, before.st_gid)
+    assert sorted(os.listdir(other)) == ["someones-file"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for _ in range(2):  # an empty dir is made a state dir, and that one repaired again
+        proc = subprocess.run(slotq_cmd() + ["host", "init", "--shared", str(empty), "--group", GROUP],
+                              capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 0, proc.stderr
+    assert stat.S_IMODE(os.stat(empty).st_mode) == 0o3775
+
+
 @pytest.mark.timeout(60)
 def test_status_warns_about_a_shared_dir_not_made_by_host_init(legacy: World) -> None:
     assert legacy.run(legacy.a, "run", "-q", "--", "true").returncode == 0

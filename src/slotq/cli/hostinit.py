@@ -49,7 +49,8 @@ PARSER = Parser(
                 "sticky, root-owned directories and lock files, a root-owned host.toml. Then have the "
                 "users set SLOTQ_STATE_DIR=DIR.",
     options=[
-        Opt("--shared", metavar="DIR", help="the shared state directory to create or repair"),
+        Opt("--shared", metavar="DIR", help="the shared state directory to create or repair: a new or empty "
+                                             "directory, or a slotq state dir"),
         Opt("--group", metavar="GROUP", help="the group whose members share it"),
         Opt("--config", metavar="FILE", help="install FILE as DIR/host.toml (default: keep the one there, "
                                               "or write the defaults)"),
@@ -75,12 +76,30 @@ def main(args: list[str]) -> int:
         raise UsageError(f"no group named {opts.group!r}") from None
     text = _read_config(opts.config) if opts.config is not None else None
     top = os.path.abspath(opts.shared)
+    _check_top(top)
     done = init_shared(top, gid, text)
     for line in done:
         print(line)
     print(f"shared state dir ready: tell the members of group {opts.group} to use it with\n"
           f"  export SLOTQ_STATE_DIR={top}")
     return 0
+
+
+def _check_top(top: str) -> None:
+    """`top` must be new, empty, or a slotq state dir already: init chowns
+    it to root and makes it mode 3775, which a typo such as `--shared /tmp`
+    or `--shared /var/lib` must never do to a directory the system uses."""
+    try:
+        names = set(os.listdir(top))
+    except FileNotFoundError:
+        return
+    except NotADirectoryError:
+        raise UsageError(f"--shared {top} exists and is not a directory") from None
+    except OSError as e:
+        raise UsageError(f"--shared {top}: cannot list it: {e.strerror}") from None
+    if names and not names & {"seq", "slots", "tickets", "host.toml"}:
+        raise UsageError(f"--shared {top} has files and is not a slotq state dir (no seq, slots, tickets or "
+                         "host.toml in it): name a new or empty directory; nothing was changed")
 
 
 def _read_config(src: str) -> bytes:
