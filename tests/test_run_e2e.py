@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from conftest import (Start, blocked_in_flock, first_waited, gate_cmd, group_alive, live_tickets, slot_holder,
-                      slotq_cmd, start_holder, wait_for)
+from conftest import (Start, blocked_in_flock, first_waited, gate_cmd, group_alive, live_tickets, one_line,
+                      slot_holder, slotq_cmd, start_holder, wait_for)
 from slotq import history, protocol
 from slotq.client.caller import run
 from slotq.clock import Clock, Timer
@@ -305,6 +305,33 @@ def test_forged_events_and_binary_output_pass_through_unchanged(state_dir: Path,
     # The same through the CLI's own stdout.
     proc = subprocess.run(slotq_cmd() + ["run", "-q", "--", "cat", str(blob)], capture_output=True, timeout=20)
     assert proc.returncode == 0 and proc.stdout == payload, (proc.returncode, len(proc.stdout), proc.stderr)
+
+
+@pytest.mark.timeout(60)
+def test_a_quiet_run_says_only_an_ending_slotq_decided(state_dir: Path, tmp_path: Path) -> None:
+    """-q silences the progress lines: a run that passed or failed says
+    nothing. An ending of slotq's own (a timeout, unavailable, not admitted)
+    was silent too: a harness saw exit 124 and a test suite cut short, and
+    no word of why. It now gets the one summary line."""
+    def quiet(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(slotq_cmd() + list(args), capture_output=True, text=True, timeout=30, cwd=tmp_path)
+
+    for args, code in ((["run", "-q", "--", "true"], 0), (["run", "-q", "--", "false"], 1),
+                       (["task", "-q", "--budget", "30s", "--", "false"], 1)):
+        proc = quiet(*args)
+        assert (proc.returncode, proc.stderr) == (code, ""), (args, proc.stderr)
+    for args, code, needle in (
+            (["run", "-q", "--budget", "0.5s", "--kill-grace", "0", "--", "sleep", "30"], 124,
+             "slotq: exec_timeout, waited "),
+            (["run", "-q", "--idle", "0.5s", "--kill-grace", "0", "--", "sleep", "30"], 123, "slotq: idle_timeout"),
+            (["run", "-q", "--prepare", "exit 3", "--", "true"], 120, "prepare step exited 3"),
+            (["run", "-q", "--host", "127.0.0.1", "--ssh-option", "Port=1", "--ssh-option", "ConnectTimeout=5",
+              "--", "true"], 121, "slotq: unavailable"),
+            (["task", "-q", "--budget", "0.5s", "--kill-grace", "0", "--", "sleep", "30"], 119,
+             "slotq task: budget_exhausted")):
+        proc = quiet(*args)
+        assert proc.returncode == code, (args, proc.returncode, proc.stderr)
+        assert needle in one_line(proc), (args, proc.stderr)
 
 
 def _one_line_error(proc: subprocess.CompletedProcess[str], needle: str) -> None:

@@ -34,7 +34,8 @@ PARSER = Parser(
         Opt("--kill-grace", metavar="D", convert=duration(allow_zero=True), default=10.0,
             help="TERM -> KILL grace when the job is ended (default: 10s)"),
         Opt("--json", metavar="FILE", help="write the result as JSON to FILE (- for stdout)"),
-        Opt("-q", "--quiet", kind=FLAG, help="no status lines on stderr"),
+        Opt("-q", "--quiet", kind=FLAG, help="no status lines on stderr, but for the one line of an ending "
+                                             "slotq decided (budget exhausted, deadline...)"),
     ],
 )
 
@@ -58,7 +59,11 @@ def main(args: list[str]) -> int:
         deadline = Deadline(opts.budget, deadline=opts.deadline, credit_dir=opts.credit_dir, credit=opts.credit,
                             recheck=opts.recheck, on_extend=lambda ext: say(describe_extension(ext)))
         result = run_task(command, deadline, grace=opts.kill_grace, say=say)
-        say(f"slotq task: {result.outcome.value} after {result.elapsed:.1f}s — {result.message}")
+        final = f"slotq task: {result.outcome.value} after {result.elapsed:.1f}s — {result.message}"
+        if opts.quiet and result.outcome.value not in ("passed", "failed"):
+            sys.stderr.write(final + "\n")  # -q silences progress, not an ending slotq decided
+        else:
+            say(final)
         json_result.write(result.to_json)
     finally:
         json_result.discard()
