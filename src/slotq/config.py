@@ -207,16 +207,17 @@ class HostConfig:
         if data is None:
             # tomllib (and the `re` it imports) costs milliseconds on every
             # run; parse once, then read the parsed form back (see _cached).
-            import tomllib
-
-            try:
-                data = tomllib.loads(raw.decode("utf-8"))
-            except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as e:
-                raise ConfigError(f"host config {path} is not valid TOML: {e}", path) from None
+            data = _parse_toml(raw, path)
             config = cls._from_dict(data, path)  # validate before caching
             _store(state_dir, key, data)
             return config
         return cls._from_dict(data, path)
+
+    @classmethod
+    def from_text(cls, raw: bytes, path: str) -> "HostConfig":
+        """A config from a file's bytes (`slotq host init --config`, before
+        it installs them); ConfigError if they are not a valid one."""
+        return cls._from_dict(_parse_toml(raw, path), path)
 
     @classmethod
     def _ignored(cls, path: str, why: str) -> "HostConfig":
@@ -335,6 +336,15 @@ class SlurmConfig:
                 isinstance(a, str) and 0 < len(a) <= 4096 and "\0" not in a for a in slotq)):
             raise ConfigError(f"{where}.slotq must be a path (or a list: a command and its arguments)", path)
         return cls(classes, options, slotq)
+
+
+def _parse_toml(raw: bytes, path: str) -> dict[str, object]:
+    import tomllib
+
+    try:
+        return tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise ConfigError(f"host config {path} is not valid TOML: {e}", path) from None
 
 
 def _is_slurm_name(name: str) -> bool:

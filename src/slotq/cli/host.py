@@ -12,6 +12,7 @@ import sys
 from slotq.cli.args import FLAG, RUN_OPTIONS, Opt, Parser
 from slotq.errors import UsageError
 
+
 def _run_id(text: str) -> str:
     """What a request's run_id may be (spec.RunSpec.from_request), and what
     `slotq cancel` and `slotq host reap` accept."""

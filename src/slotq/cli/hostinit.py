@@ -105,8 +105,6 @@ def _check_top(top: str) -> None:
 def _read_config(src: str) -> bytes:
     """The text of `--config FILE`, read and checked before anything is made
     or replaced: a bad file must not become every member's host.toml."""
-    import tomllib
-
     from slotq.config import MAX_CONFIG, HostConfig
     from slotq.errors import ConfigError
 
@@ -118,9 +116,9 @@ def _read_config(src: str) -> bytes:
     if len(text) > MAX_CONFIG:
         raise UsageError(f"--config {src}: larger than {MAX_CONFIG} bytes")
     try:
-        HostConfig._from_dict(tomllib.loads(text.decode("utf-8")), src)
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError, ConfigError) as e:
-        raise UsageError(f"--config {src} is not a valid host config: {e}") from None
+        HostConfig.from_text(text, src)
+    except ConfigError as e:
+        raise UsageError(f"--config: {e} (nothing was made or replaced)") from None
     return text
 
 
