@@ -432,6 +432,28 @@ def test_a_host_cap_on_waiting_runs_refuses_the_next_at_once(
     assert [w.wait() for w in waiters] == [0, 0]
 
 
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("policy", ["max_waiting", "max_waiting_per_user"])
+def test_a_cap_of_zero_lets_no_run_wait_but_runs_one_that_need_not(
+        state_dir: Path, runs: Start, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, policy: str) -> None:
+    """`max_waiting = 0` turned every run away, even with the slot free and
+    nobody in line: the pool could not be used at all."""
+    cfg = tmp_path / "host.toml"
+    cfg.write_text(f"[admission]\n{policy} = 0\n")
+    monkeypatch.setenv("SLOTQ_CONFIG", str(cfg))
+    free = runs("--", "true", name="free")
+    assert free.wait() == 0, free.err
+    gate = tmp_path / "gate"
+    holder = start_holder(runs, state_dir, gate)
+    busy = runs("--", "true", name="busy")
+    assert busy.wait() == 117
+    res = busy.result()
+    assert res["outcome"] == "not_admitted" and "has no slot free" in res["message"], res["message"]
+    assert f"{policy} = 0" in res["message"]
+    gate.touch()
+    assert holder.wait() == 0
+
+
 @pytest.mark.timeout(40)
 def test_a_per_user_cap_counts_only_that_users_waiting_runs(
         shared_state: Path, runs: Start, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -124,7 +124,8 @@ class Waiter:
         if ticket is not None:
             ticket.withdraw()  # taken for another pool (cannot happen: the same config chose both)
         try:
-            self.ticket = take_ticket(state_dir, pool, info, config.waiting_limits, wait)
+            self.ticket = take_ticket(state_dir, pool, info, config.waiting_limits, wait,
+                                      slots=config.pools.get(pool, 0))
         except BaseException:
             self.close()
             raise

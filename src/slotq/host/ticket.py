@@ -106,11 +106,13 @@ def run_info(spec: RunSpec, config: HostConfig, since: float) -> dict[str, objec
 
 def take_ticket(state_dir: str, pool: str, info: dict[str, object],
                 limits: tuple[int | None, int | None] = (None, None),
-                wait: Callable[[float], None] | None = None) -> Ticket:
+                wait: Callable[[float], None] | None = None, slots: int = 0) -> Ticket:
     """Join the end of `pool`'s line. Raises StateDirError if the state
     directory cannot be written, AdmissionRefused if `limits` (waiting runs
     in the pool, and of this user) are reached -- counted under the
-    sequence lock, so two callers cannot both take the last place.
+    sequence lock, so two callers cannot both take the last place. A run
+    that will not wait (nobody in line, one of the pool's `slots` free) is
+    always admitted: `max_waiting = 0` means "no waiting", not "no runs".
     `wait(seconds)`: how to pass the time while someone else holds the
     sequence lock (the runner watches its caller meanwhile, and may raise)."""
     pdir = pool_dir(state_dir, pool)
@@ -129,7 +131,7 @@ def take_ticket(state_dir: str, pool: str, info: dict[str, object],
     try:
         _lock_seq(seq_fd, seq_path, wait)
         if limits != (None, None):
-            _admit(pdir, pool, *limits)
+            _admit(state_dir, pool, *limits, slots)
         raw = os.pread(seq_fd, 32, 0).strip()
         counter = int(raw) if raw.isdigit() and len(raw) <= 20 else 0
         if counter >= MAX_SEQ:
@@ -178,7 +180,8 @@ class _Busy(Exception):
 
 
 def take_early(state_dir: str, pool: str, info: dict[str, object],
-               limits: tuple[int | None, int | None] = (None, None), patience: float = 0.2) -> Ticket | None:
+               limits: tuple[int | None, int | None] = (None, None), patience: float = 0.2,
+               slots: int = 0) -> Ticket | None:
     """`take_ticket` for a caller that has not started its runner yet
     (transports/local.py: LocalTransport.reserve): a ticket, or None when
     anything is out of the ordinary -- no state directory yet or one it
@@ -195,7 +198,7 @@ def take_early(state_dir: str, pool: str, info: dict[str, object],
         time.sleep(seconds)
 
     try:
-        return take_ticket(state_dir, pool, info, limits, wait)
+        return take_ticket(state_dir, pool, info, limits, wait, slots)
     except (_Busy, StateDirError, AdmissionRefused, OSError):
         return None
 
@@ -255,12 +258,26 @@ def _highest(pdir: str) -> int:
     return best
 
 
-def _admit(pdir: str, pool: str, max_waiting: int | None, per_user: int | None) -> None:
+def _admit(state_dir: str, pool: str, max_waiting: int | None, per_user: int | None, slots: int) -> None:
     from .proclocks import held
+    from .slot import slot_path
 
-    live = live_tickets(pdir, held())
+    pdir = pool_dir(state_dir, pool)
+    locked = held()
+    live = live_tickets(pdir, locked)
     if live is None:
         live = [(seq, path) for seq, path in list_tickets(pdir) if probe(path)]
+    if not live and locked is not None:
+        for i in range(slots):
+            try:
+                st = os.stat(slot_path(state_dir, pool, i))
+            except OSError:
+                return  # not made yet: free
+            if (st.st_dev, st.st_ino) not in locked:
+                return  # free, and nobody in line: this run will not wait
+    if max_waiting == 0:
+        raise AdmissionRefused(f"not admitted: pool {pool} has no slot free, and the host lets no run wait "
+                               f"(host policy [admission] max_waiting = 0)")
     if max_waiting is not None and len(live) >= max_waiting:
         raise AdmissionRefused(f"not admitted: pool {pool} already has {len(live)} run(s) waiting "
                                f"(host policy [admission] max_waiting = {max_waiting})")
@@ -272,6 +289,9 @@ def _admit(pdir: str, pool: str, max_waiting: int | None, per_user: int | None) 
                 mine += os.stat(path).st_uid == uid
             except OSError:
                 pass
+        if per_user == 0:
+            raise AdmissionRefused(f"not admitted: pool {pool} has no slot free, and the host lets none of your "
+                                   f"runs wait (host policy [admission] max_waiting_per_user = 0)")
         if mine >= per_user:
             raise AdmissionRefused(f"not admitted: you already have {mine} run(s) waiting in pool {pool} "
                                    f"(host policy [admission] max_waiting_per_user = {per_user})")

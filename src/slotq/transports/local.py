@@ -81,7 +81,8 @@ class LocalTransport(Transport):
         from ..host.ticket import run_info, take_early
 
         now = time.time()
-        self._ticket = take_early(self.state_dir, pool, run_info(spec, self.config, now), self.config.waiting_limits)
+        self._ticket = take_early(self.state_dir, pool, run_info(spec, self.config, now), self.config.waiting_limits,
+                                  slots=self.config.pools.get(pool, 0))
         if self._ticket is not None:
             self.queued_since = now
 
