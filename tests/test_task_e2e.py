@@ -219,6 +219,9 @@ def test_an_unwritable_ledger_costs_one_warning_and_the_run_passes(
     (["task", "--budget", "5", "--credit", "max", "--", "true"], "'max' is not one of union, sum"),
     (["task", "--budget", "5"], "no command given"),
     (["waits", "--since", "yesterday"], "cannot read 'yesterday'"),
+    # a traceback (localtime of a time past what it can show) before
+    (["waits", "--until", "1e20"], "--until: '1e20' is beyond the year 9999"),
+    (["report", "--html", "/nonexistent-dir/r.html", "--since", "1e300"], "--since: '1e300' is beyond"),
     (["task", "--budget", "5", "--json", "/nonexistent-dir/r.json", "--", "true"], "cannot write --json file"),
     (["run", "--json", "/nonexistent-dir/r.json", "--", "true"], "cannot write --json file"),
 ])

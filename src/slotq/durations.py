@@ -90,6 +90,9 @@ def format_duration(seconds: float) -> str:
     return f"{h}h{rest // 60:02d}m"
 
 
+LAST_TIME = 253402300799.0  # 9999-12-31 23:59:59 UTC: the last time `time.localtime` and ISO dates show
+
+
 def parse_when(text: str, now: float, *, what: str = "") -> float:
     """A point in time as epoch seconds: a duration ago (`1h`, `90m`), an
     ISO 8601 date/time (`2026-11-30T09:00`, local time unless it has an
@@ -101,6 +104,8 @@ def parse_when(text: str, now: float, *, what: str = "") -> float:
     except ValueError:
         value = None
     if value is not None and value >= 1e9:
+        if not value <= LAST_TIME:  # inf, or past what the clock and the calendar can show
+            raise ValueError(f"{prefix}{text!r} is beyond the year 9999 (epoch seconds up to {LAST_TIME:.0f})")
         return value
     if value is None and ("-" in s[1:] or ":" in s):
         from datetime import datetime

@@ -223,7 +223,11 @@ def parse_window(opts: Namespace) -> tuple[float, float]:
     except ValueError as e:
         raise UsageError(str(e)) from None
     if until <= since:
-        raise UsageError("--until is not after --since")
+        def stamp(t: float) -> str:
+            return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+        raise UsageError(f"--until is not after --since: the window {stamp(since)} to {stamp(until)} is empty "
+                         "(a bare number below 1e9 is seconds ago, from 1e9 on epoch seconds)")
     return since, until
 
 
