@@ -111,6 +111,19 @@ def test_bad_history_arguments_are_one_line_exit_2(state_dir: Path, args: list[s
     assert proc.returncode == 2 and what in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr
 
 
+@pytest.mark.timeout(30)
+def test_a_limit_larger_than_any_count_means_all(state_dir: Path) -> None:
+    """`--limit 99999999999999999999999` was "cannot read the run history:
+    datatype mismatch" (exit 73, SQLite's integers end at 2**63)."""
+    assert cli("run", "-q", "--", "true").returncode == 0
+    for args in (["history", "--limit", "9" * 23], ["status", "--history", "9" * 5000]):
+        proc = cli(*args)
+        assert proc.returncode == 0 and proc.stderr == "", (args[:2], proc.stderr[:300])
+    assert cli("history", "--limit", "9" * 23).stdout.endswith("1 run(s)\n")
+    proc = cli("history", "--limit", "x" * 5000)
+    assert proc.returncode == 2 and len(proc.stderr) < 200, proc.stderr[:300]  # the value is cut in the message
+
+
 @pytest.mark.timeout(60)
 def test_the_index_catches_up_incrementally_without_duplicates_when_the_spool_moves(
         state_dir: Path, tmp_path: Path) -> None:

@@ -232,13 +232,19 @@ def parse_window(opts: Namespace) -> tuple[float, float]:
 
 
 def positive_int(text: str) -> int:
+    """A whole number from 0; one above 10**12 (more than any count slotq
+    keeps) means "all" and is read as 10**12."""
+    shown = repr(text) if len(text) <= 40 else repr(text[:37] + "...")
+    digits = text.strip()
+    if len(digits) > 100 and digits.isascii() and digits.isdigit():
+        return 10**12  # int() refuses thousands of digits
     try:
         n = int(text)
     except ValueError:
-        raise ValueError(f"{text!r} is not a whole number") from None
+        raise ValueError(f"{shown} is not a whole number") from None
     if n < 0:
-        raise ValueError(f"{text!r} is negative")
-    return n
+        raise ValueError(f"{shown} is negative")
+    return min(n, 10**12)
 
 
 RUN_OPTIONS = [
