@@ -33,7 +33,8 @@ def test_parse_duration_rejects_garbage_with_a_clear_message(text: str, needle: 
 
 
 def test_format_duration_is_short() -> None:
-    assert [format_duration(x) for x in (0.25, 12.34, 245, 3720)] == ["250ms", "12.3s", "4m05s", "1h02m"]
+    assert [format_duration(x) for x in (0.25, 12.34, 245, 3720, 86399, 29 * 86400 + 3 * 3600 + 59)] == \
+        ["250ms", "12.3s", "4m05s", "1h02m", "23h59m", "29d03h"]  # a 29-day budget was "696h00m"
 
 
 def test_exit_codes_are_distinct_and_timeout_is_124() -> None:

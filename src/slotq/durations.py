@@ -76,7 +76,7 @@ def check_seconds(value: object, what: str, *, allow_zero: bool = False) -> floa
 
 
 def format_duration(seconds: float) -> str:
-    """A short human form: `850ms`, `12.3s`, `4m05s`, `1h02m`."""
+    """A short human form: `850ms`, `12.3s`, `4m05s`, `1h02m`, `29d03h`."""
     if seconds != seconds or seconds == float("inf"):
         return "∞"
     if seconds < 1:
@@ -86,8 +86,11 @@ def format_duration(seconds: float) -> str:
     if seconds < 3600:
         m, s = divmod(int(seconds), 60)
         return f"{m}m{s:02d}s"
-    h, rest = divmod(int(seconds), 3600)
-    return f"{h}h{rest // 60:02d}m"
+    if seconds < 86400:
+        h, rest = divmod(int(seconds), 3600)
+        return f"{h}h{rest // 60:02d}m"
+    d, rest = divmod(int(seconds), 86400)
+    return f"{d}d{rest // 3600:02d}h"
 
 
 LAST_TIME = 253402300799.0  # 9999-12-31 23:59:59 UTC: the last time `time.localtime` and ISO dates show
