@@ -103,6 +103,7 @@ def test_history_lists_real_runs_with_phases_and_filters_including_a_run_cancell
     (["--since", "1h", "--until", "2h"], "--until is not after --since: the window "),
     (["--since", "0"], "is empty (a bare number below 1e9 is seconds ago"),  # `0` is now, not 1970
     (["--until", "inf"], "--until: 'inf' is beyond the year 9999"),
+    (["--since", "x" * 5000], "--since: cannot read 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...' as a time"),  # cut
     (["--limit", "0"], "--limit"),
 ])
 @pytest.mark.timeout(30)

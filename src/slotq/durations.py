@@ -101,6 +101,7 @@ def parse_when(text: str, now: float, *, what: str = "") -> float:
     ISO 8601 date/time (`2026-11-30T09:00`, local time unless it has an
     offset), or epoch seconds (`1796000000`)."""
     prefix = f"{what}: " if what else ""
+    shown = repr(text) if len(text) <= 40 else repr(text[:37] + "...")
     s = text.strip()
     try:
         value = float(s)
@@ -108,7 +109,7 @@ def parse_when(text: str, now: float, *, what: str = "") -> float:
         value = None
     if value is not None and value >= 1e9:
         if not value <= LAST_TIME:  # inf, or past what the clock and the calendar can show
-            raise ValueError(f"{prefix}{text!r} is beyond the year 9999 (epoch seconds up to {LAST_TIME:.0f})")
+            raise ValueError(f"{prefix}{shown} is beyond the year 9999 (epoch seconds up to {LAST_TIME:.0f})")
         return value
     if value is None and ("-" in s[1:] or ":" in s):
         from datetime import datetime
@@ -116,10 +117,10 @@ def parse_when(text: str, now: float, *, what: str = "") -> float:
         try:
             return datetime.fromisoformat(s).timestamp()
         except ValueError:
-            raise ValueError(f"{prefix}cannot read {text!r} as a time (try 1h, 2026-11-30T09:00 "
+            raise ValueError(f"{prefix}cannot read {shown} as a time (try 1h, 2026-11-30T09:00 "
                              "or epoch seconds)") from None
     try:
         return now - parse_duration(s, allow_zero=True, limit=100 * 365 * 86400.0)
     except ValueError:
-        raise ValueError(f"{prefix}cannot read {text!r} as a time (try 1h, 2026-11-30T09:00 "
+        raise ValueError(f"{prefix}cannot read {shown} as a time (try 1h, 2026-11-30T09:00 "
                          "or epoch seconds)") from None
