@@ -223,6 +223,31 @@ def test_an_orphans_command_gets_its_kill_grace_to_clean_up(state_dir: Path, run
 
 
 @pytest.mark.timeout(40)
+def test_an_orphans_line_is_written_even_if_the_head_ending_it_is_killed(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    """The head that ends an orphan gives its command the run's grace, and
+    a waiting head can be killed meanwhile (the chaos run found it: a
+    killed run with no history line). The line was written after the end,
+    so nobody wrote it: the next head found no orphan left."""
+    mark = tmp_path / "termed"
+    stays = (f"exec >/dev/null 2>&1; trap 'echo t > {mark}' TERM; echo $$ > {{pidf}}; "
+             "while :; do sleep 0.05; done")
+    pgid, run_id = orphan(state_dir, tmp_path, command=stays, grace="30")
+    try:
+        head = runs("-q", "--", "true", name="head")
+        wait_for(mark.exists, timeout=20, what="the head ending the orphan (its TERM)")
+        for pid in [*children(head.proc.pid), head.proc.pid]:  # its keeper, then itself
+            os.kill(pid, signal.SIGKILL)
+        head.proc.wait()
+        [line] = wait_for(lambda: history_of(state_dir, run_id), timeout=5, what="the orphan's history line")
+        assert line["outcome"] == "caller_gone" and "ended by" in str(line["message"])
+        assert group_alive(pgid)  # its grace was not over: the next head ends it
+    finally:
+        for pid in __import__("pgroup").members(pgid):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.timeout(40)
 def test_a_quiet_head_ends_a_holder_orphaned_while_it_waits(
         state_dir: Path, runs: Start, tmp_path: Path) -> None:
     # A quiet run makes no reports behind others, but at the head it goes

@@ -217,20 +217,23 @@ def end_orphan(state_dir: str, info: dict[str, object], grace: float, by: str,
     g = info.get("grace")
     if isinstance(g, (int, float)) and not isinstance(g, bool) and 0 <= g <= 3600:
         grace = float(g)
+    from .. import history
     from .terminate import end_processes
 
-    ended = end_processes(lambda: {p: u for p, u in orphan_processes(info).items() if u == uid}, grace)
-    from .. import history
-
+    # The line first: we may be killed while the processes get their grace
+    # (a waiting run does this, and waiting runs get killed), and then
+    # nobody would write it -- the slot is free, no orphan is left to find.
+    # Should we die before the end, the next head ends them and writes the
+    # line again: the history keeps one per run id.
     since = info.get("since")
     since = since if isinstance(since, (int, float)) else None
     history.append(state_dir, history.run_record(
         run_id=info.get("run_id"), label=info.get("label"), cls=info.get("cls"), host=info.get("host"),
         outcome="caller_gone", exit_code=None, uid=uid,
-        message=f"runner and keeper gone; its orphaned command (pids {', '.join(map(str, ended))}) "
+        message=f"runner and keeper gone; its orphaned command (pids {', '.join(map(str, sorted(procs)))}) "
                 f"was ended by {by}",
         phases={"slot": since, "started": since, "ended": time.time()}))
-    return ended
+    return end_processes(lambda: {p: u for p, u in orphan_processes(info).items() if u == uid}, grace)
 
 
 def heal_slots(state_dir: str, pool: str, count: int, grace: float, healed: set[str], by: str,
