@@ -473,7 +473,7 @@ def test_a_cap_of_zero_lets_no_run_wait_but_runs_one_that_need_not(
     busy = runs("--", "true", name="busy")
     assert busy.wait() == 117
     res = busy.result()
-    assert res["outcome"] == "not_admitted" and "has no slot free" in res["message"], res["message"]
+    assert res["outcome"] == "not_admitted" and "would have to wait in pool shared" in res["message"], res["message"]
     assert f"{policy} = 0" in res["message"]
     gate.touch()
     assert holder.wait() == 0

@@ -276,8 +276,8 @@ def _admit(state_dir: str, pool: str, max_waiting: int | None, per_user: int | N
             if (st.st_dev, st.st_ino) not in locked:
                 return  # free, and nobody in line: this run will not wait
     if max_waiting == 0:
-        raise AdmissionRefused(f"not admitted: pool {pool} has no slot free, and the host lets no run wait "
-                               f"(host policy [admission] max_waiting = 0)")
+        raise AdmissionRefused(f"not admitted: the run would have to wait in pool {pool}, and the host lets no "
+                               f"run wait (host policy [admission] max_waiting = 0)")
     if max_waiting is not None and len(live) >= max_waiting:
         raise AdmissionRefused(f"not admitted: pool {pool} already has {len(live)} run(s) waiting "
                                f"(host policy [admission] max_waiting = {max_waiting})")
@@ -290,8 +290,8 @@ def _admit(state_dir: str, pool: str, max_waiting: int | None, per_user: int | N
             except OSError:
                 pass
         if per_user == 0:
-            raise AdmissionRefused(f"not admitted: pool {pool} has no slot free, and the host lets none of your "
-                                   f"runs wait (host policy [admission] max_waiting_per_user = 0)")
+            raise AdmissionRefused(f"not admitted: the run would have to wait in pool {pool}, and the host lets "
+                                   f"none of your runs wait (host policy [admission] max_waiting_per_user = 0)")
         if mine >= per_user:
             raise AdmissionRefused(f"not admitted: you already have {mine} run(s) waiting in pool {pool} "
                                    f"(host policy [admission] max_waiting_per_user = {per_user})")
