@@ -159,3 +159,24 @@ def test_a_standby_keeper_says_head_only_after_waiting_that_long_at_the_head(tmp
         waiter.close()
         if lease is not None:
             lease.release()
+
+
+@pytest.mark.timeout(30)
+def test_the_keeper_finds_prctl_loaded_and_never_dlopens_after_the_fork(tmp_path: Path) -> None:
+    # A fork of a threaded process (a runner is a thread of its caller) must
+    # not dlopen: another thread may hold the loader's lock at the fork, and
+    # the keeper would hang before its wait. A standby keeper, forked before
+    # its runner's first report loaded prctl, loaded it itself. In a fresh
+    # interpreter: prctl is loaded by spawn, before the fork.
+    import subprocess
+    import sys
+
+    code = ("import os, sys; from slotq.host import process\n"
+            "assert process._prctl is None\n"
+            "null = os.open(os.devnull, os.O_WRONLY)\n"
+            "child = process.spawn(['true'], cwd=None, env=None, stdout_fd=null, stderr_fd=os.dup(null))\n"
+            "loaded = process._prctl is not None\n"
+            "os.waitpid(child.keeper_pid, 0)\n"
+            "sys.exit(0 if loaded else 3)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr

@@ -151,6 +151,10 @@ def spawn(
     without it means the runner died first, and the keeper writes the
     run's history line (outcome caller_gone) itself.
     """
+    # prctl is found through a dlopen: done here, never in the keeper. A
+    # fork of a threaded process (a runner is a thread of its caller) must
+    # not dlopen: another thread may have held the loader's lock at the fork.
+    preload_for_start()
     done_r, done_w = os.pipe()
     runner_pid = os.getpid()
     # A stop request must reach the keeper's own handler, never the
