@@ -17,6 +17,12 @@ def new_run_id() -> str:
     return os.urandom(6).hex()
 
 
+def is_run_id(text: str) -> bool:
+    """What a run id may be: 1..64 ASCII letters and digits (a request's
+    `run_id`, `slotq cancel RUN_ID`, `slotq host run --run-id`)."""
+    return text.isascii() and text.isalnum() and len(text) <= 64
+
+
 class RunSpec:
     """One run's request.
 

@@ -37,8 +37,10 @@ def main(args: list[str]) -> int:
     opts, ids = PARSER.parse(args)
     if not ids and not opts.label and not opts.mine:
         raise PARSER.error("name the runs to cancel: RUN_ID..., --label PATTERN or --mine")
+    from slotq.spec import is_run_id
+
     for run_id in ids:
-        if not (run_id.isalnum() and run_id.isascii() and len(run_id) <= 64):
+        if not is_run_id(run_id):
             raise UsageError(f"{run_id!r} is not a run id (see `slotq status`)")
     if opts.host:
         return _remote(opts, args)

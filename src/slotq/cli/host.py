@@ -14,9 +14,9 @@ from slotq.errors import UsageError
 
 
 def _run_id(text: str) -> str:
-    """What a request's run_id may be (spec.RunSpec.from_request), and what
-    `slotq cancel` and `slotq host reap` accept."""
-    if not (text.isascii() and text.isalnum() and 1 <= len(text) <= 64):
+    from slotq.spec import is_run_id
+
+    if not is_run_id(text):
         raise ValueError(f"{text!r} is not a run id (1..64 letters and digits)")
     return text
 
