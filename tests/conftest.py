@@ -4,6 +4,7 @@ bounded wait-for-condition polling (never fixed sleeps)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -383,3 +384,45 @@ def watch_snapshots(args: list[str], count: int = 2, timeout: float = 30.0) -> t
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=10)
     return proc.returncode, (out + rest).decode(errors="replace")
+
+
+# Helpers of the supervision, cancel and admission tests (test_supervision_e2e,
+# test_cancel_admission).
+
+def holder_record(state_dir: Path) -> dict[str, Any]:
+    """The holder record once its keeper completed it (with the command's
+    pid) and the holder has left the line: later tickets are others'."""
+    rec: dict[str, Any] = wait_for(lambda: (slot_holder(state_dir) or {}).get("cmd") and not live_tickets(state_dir)
+                                   and slot_holder(state_dir), what="the holder record with its command")
+    return rec
+
+
+def status_json() -> dict[str, Any]:
+    proc = subprocess.run(slotq_cmd() + ["status", "--json"], capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 0, proc.stderr
+    return dict(json.loads(proc.stdout))
+
+
+@pytest.fixture
+def shared_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A state dir two users can use (a world-writable temp dir of our own),
+    and the second user's slotq: the ssh test user's (scripts/test)."""
+    home = os.environ.get("SLOTQ_TEST_SSH_USER_HOME")
+    if os.getuid() != 0 or not home or not shutil.which("runuser"):
+        pytest.skip("needs root and the second test user (scripts/test creates it)")
+    root = Path(tempfile.mkdtemp(prefix="slotq-2users-"))
+    try:
+        os.chmod(root, 0o777)
+        state = root / "state"
+        for d in (state, state / "slots", state / "tickets", state / "tickets" / "shared"):
+            d.mkdir()
+            os.chmod(d, 0o1777)
+        monkeypatch.setenv("SLOTQ_STATE_DIR", str(state))
+        monkeypatch.setenv("SLOTQ_LEDGER", str(root / "ledger.sqlite"))
+        yield state
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def second_user_slotq() -> list[str]:
+    return [os.path.join(os.environ["SLOTQ_TEST_SSH_USER_HOME"], "venv", "bin", "slotq")]

@@ -15,6 +15,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
+from conftest import slotq_cmd
+
 USERS = [u for u in os.environ.get("SLOTQ_TEST_USERS", "").split(",") if u]
 GROUP = os.environ.get("SLOTQ_TEST_GROUP", "")
 SRC = Path(__file__).resolve().parent.parent / "src"
@@ -145,3 +149,18 @@ def stop_users_processes(root: Path) -> None:
                 os.kill(int(name), signal.SIGKILL)
         except OSError:
             pass
+
+
+@pytest.fixture
+def world() -> Iterator[World]:
+    """The shared state dir made by `slotq host init` (as root)."""
+    root = make_root()
+    try:
+        state = root / "state"
+        proc = subprocess.run(slotq_cmd() + ["host", "init", "--shared", str(state), "--group", GROUP],
+                              capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 0, proc.stderr
+        yield World(root, state)
+    finally:
+        stop_users_processes(root)
+        shutil.rmtree(root, ignore_errors=True)

@@ -1,19 +1,17 @@
-"""Supervision that survives kills, truthful holders, `slotq cancel`,
-admission: end to end through the installed CLI, real processes."""
+"""Supervision that survives kills and truthful holders, end to end
+through the installed CLI, real processes (`slotq cancel` and admission:
+test_cancel_admission.py)."""
 
 from __future__ import annotations
 
 import json
 import os
 import pwd
-import re
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +19,8 @@ import pytest
 
 from conftest import alive, blocked_in_flock, group_alive, slotq_cmd, wait_for
 from slotq import history
-from slotq.client.ledger import Ledger
-from conftest import Start, children, gate_cmd, live_tickets, reachable, slot_held_here, slot_holder, start_holder
+from conftest import (Start, children, gate_cmd, holder_record, live_tickets, second_user_slotq, slot_held_here,
+                      slot_holder, start_holder, status_json)
 
 TERM_IGNORING = "trap '' TERM HUP; echo $$ > {pidf}; sleep 300 & sleep 300"
 PGROUP = Path(__file__).with_name("pgroup.py")
@@ -35,22 +33,8 @@ def start_caller(args: list[str], tmp: Path, name: str) -> subprocess.Popen[byte
                             stderr=open(tmp / f"{name}.err", "wb"), cwd=tmp, start_new_session=True)
 
 
-def holder_record(state_dir: Path) -> dict[str, Any]:
-    """The holder record once its keeper completed it (with the command's
-    pid) and the holder has left the line: later tickets are others'."""
-    rec: dict[str, Any] = wait_for(lambda: (slot_holder(state_dir) or {}).get("cmd") and not live_tickets(state_dir)
-                                   and slot_holder(state_dir), what="the holder record with its command")
-    return rec
-
-
 def history_of(state_dir: Path, run_id: str) -> list[dict[str, object]]:
     return [h for h in history.recent(str(state_dir), 50) if h.get("run_id") == run_id]
-
-
-def status_json() -> dict[str, Any]:
-    proc = subprocess.run(slotq_cmd() + ["status", "--json"], capture_output=True, text=True, timeout=20)
-    assert proc.returncode == 0, proc.stderr
-    return dict(json.loads(proc.stdout))
 
 
 def shared_slot() -> dict[str, Any]:
@@ -277,30 +261,6 @@ def test_a_quiet_head_ends_a_holder_orphaned_while_it_waits(
     assert line["outcome"] == "caller_gone" and "ended by the next in line" in str(line["message"])
 
 
-@pytest.fixture
-def shared_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A state dir two users can use (a world-writable temp dir of our own),
-    and the second user's slotq: the ssh test user's (scripts/test)."""
-    home = os.environ.get("SLOTQ_TEST_SSH_USER_HOME")
-    if os.getuid() != 0 or not home or not shutil.which("runuser"):
-        pytest.skip("needs root and the second test user (scripts/test creates it)")
-    root = Path(tempfile.mkdtemp(prefix="slotq-2users-"))
-    try:
-        os.chmod(root, 0o777)
-        state = root / "state"
-        for d in (state, state / "slots", state / "tickets", state / "tickets" / "shared"):
-            d.mkdir()
-            os.chmod(d, 0o1777)
-        monkeypatch.setenv("SLOTQ_STATE_DIR", str(state))
-        monkeypatch.setenv("SLOTQ_LEDGER", str(root / "ledger.sqlite"))
-        yield state
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def second_user_slotq() -> list[str]:
-    return [os.path.join(os.environ["SLOTQ_TEST_SSH_USER_HOME"], "venv", "bin", "slotq")]
-
 
 @pytest.mark.timeout(40)
 def test_another_users_orphan_is_named_not_touched(shared_state: Path, tmp_path: Path) -> None:
@@ -323,245 +283,6 @@ def test_another_users_orphan_is_named_not_touched(shared_state: Path, tmp_path:
         for pid in __import__("pgroup").members(pgid):
             os.kill(pid, signal.SIGKILL)
     assert nxt.wait(timeout=20) == 0
-
-
-@pytest.mark.timeout(30)
-def test_cancel_a_queued_and_a_running_run(state_dir: Path, runs: Start, tmp_path: Path) -> None:
-    pidf = tmp_path / "pgid"
-    holder = runs("--label", "holder", "--kill-grace", "1", "--", "sh", "-c", f"echo $$ > {pidf}; sleep 300")
-    wait_for(lambda: pidf.exists() and pidf.read_text().strip(), what="holder running")
-    holder_record(state_dir)
-    alpha = runs("--label", "alpha", "--", "true", name="alpha")
-    wait_for(lambda: len(live_tickets(state_dir)) == 1, what="alpha in line")
-    beta = runs("--label", "beta-1", "--", "true", name="beta")
-    wait_for(lambda: len(live_tickets(state_dir)) == 2, what="beta in line")
-    text = subprocess.run(slotq_cmd() + ["status"], capture_output=True, text=True, timeout=20).stdout
-    alpha_id = next(w for p in status_json()["pools"] for w in p["waiting"] if w["label"] == "alpha")["run_id"]
-    assert f"run {alpha_id}" in text  # plain status shows run ids
-    me = pwd.getpwuid(os.getuid()).pw_name
-    holder_id = slot_holder(state_dir)["run_id"]  # type: ignore[index]
-    wait_for(lambda: reachable(holder_id), what="the running holder to listen for cancel")
-    for how, run in ((["cancel", alpha_id], alpha), (["cancel", "--label", "beta-*"], beta),
-                     (["cancel", "--mine"], holder)):
-        proc = subprocess.run(slotq_cmd() + how, capture_output=True, text=True, timeout=20)
-        assert proc.returncode == 0, proc.stderr
-        assert run.wait() == 130
-        res = run.result()
-        assert res["outcome"] == "cancelled" and res["blame"] == "caller"
-        assert re.search(rf"cancelled by slotq cancel \(pid \d+, user {me}\)", res["message"]), res["message"]
-    assert not group_alive(int(pidf.read_text()))
-    proc = subprocess.run(slotq_cmd() + ["cancel", "nosuchrun1"], capture_output=True, text=True, timeout=20)
-    assert proc.returncode == 66 and len(proc.stderr.strip().splitlines()) == 1
-    proc = subprocess.run(slotq_cmd() + ["cancel", "--mine"], capture_output=True, text=True, timeout=20)
-    assert proc.returncode == 66  # nothing of ours is left
-
-
-@pytest.mark.timeout(40)
-def test_cancel_by_a_label_that_is_not_utf8_finds_the_run(state_dir: Path, runs: Start, tmp_path: Path) -> None:
-    """A label typed with a byte that is not UTF-8 is kept as valid text
-    (`\\xNN`); `slotq cancel --label` with the same bytes must find it."""
-    gate = tmp_path / "gate"
-    holder = start_holder(runs, state_dir, gate)
-    label = "job-\udcff"  # the byte 0xff, as Python passes it on to argv
-    queued = runs("--label", label, "--", "true", name="queued")
-    wait_for(lambda: len(live_tickets(state_dir)) == 1, what="the labelled run in line")
-    proc = subprocess.run(slotq_cmd() + ["cancel", "--label", label], capture_output=True, timeout=20)
-    assert proc.returncode == 0, proc.stderr
-    assert queued.wait() == 130 and queued.result()["outcome"] == "cancelled"
-    gate.touch()
-    assert holder.wait() == 0
-
-
-@pytest.mark.timeout(60)
-def test_cancel_of_a_run_that_just_started_waits_for_it_to_listen(state_dir: Path, runs: Start) -> None:
-    """A script cancels the run it has just started: the queue shows the run,
-    but its runner opens its control socket only once the command has run
-    0.1 s. `slotq cancel` waits for it, rather than saying "no live run"
-    (exit 66) about a run `slotq status` shows running."""
-    for attempt in range(5):
-        run = runs("--", "sleep", "300", name=f"run{attempt}")
-        rec = wait_for(lambda: slot_holder(state_dir), what="the run's holder record")
-        runner = int(rec["pid"])
-        os.kill(runner, signal.SIGSTOP)  # the runner as the scheduler may leave it: not yet listening
-        if not reachable(str(rec["run_id"])):
-            break
-        os.kill(runner, signal.SIGCONT)  # too late to catch it before it listened: again
-        assert subprocess.run(slotq_cmd() + ["cancel", str(rec["run_id"])], capture_output=True,
-                              timeout=20).returncode == 0 and run.wait() == 130
-    else:
-        pytest.fail("never caught a run before it listened for cancel")
-    try:
-        cancel = subprocess.Popen(slotq_cmd() + ["cancel", str(rec["run_id"])], stderr=subprocess.PIPE, text=True)
-        with pytest.raises(subprocess.TimeoutExpired):
-            cancel.wait(timeout=0.5)  # it does not give up on a live run that does not listen yet
-    finally:
-        os.kill(runner, signal.SIGCONT)
-    _, err = cancel.communicate(timeout=20)
-    assert cancel.returncode == 0, err
-    assert err.strip() == f"slotq cancel: cancelled run {rec['run_id']}"
-    assert run.wait() == 130 and run.result()["outcome"] == "cancelled"
-
-
-@pytest.mark.timeout(30)
-def test_cancel_of_another_users_run_is_refused(shared_state: Path, runs: Start, tmp_path: Path) -> None:
-    gate = tmp_path / "gate"
-    holder = start_holder(runs, shared_state, gate)
-    run_id = slot_holder(shared_state)["run_id"]  # type: ignore[index]
-    wait_for(lambda: reachable(run_id), what="the run to listen for cancel")
-    proc = subprocess.run(["runuser", "-u", "slotqtest", "--", *second_user_slotq(), "cancel", run_id],
-                          capture_output=True, text=True, timeout=20)
-    assert proc.returncode == 77, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and f"run {run_id} belongs to user root" in lines[0]
-    assert holder.proc.poll() is None
-    gate.touch()
-    assert holder.wait() == 0
-
-
-@pytest.mark.timeout(30)
-def test_max_wait_ends_not_admitted_and_records_the_wait(state_dir: Path, runs: Start, tmp_path: Path) -> None:
-    gate = tmp_path / "gate"
-    start_holder(runs, state_dir, gate)
-    r = runs("--max-wait", "2s", "--", "true", name="impatient")
-    assert r.wait() == 117
-    res = r.result()
-    assert res["outcome"] == "not_admitted" and res["blame"] == "infrastructure"
-    assert "--max-wait 2.0s" in res["message"] and "0 still ahead" in res["message"]
-    assert 2.0 <= res["waited_s"] < 6
-    ledger = Ledger(os.environ["SLOTQ_LEDGER"])
-    credit = ledger.credit(str(tmp_path), 0, time.time() + 1)
-    [wait] = credit.waits
-    assert wait.record.run_id == res["run_id"] and wait.record.kind == "queue" and wait.closed_by == "end"
-    assert wait.seconds >= 2.0
-    gate.touch()
-
-
-@pytest.mark.timeout(30)
-def test_a_host_cap_on_waiting_runs_refuses_the_next_at_once(
-        state_dir: Path, runs: Start, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    cfg = tmp_path / "host.toml"
-    cfg.write_text("[admission]\nmax_waiting = 2\n")
-    monkeypatch.setenv("SLOTQ_CONFIG", str(cfg))
-    gate = tmp_path / "gate"
-    start_holder(runs, state_dir, gate)
-    waiters = [runs("--", "true", name=f"w{i}") for i in range(2)]
-    wait_for(lambda: len(live_tickets(state_dir)) == 2, what="two waiting")
-    t0 = time.monotonic()
-    third = runs("--", "true", name="third")
-    assert third.wait() == 117
-    assert time.monotonic() - t0 < 5
-    res = third.result()
-    assert res["outcome"] == "not_admitted"
-    assert "max_waiting = 2" in res["message"] and "already has 2 run(s) waiting" in res["message"]
-    gate.touch()
-    assert [w.wait() for w in waiters] == [0, 0]
-
-
-@pytest.mark.timeout(30)
-@pytest.mark.parametrize("policy", ["max_waiting", "max_waiting_per_user"])
-def test_a_cap_of_zero_lets_no_run_wait_but_runs_one_that_need_not(
-        state_dir: Path, runs: Start, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, policy: str) -> None:
-    """`max_waiting = 0` turned every run away, even with the slot free and
-    nobody in line: the pool could not be used at all."""
-    cfg = tmp_path / "host.toml"
-    cfg.write_text(f"[admission]\n{policy} = 0\n")
-    monkeypatch.setenv("SLOTQ_CONFIG", str(cfg))
-    free = runs("--", "true", name="free")
-    assert free.wait() == 0, free.err
-    gate = tmp_path / "gate"
-    holder = start_holder(runs, state_dir, gate)
-    busy = runs("--", "true", name="busy")
-    assert busy.wait() == 117
-    res = busy.result()
-    assert res["outcome"] == "not_admitted" and "would have to wait in pool shared" in res["message"], res["message"]
-    assert f"{policy} = 0" in res["message"]
-    gate.touch()
-    assert holder.wait() == 0
-
-
-@pytest.mark.timeout(40)
-def test_a_per_user_cap_counts_only_that_users_waiting_runs(
-        shared_state: Path, runs: Start, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    cfg = tmp_path / "host.toml"
-    cfg.write_text("[admission]\nmax_waiting_per_user = 1\n")
-    gate = tmp_path / "gate"
-    start_holder(runs, shared_state, gate)
-    # Another user waits first (their own slotq; their own ledger).
-    work = Path(tempfile.mkdtemp(prefix="slotq-peruser-", dir=shared_state.parent))
-    os.chmod(work, 0o777)
-    env = dict(os.environ, SLOTQ_LEDGER=str(work / "their-ledger.sqlite"))
-    theirs = subprocess.Popen(["runuser", "-u", "slotqtest", "--", *second_user_slotq(), "run", "-q", "--", "true"],
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, cwd=work, env=env)
-    try:
-        wait_for(lambda: len(live_tickets(shared_state)) == 1, what="the other user's run waiting")
-        monkeypatch.setenv("SLOTQ_CONFIG", str(cfg))
-        mine = runs("--", "true", name="mine")  # their waiting run is not ours: admitted
-        wait_for(lambda: len(live_tickets(shared_state)) == 2, what="our run waiting too")
-        second = runs("--", "true", name="second")
-        assert second.wait() == 117
-        res = second.result()
-        assert res["outcome"] == "not_admitted"
-        assert "you already have 1 run(s) waiting" in res["message"] and "max_waiting_per_user = 1" in res["message"]
-    finally:
-        gate.touch()
-        assert theirs.wait(timeout=20) == 0
-    assert mine.wait() == 0
-
-
-@pytest.mark.timeout(60)
-def test_a_run_started_inside_a_run_that_holds_its_pools_slot_is_refused_at_once(
-        state_dir: Path, runs: Start, tmp_path: Path) -> None:
-    # Without the refusal the inner run waits for the slot its own outer
-    # run holds, until the outer's budget ends both: a make target that
-    # calls `slotq run`, run itself through `slotq run`.
-    inner = tmp_path / "inner.json"
-    for how, args in (("at once", []), ("after waiting in line", ["--report-every", "0.2"])):
-        gate = tmp_path / f"gate-{len(how)}"
-        holder = start_holder(runs, state_dir, gate) if args else None
-        outer = runs(*args, "--", *slotq_cmd(), "run", "--json", str(inner), "--", "echo", "inner ran",
-                     name=f"outer-{len(how)}")
-        if holder is not None:
-            wait_for(lambda: len(live_tickets(state_dir)) == 1, what="the outer run waiting")
-            gate.touch()
-            assert holder.wait() == 0
-        assert outer.wait(timeout=30) == 117, how  # the inner run's exit code, through the outer command
-        res, out = json.loads(inner.read_text()), outer.result()
-        assert res["outcome"] == "not_admitted" and res["exit_code"] == 117, how
-        assert f"inside run {out['run_id']}" in res["message"] and "holds slot shared#0" in res["message"], how
-        assert out["outcome"] == "failed" and b"inner ran" not in outer.out, how
-        assert not live_tickets(state_dir), how  # the inner run's early ticket went with it
-
-
-@pytest.mark.timeout(60)
-def test_a_run_inside_a_run_of_another_class_queues_for_its_own_pool(
-        state_dir: Path, runs: Start, tmp_path: Path) -> None:
-    outer = runs("--class", "landing", "--", *slotq_cmd(), "run", "--", "echo", "inner ran", name="outer")
-    assert outer.wait(timeout=30) == 0
-    assert b"inner ran" in outer.out
-
-
-@pytest.mark.timeout(60)
-def test_a_process_that_only_carries_a_runs_marker_waits_its_turn(
-        state_dir: Path, runs: Start, tmp_path: Path) -> None:
-    # Outside the run's process tree (e.g. a process that outlived an earlier
-    # run, with its environment): the run's slot will come free.
-    from conftest import Run
-
-    gate = tmp_path / "gate"
-    holder = start_holder(runs, state_dir, gate)
-    holder_id = (slot_holder(state_dir) or {})["run_id"]
-    stray = Run(["--", "echo", "stray ran"], tmp_path, "stray", env=dict(os.environ, SLOTQ_RUN_ID=holder_id))
-    try:
-        # Its first report, sent once its runner has looked and queued (its
-        # ticket alone is taken before the runner looks).
-        wait_for(lambda: "slotq: waiting" in stray.err or stray.proc.poll() is not None,
-                 what="the run with the marker waiting in line")
-        assert stray.proc.poll() is None, stray.err
-        gate.touch()
-        assert stray.wait() == 0 and holder.wait() == 0
-        assert stray.out == b"stray ran\n"
-    finally:
-        stray.kill()
 
 
 @pytest.mark.timeout(30)
