@@ -152,6 +152,11 @@ def test_config_defaults_and_class_mapping(tmp_path: os.PathLike[str]) -> None:
     ("[pools\n", "not valid TOML"),
     ('[defaults]\nbudget = "-1"\n', "negative"),
     ("[extra]\n", "unknown section"),
+    ('[classes]\n"x y" = "shared"\n', "class name 'x y' must be"),
+    ('[classes]\n"" = "shared"\n', "class name '' must be"),
+    # Pool names are part of file names: one too long made every run an
+    # "unusable state directory" (exit 73) instead of a bad config.
+    ("[pools]\n" + "p" * 65 + " = 1\n", "pool name 'p+' must be 1-64"),
 ])
 def test_bad_config_is_a_config_error_naming_the_file(tmp_path: os.PathLike[str], text: str, needle: str) -> None:
     path = os.path.join(tmp_path, "bad.toml")

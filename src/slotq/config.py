@@ -238,11 +238,16 @@ class HostConfig:
             if not isinstance(n, int) or isinstance(n, bool) or n < 1 or n > 1024:
                 raise ConfigError(f"host config {path}: pool {name!r} needs 1..1024 slots, got {n!r}", path)
             if not _is_name(name):
-                raise ConfigError(f"host config {path}: pool name {name!r} must be letters, digits, - or _", path)
+                raise ConfigError(f"host config {path}: pool name {name!r} must be 1-64 letters, digits, - or _",
+                                  path)
             pools[name] = n
         classes_raw = data.get("classes", {})
         if not isinstance(classes_raw, dict) or not all(isinstance(v, str) for v in classes_raw.values()):
             raise ConfigError(f"host config {path}: [classes] must map class names to pool names", path)
+        for name in classes_raw:
+            if not _is_name(name):
+                raise ConfigError(f"host config {path}: class name {name!r} must be 1-64 letters, digits, - or _",
+                                  path)
         defaults = data.get("defaults", {})
         if not isinstance(defaults, dict):
             raise ConfigError(f"host config {path}: [defaults] must be a table", path)
@@ -318,8 +323,9 @@ class SlurmConfig:
                 raise ConfigError(f"{where}.classes must map class names to {{ partition = ..., qos = ... }}", path)
             classes = {}
             for name, job in table.items():
-                if not _is_name(name) or len(name) > 64:
-                    raise ConfigError(f"{where}.classes: class name {name!r} must be letters, digits, - or _", path)
+                if not _is_name(name):
+                    raise ConfigError(f"{where}.classes: class name {name!r} must be 1-64 letters, digits, - or _",
+                                      path)
                 if not isinstance(job, dict) or set(job) - {"partition", "qos"} or not all(
                         isinstance(v, str) and 0 < len(v) <= 200 and _is_slurm_name(v) for v in job.values()):
                     raise ConfigError(f"{where}.classes.{name} must be {{ partition = NAME, qos = NAME }} "
@@ -352,7 +358,9 @@ def _is_slurm_name(name: str) -> bool:
 
 
 def _is_name(name: str) -> bool:
-    return bool(name) and all(c.isalnum() or c in "-_" for c in name)
+    # A pool's name is part of its state files' names; a class's is typed
+    # on command lines and shown in status.
+    return 0 < len(name) <= 64 and all(c.isalnum() or c in "-_" for c in name)
 
 
 MAX_CONFIG = 256 * 1024
