@@ -89,7 +89,11 @@ def test_history_lists_real_runs_with_phases_and_filters_including_a_run_cancell
     for args, labels in ((["--outcome", "failed"], {"bad one"}), (["--label", "gave"], {"gave up"}),
                          (["--class", "landing"], {"bad one"}), (["--user", "nobody-such"], set()),
                          (["--user", str(bad["user"])], {"placeholder", "gave up", "bad one"}),
-                         (["--limit", "1"], {"bad one"})):
+                         (["--limit", "1"], {"bad one"}),
+                         # sacct's lists: any of them.
+                         (["--outcome", "failed,cancelled"], {"bad one", "gave up"}),
+                         (["--class", " landing, nosuch"], {"bad one"}),
+                         (["--user", f"nobody-such,{bad['user']}", "--outcome", "passed"], {"placeholder"})):
         proc = cli("history", "--json", *args)
         assert {r["label"] for r in json.loads(proc.stdout)} == labels, args
     text = cli("history").stdout
@@ -105,6 +109,10 @@ def test_history_lists_real_runs_with_phases_and_filters_including_a_run_cancell
     (["--until", "inf"], "--until: 'inf' is beyond the year 9999"),
     (["--since", "x" * 5000], "--since: cannot read 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...' as a time"),  # cut
     (["--limit", "0"], "--limit"),
+    # `--user "$U"` with U unset listed nothing, as if the user had no runs.
+    (["--user", ""], "option --user: no user named"),
+    (["--class", " , "], "option --class: no class named"),
+    (["--outcome", "passed,nope"], "--outcome 'nope' is not an outcome"),
 ])
 @pytest.mark.timeout(30)
 def test_bad_history_arguments_are_one_line_exit_2(state_dir: Path, args: list[str], what: str) -> None:

@@ -202,12 +202,13 @@ class Index:
                   "prepared": ph.get("prepared"), "started": ph.get("started"), "ended": ended}
         return tuple(fields.get(c) for c in COLUMNS)
 
-    def query(self, since: float | None = None, until: float | None = None, user: str | None = None,
-              label: str | None = None, outcome: str | None = None, cls: str | None = None,
+    def query(self, since: float | None = None, until: float | None = None, user: list[str] | None = None,
+              label: str | None = None, outcome: list[str] | None = None, cls: list[str] | None = None,
               limit: int | None = None) -> list[dict[str, object]]:
         """Runs that overlap [since, until] (ended at or after `since`,
-        submitted at or before `until`), oldest first, filtered; `label` is
-        a substring. The newest `limit` if given."""
+        submitted at or before `until`), oldest first, filtered: `user`,
+        `outcome` and `cls` each any of the values listed, `label` a
+        substring. The newest `limit` if given."""
         where: list[str] = ["1"]
         args: list[object] = []
         if since is not None:
@@ -219,10 +220,10 @@ class Index:
             args += [until + self._longest(), until]
         # Text as the index keeps it (history.clean_record): a filter that is
         # not UTF-8 matches the label it names, and never fails in SQLite.
-        for col, value in (("user", user), ("outcome", outcome), ("class", cls)):
-            if value is not None:
-                where.append(f"{_q(col)} = ?")
-                args.append(valid_text(value))
+        for col, values in (("user", user), ("outcome", outcome), ("class", cls)):
+            if values is not None:
+                where.append(f"{_q(col)} IN ({', '.join('?' * len(values))})")
+                args += [valid_text(v) for v in values]
         if label is not None:
             where.append("instr(label, ?) > 0")
             args.append(valid_text(label))

@@ -86,7 +86,7 @@ def zsh(cmds: dict[str, tuple[str, list[Opt]]]) -> str:
         names = o.names if len(o.names) == 1 else ("{" + ",".join(o.names) + "}",)
         value = ""
         if _takes_value(o):
-            meta = "".join(c for c in o.metavar.lower() if c.isalnum() or c in "-_") or "value"
+            meta = "".join(c for c in o.metavar.split("[")[0].lower() if c.isalnum() or c in "-_") or "value"
             value = f":{meta}:" + (f"({' '.join(o.choices)})" if o.choices else "_files")
         return f"'{names[0]}[{text}]{value}'" if len(o.names) == 1 else f"{names[0]}'[{text}]{value}'"
 

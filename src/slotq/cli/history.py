@@ -5,9 +5,27 @@ from __future__ import annotations
 import json
 import sys
 import time
+from typing import Callable
 
 from slotq.cli.args import FLAG, Opt, Parser, parse_window, positive_int, window_options
 from slotq.errors import UsageError
+
+MAX_NAMES = 100
+
+
+def _names(what: str) -> Callable[[str], list[str]]:
+    """A converter for `a,b,c` (sacct's lists): the names, blanks dropped;
+    an error if none is left (`--user "$U"` with U unset must not list
+    nothing, or everything)."""
+    def convert(text: str) -> list[str]:
+        names = [n.strip() for n in text.split(",") if n.strip()]
+        if not names:
+            raise ValueError(f"no {what} named")
+        if len(names) > MAX_NAMES:
+            raise ValueError(f"more than {MAX_NAMES} {what}s")
+        return names
+    return convert
+
 
 def _at_least_one(text: str) -> int:
     n = positive_int(text)
@@ -18,7 +36,7 @@ def _at_least_one(text: str) -> int:
 
 PARSER = Parser(
     prog="slotq history",
-    usage="slotq history [--since T] [--until T] [--user U] [--label TEXT] [--outcome O] [--class C] "
+    usage="slotq history [--since T] [--until T] [--user U,...] [--label TEXT] [--outcome O,...] [--class C,...] "
           "[--limit N] [--json]",
     description="Every finished run on this host in a time window, oldest first: run id, user, class, slot, "
                 "when it was submitted, how long it waited and ran, outcome, whom it blames, exit code and "
@@ -26,10 +44,11 @@ PARSER = Parser(
                 "the host config's [history] retention (default 180d).",
     options=[
         *window_options(),
-        Opt("--user", metavar="U", help="only this user's runs"),
+        Opt("--user", metavar="U[,U...]", convert=_names("user"), help="only these users' runs"),
         Opt("--label", metavar="TEXT", help="only runs whose label contains TEXT"),
-        Opt("--outcome", metavar="O", help="only runs that ended so (passed, failed, exec_timeout, ...)"),
-        Opt("--class", dest="cls", metavar="C", help="only runs of this class"),
+        Opt("--outcome", metavar="O[,O...]", convert=_names("outcome"),
+            help="only runs that ended so (passed, failed, exec_timeout, ...)"),
+        Opt("--class", dest="cls", metavar="C[,C...]", convert=_names("class"), help="only runs of these classes"),
         Opt("--limit", metavar="N", convert=_at_least_one, help="only the newest N of them"),
         Opt("--json", kind=FLAG, help="machine-readable output (a list of runs, the fields of `run --json`)"),
     ],
@@ -42,11 +61,11 @@ def main(args: list[str]) -> int:
     from slotq.outcome import Outcome
 
     since, until = parse_window(opts)
-    if opts.outcome is not None:
+    for name in opts.outcome or ():
         try:
-            Outcome(opts.outcome)
+            Outcome(name)
         except ValueError:
-            raise UsageError(f"--outcome {opts.outcome!r} is not an outcome slotq knows "
+            raise UsageError(f"--outcome {name!r} is not an outcome slotq knows "
                              f"({', '.join(sorted(Outcome._members))})") from None
     state_dir = state_dir_from_env()
     config = HostConfig.load(state_dir=state_dir)
