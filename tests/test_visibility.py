@@ -260,6 +260,16 @@ def test_status_watch_in_a_pipe_prints_plain_snapshots_at_the_interval(state_dir
     assert "\x1b" not in out and "\r" not in out
 
 
+@pytest.mark.timeout(30)
+def test_every_without_watch_is_refused_not_one_snapshot(state_dir: Path) -> None:
+    # It printed one snapshot and ended: whoever asked for one every 5s
+    # waited for the next.
+    proc = cli("status", "--every", "5s")
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert proc.stderr == "slotq status: error: --every is how often --watch redraws: add --watch " \
+                          "(see `slotq status --help`)\n"
+
+
 @pytest.mark.timeout(60)
 def test_status_watch_on_a_terminal_redraws_in_place_and_leaves_the_terminal_clean(
         state_dir: Path, runs: Start, tmp_path: Path) -> None:
