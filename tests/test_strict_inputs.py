@@ -178,14 +178,18 @@ def test_an_empty_value_is_refused_in_one_line_not_taken_as_unset(state_dir: Pat
     assert needle in one_line(proc)
 
 
+@pytest.mark.parametrize("args", [["run", "--", "true"], ["task", "--budget", "1m", "--", "true"], ["waits"],
+                                  ["host", "run", "--", "true"]])
 @pytest.mark.timeout(30)
-def test_a_vanished_current_directory_is_one_line(state_dir: Path, tmp_path: Path) -> None:
+def test_a_vanished_current_directory_is_one_line(state_dir: Path, tmp_path: Path, args: list[str]) -> None:
+    # task and waits said only "No such file or directory" (exit 71).
     gone = tmp_path / "gone"
     gone.mkdir()
-    proc = subprocess.Popen(["sh", "-c", f'cd {gone} && rmdir {gone} && exec "$@"', "sh", *slotq_cmd(), "run",
-                             "--", "true"], stderr=subprocess.PIPE, text=True)
-    _, err = proc.communicate(timeout=20)
-    assert proc.returncode == 2 and "current directory no longer exists" in err and "Traceback" not in err
+    proc = subprocess.Popen(["sh", "-c", f'cd {gone} && rmdir {gone} && exec "$@"', "sh", *slotq_cmd(), *args],
+                            stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 2 and out == "", (out, err)
+    assert err == f"slotq {args[0]}: error: the current directory no longer exists: cd somewhere that does\n"
 
 
 # ---------------------------------------------------------------- slots and tickets

@@ -189,12 +189,23 @@ def _a_command(text: str) -> str:
     return text
 
 
+def current_dir() -> str:
+    """os.getcwd(); a usage error if the directory was deleted under us
+    (`.` still stats, but names nothing anyone could find again)."""
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        raise UsageError("the current directory no longer exists: cd somewhere that does") from None
+
+
 def check_dir(option: str, path: str) -> str:
     """`path` if it is a directory; else a usage error naming `option` and
     what is wrong (a work dir whose waits are recorded or credited: one
     named by a typo would never be found again)."""
     if not path:
         raise UsageError(f"{option} needs a directory, not an empty name")
+    if not os.path.isabs(path):
+        current_dir()
     if not os.path.isdir(path):
         why = "not a directory" if os.path.exists(path) else "no such directory"
         raise UsageError(f"{option} {path}: {why}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from slotq.cli.args import FLAG, RUN_OPTIONS, Opt, Parser
+from slotq.cli.args import FLAG, RUN_OPTIONS, Opt, Parser, current_dir
 from slotq.errors import UsageError
 
 
@@ -125,7 +125,7 @@ def main(args: list[str]) -> int:
             raise PARSER.error("no command given (or --request-stdin)")
         spec = RunSpec(command, cls=opts.cls, budget=opts.budget, prepare=opts.prepare,
                        prepare_timeout=opts.prepare_timeout, label=opts.label, report_every=opts.report_every,
-                       kill_grace=opts.kill_grace, cwd=opts.cwd or os.getcwd(), run_id=opts.run_id,
+                       kill_grace=opts.kill_grace, cwd=opts.cwd or current_dir(), run_id=opts.run_id,
                        max_wait=opts.max_wait)
     allocation = None
     if opts.slurm_job:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from slotq.cli.args import (FLAG, RUN_OPTIONS, JsonResult, Namespace, Opt, Parser, check_dir, duration,
+from slotq.cli.args import (FLAG, RUN_OPTIONS, JsonResult, Namespace, Opt, Parser, check_dir, current_dir, duration,
                             host_options, slurm_options, ssh_transport, use_slurm)
 from slotq.errors import UsageError
 
@@ -98,10 +98,7 @@ def main(args: list[str]) -> int:
             known = ", ".join(sorted(local.config.classes))
             raise UsageError(f"unknown class {opts.cls!r} (this host knows: {known})")
         transport = local
-    try:
-        cwd = os.getcwd()
-    except FileNotFoundError:
-        raise UsageError("the current directory no longer exists: cd somewhere that does") from None
+    cwd = current_dir()
     spec = RunSpec(command, cls=opts.cls, budget=opts.budget, prepare=opts.prepare,
                    prepare_timeout=opts.prepare_timeout, label=opts.label,
                    report_every=report_every, kill_grace=opts.kill_grace, cwd=cwd, max_wait=opts.max_wait,
