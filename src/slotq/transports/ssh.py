@@ -81,6 +81,7 @@ class SshHost:
         self.control_path = os.path.join(control_dir(), _sha256_hex(key)[:20])
         self.reused = False
         self.connect_s = 0.0
+        self.hello_kept = False  # handshake(): the answer kept for this master, not a new one
 
     def _base(self) -> list[str]:
         args = ["ssh"]
@@ -152,9 +153,11 @@ class SshHost:
                 cached = from_json(f.read(65536).decode())
             if isinstance(cached, dict) and cached.get("key") == key and isinstance(cached.get("info"), dict):
                 info: dict[str, object] = cached["info"]
+                self.hello_kept = True
                 return info
         except (OSError, ValueError, RecursionError):
             pass
+        self.hello_kept = False
         info = self.hello()
         try:
             tmp = f"{path}.{os.getpid()}"
@@ -212,11 +215,13 @@ class SshHost:
             raise HostUnavailable(f"host {self.host} answered the handshake with a malformed work root", host=self.host)
         return info
 
-    def status(self, as_json: bool = True) -> str:
-        """The host's `slotq status` output. Raises HostUnavailable."""
+    def status(self, as_json: bool = True, history: int | None = None) -> str:
+        """The host's `slotq status` output (with `--history N` if given).
+        Raises HostUnavailable."""
         import subprocess  # status: not a run's path
 
-        proc = subprocess.run(self.command(f"{self.remote_slotq} status" + (" --json" if as_json else "")),
+        args = (" --json" if as_json else "") + ("" if history is None else f" --history {int(history)}")
+        proc = subprocess.run(self.command(f"{self.remote_slotq} status{args}"),
                               stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
         if proc.returncode != 0:
             err = _last(proc.stderr.decode(errors="replace"))
@@ -226,9 +231,9 @@ class SshHost:
                                   host=self.host)
         return proc.stdout.decode(errors="replace")
 
-    def status_snapshot(self) -> dict[str, object]:
+    def status_snapshot(self, history: int | None = None) -> dict[str, object]:
         self.ensure_master()
-        text = self.status(as_json=True)
+        text = self.status(as_json=True, history=history)
         start = text.find("{")
         try:
             import json  # status: not a run's path
@@ -321,7 +326,17 @@ class SshTransport(Transport):
             spec.cwd = None
             self._launch(spec, await_sync=True)
             try:
-                self.ssh.rsync(src, os.path.join(str(self.info["work_root"]), spec.work_id))
+                try:
+                    self.ssh.rsync(src, os.path.join(str(self.info["work_root"]), spec.work_id))
+                except HostUnavailable:
+                    if not self.ssh.hello_kept:
+                        raise
+                    # The work root the kept handshake made may be gone
+                    # since (a state dir cleaned up): a new handshake
+                    # makes it again. Once; any other failure stays one.
+                    self.ssh.forget_handshake()
+                    self.info = self.ssh.handshake()
+                    self.ssh.rsync(src, os.path.join(str(self.info["work_root"]), spec.work_id))
             except HostUnavailable:
                 self.abandon()
                 raise
