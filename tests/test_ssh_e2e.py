@@ -377,6 +377,37 @@ def test_several_hosts_pick_the_shortest_expected_wait_and_say_why(ssh_config: s
         Remote(ssh_config, "slotq-b").ssh('rm -rf "$SLOTQ_STATE_DIR"')
 
 
+@pytest.mark.timeout(90)
+def test_status_of_several_hosts_is_one_json_list_and_a_host_that_is_down_hides_no_other(
+        ssh_config: str, state_dir: Path, tmp_path: Path) -> None:
+    # It was one JSON document after another (no JSON reader takes that),
+    # the first host that could not be reached ended it with no word of
+    # the others, and --history N was not passed on (always 10).
+    common = ["--ssh-config", ssh_config]
+    a = Remote(ssh_config, "slotq-a")
+    try:
+        for _ in range(2):
+            proc = subprocess.run(slotq_cmd() + ["run", "-q", "--host", "slotq-a", *common, "--", "true"],
+                                  capture_output=True, text=True, timeout=40, stdin=subprocess.DEVNULL, cwd=tmp_path)
+            assert proc.returncode == 0, proc.stderr
+        proc = subprocess.run(slotq_cmd() + ["status", "--json", "--history", "1", "--host",
+                                             "slotq-a,slotq-down,slotq-b", *common],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 121, proc.stderr
+        snaps = json.loads(proc.stdout)
+        assert isinstance(snaps, list) and len(snaps) == 2
+        assert [len(snap["history"]) for snap in snaps] == [1, 0]
+        assert len(proc.stderr.splitlines()) == 1
+        assert proc.stderr.startswith("slotq status: error: cannot connect to host slotq-down:"), proc.stderr
+        assert "Connection refused" in proc.stderr
+        proc = subprocess.run(slotq_cmd() + ["status", "--host", "slotq-down,slotq-a", *common],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 121 and proc.stdout.count("pool shared") == 1, proc.stdout
+    finally:
+        a.ssh('rm -rf "$SLOTQ_STATE_DIR"')
+        Remote(ssh_config, "slotq-b").ssh('rm -rf "$SLOTQ_STATE_DIR"')
+
+
 def test_status_over_ssh_shows_the_remote_queue(remote: Remote) -> None:
     proc = subprocess.run(slotq_cmd() + ["status", *remote.args], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0 and "pool shared" in proc.stdout and "/st-" in proc.stdout
@@ -389,6 +420,20 @@ def _runs_in(tmp: Path, remote: Remote, *args: str, env: dict[str, str] | None =
              ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(slotq_cmd() + ["run", "-q", "--json", "-", *remote.args, *args], capture_output=True,
                           text=True, timeout=60, cwd=tmp, env=env, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.timeout(90)
+def test_a_run_after_the_hosts_state_dir_was_cleaned_up_makes_its_work_dir_again(
+        remote: Remote, tmp_path: Path) -> None:
+    # The handshake kept for the master had made the work root; once the
+    # state dir was removed on the host (a cleanup), every run over that
+    # master failed "rsync exit 11" until the master closed.
+    (tmp_path / "f.txt").write_text("here")
+    assert _runs_in(tmp_path, remote, "--", "cat", "f.txt").returncode == 0
+    remote.ssh(f"rm -rf $HOME/st-{remote.tag}")
+    proc = _runs_in(tmp_path, remote, "--", "cat", "f.txt")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("here") and json.loads(proc.stdout[4:])["transport"]["master_reused"] is True
 
 
 @pytest.mark.timeout(90)

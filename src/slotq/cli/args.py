@@ -279,11 +279,12 @@ RUN_OPTIONS = [
 ]
 
 
-def host_options() -> list[Opt]:
+def host_options(several: str = "several: the one with the shortest expected wait") -> list[Opt]:
+    """--host and how to reach it; `several` says what several hosts mean
+    to this command."""
     return [
         Opt("--host", metavar="HOST[,HOST...]", convert=host_names,
-            help="run on HOST over ssh (an alias from your ssh config, or user@host); several: the one "
-                 "with the shortest expected wait"),
+            help=f"run on HOST over ssh (an alias from your ssh config, or user@host); {several}"),
         Opt("--ssh-config", metavar="FILE", default=os.environ.get("SLOTQ_SSH_CONFIG"),
             help="ssh config file (default: $SLOTQ_SSH_CONFIG, else ssh's own)"),
         Opt("--ssh-option", kind=APPEND, metavar="OPT", help="extra ssh -o option, e.g. Port=2222"),

@@ -28,7 +28,7 @@ PARSER = Parser(
     options=[
         Opt("--label", metavar="PATTERN", help="cancel the runs whose label matches PATTERN (shell-style: * ?)"),
         Opt("--mine", kind=FLAG, help="cancel all of your runs on this host"),
-        *host_options(),
+        *host_options("several: on each of them"),
     ],
 )
 

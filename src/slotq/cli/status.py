@@ -24,7 +24,7 @@ PARSER = Parser(
         Opt("--watch", kind=FLAG, help="keep showing the status until Ctrl-C"),
         Opt("--every", metavar="D", convert=duration(minimum=0.1),
             help="with --watch: how often (default 2s)"),
-        *host_options(),
+        *host_options("several: each one's status, in turn (with --json, a list)"),
         Opt("--slurm", kind=FLAG, help="the Slurm partitions the host config's [slurm.classes] name: running "
                                        "jobs, and pending ones in Slurm's priority order with its reasons"),
     ],
@@ -41,11 +41,18 @@ def main(args: list[str]) -> int:
     if opts.slurm:
         render = _slurm(opts.json)
     elif opts.host:
-        render = _remote(opts)
+        render = _Remote(opts)
     else:
         render = _local(opts.history, opts.json)
     if not opts.watch:
         sys.stdout.write(render(False, False))
+        if isinstance(render, _Remote) and render.unreachable:
+            from slotq.errors import HostUnavailable
+
+            sys.stdout.flush()
+            for line in render.unreachable:
+                sys.stderr.write(f"slotq status: error: {line}\n")
+            return HostUnavailable.exit_code
         return 0
     return watch(render, 2.0 if opts.every is None else opts.every, as_json=opts.json)
 
@@ -108,28 +115,50 @@ def _local(history_n: int, as_json: bool) -> Render:
     return render
 
 
-def _remote(opts: Namespace) -> Render:
-    from slotq.transports.ssh import SshHost
+class _Remote:
+    """The status of each host named by --host: a Render. A host that
+    cannot be reached does not hide the others: in a snapshot it is an
+    error on stderr (`.unreachable`, exit 121 once the rest are shown);
+    under --watch, a line in its place."""
 
-    hosts = [SshHost(h, config=opts.ssh_config, options=opts.ssh_option, remote_slotq=opts.remote_slotq)
-             for h in opts.host.split(",") if h]
+    def __init__(self, opts: Namespace) -> None:
+        from slotq.transports.ssh import SshHost
 
-    def render(watching: bool, tty: bool) -> str:
+        self.hosts = [SshHost(h, config=opts.ssh_config, options=opts.ssh_option, remote_slotq=opts.remote_slotq)
+                      for h in opts.host.split(",") if h]
+        self.as_json = opts.json
+        self.history = opts.history
+        self.unreachable: list[str] = []
+
+    def __call__(self, watching: bool, tty: bool) -> str:
+        from slotq.errors import HostUnavailable
         from slotq.status import format_snapshot
 
-        out = []
-        for remote in hosts:
-            remote.ensure_master()
-            if not watching:
-                out.append(remote.status(as_json=opts.json))
-            elif opts.json:
-                out.append(json.dumps(remote.status_snapshot()) + "\n")
-            else:  # drawn here, like a local one
-                out.append(format_snapshot(remote.status_snapshot(), bars=tty,
-                                           color=tty and not os.environ.get("NO_COLOR")) + "\n")
+        out: list[str] = []
+        snaps: list[dict[str, object]] = []
+        self.unreachable = []
+        for remote in self.hosts:
+            try:
+                remote.ensure_master()
+                if len(self.hosts) > 1 and self.as_json and not watching:
+                    snaps.append(remote.status_snapshot(self.history))
+                elif not watching:
+                    out.append(remote.status(as_json=self.as_json, history=self.history))
+                elif self.as_json:
+                    out.append(json.dumps(remote.status_snapshot(self.history)) + "\n")
+                else:  # drawn here, like a local one
+                    out.append(format_snapshot(remote.status_snapshot(self.history), bars=tty,
+                                               color=tty and not os.environ.get("NO_COLOR")) + "\n")
+            except HostUnavailable as e:
+                if not watching:
+                    self.unreachable.append(str(e))
+                elif self.as_json:
+                    out.append(json.dumps({"host": remote.host, "error": str(e)}) + "\n")
+                else:
+                    out.append(f"{e}\n\n")
+        if len(self.hosts) > 1 and self.as_json and not watching:
+            return json.dumps(snaps, indent=2) + "\n"  # one document: a list, a host's status each
         return "".join(out)
-
-    return render
 
 
 def _slurm(as_json: bool) -> Render:
