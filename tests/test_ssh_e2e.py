@@ -209,17 +209,22 @@ def test_sigkill_of_the_remote_runner_or_supervisor_ends_the_remote_command(
 
 
 @pytest.mark.timeout(60)
-def test_cancel_over_ssh_ends_a_remote_run(remote: Remote, runs: Start) -> None:
+def test_cancel_over_ssh_ends_a_remote_run_also_named_after_a_host_that_is_down(remote: Remote,
+                                                                                runs: Start) -> None:
     r = runs(*remote.args, "--kill-grace", "1", "--", *remote.gate_cmd(), name="remote-run")
     wait_for(remote.holder_running, timeout=20, what="remote run holds the slot")
     run_id = remote.shared()["slots"][0]["run_id"]
     from conftest import reachable  # the test host is this machine
 
     wait_for(lambda: reachable(run_id), what="the remote run to listen for cancel")
-    proc = subprocess.run(slotq_cmd() + ["cancel", *remote.args, run_id], capture_output=True, text=True,
-                          timeout=30)
-    assert proc.returncode == 0, proc.stderr
+    # A host that cannot be reached, first in the list, ended the command
+    # there and then: the run on the next was never cancelled.
+    args = [*remote.args]
+    args[args.index("--host") + 1] = f"slotq-down,{remote.host}"
+    proc = subprocess.run(slotq_cmd() + ["cancel", *args, run_id], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 121, proc.stderr
     assert f"cancelled run {run_id}" in proc.stderr
+    assert "slotq cancel: error: cannot connect to host slotq-down" in proc.stderr
     assert r.wait(timeout=20) == 130
     assert r.result()["outcome"] == "cancelled" and "cancelled by slotq cancel (pid" in r.result()["message"]
     proc = subprocess.run(slotq_cmd() + ["cancel", *remote.args, "nosuchrun1"], capture_output=True, text=True,

@@ -180,13 +180,19 @@ def _remote(opts: Namespace, args: list[str]) -> int:
     import shlex
     import subprocess
 
+    from slotq.errors import HostUnavailable
     from slotq.transports.ssh import SshHost
 
     local = _strip_host_options(args)
     code = 0
     for host in [h for h in opts.host.split(",") if h]:
         remote = SshHost(host, config=opts.ssh_config, options=opts.ssh_option, remote_slotq=opts.remote_slotq)
-        remote.ensure_master()
+        try:
+            remote.ensure_master()
+        except HostUnavailable as e:  # the other hosts' runs are still cancelled
+            _say(f"slotq cancel: error: {e}")
+            code = code or HostUnavailable.exit_code
+            continue
         proc = subprocess.run(remote.command(f"{remote.remote_slotq} cancel {shlex.join(local)}"),
                               stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
         sys.stdout.buffer.write(proc.stdout)
