@@ -492,8 +492,8 @@ def test_status_shows_holder_and_waiting_line_as_json(state_dir: Path, runs: Sta
     gate.touch()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_ctrl_c_or_sigterm_cancels_the_run_and_still_reports(
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["ctrl-c", "sigterm", "sighup"])
+def test_ctrl_c_sigterm_or_sighup_cancels_the_run_and_still_reports(
         state_dir: Path, runs: Start, tmp_path: Path, sig: signal.Signals) -> None:
     pidf = tmp_path / "pgid"
     r = runs("--kill-grace", "1", "--", "sh", "-c", f"echo $$ > {pidf}; sleep 100")
@@ -502,6 +502,38 @@ def test_ctrl_c_or_sigterm_cancels_the_run_and_still_reports(
     assert r.wait() == 130
     assert r.result()["outcome"] == "cancelled"
     assert not group_alive(int(pidf.read_text()))
+
+
+def _ignore_hup_and_int() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as nohup does
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a shell does for its background jobs
+
+
+@pytest.mark.parametrize("cmd", [["run", "-q"], ["task", "-q", "--budget", "1m"]])
+@pytest.mark.timeout(60)
+def test_a_signal_slotq_was_started_with_ignored_stays_ignored(state_dir: Path, tmp_path: Path,
+                                                               cmd: list[str]) -> None:
+    # `nohup slotq run ...` was cancelled when the terminal closed, and a
+    # shell script's background run by the Ctrl-C meant for the script.
+    gate, pidf = tmp_path / "gate", tmp_path / "pid"
+    proc = subprocess.Popen(slotq_cmd() + cmd + ["--", "sh", "-c", f'echo $$ > {pidf}; while [ ! -e "{gate}" ]; do sleep 0.01; done'],
+                            preexec_fn=_ignore_hup_and_int, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, stdin=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: pidf.exists() and pidf.read_text().strip(), what="command running")
+        for line in open(f"/proc/{proc.pid}/status"):
+            if line.startswith("SigIgn:"):
+                ignored = int(line.split()[1], 16)
+        assert ignored & (1 << (signal.SIGHUP - 1)) and ignored & (1 << (signal.SIGINT - 1)), hex(ignored)
+        proc.send_signal(signal.SIGHUP)
+        proc.send_signal(signal.SIGINT)
+        gate.touch()
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 STOP_MY_RUNNER = """

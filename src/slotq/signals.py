@@ -13,17 +13,29 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from signal import (SIG_BLOCK, SIG_DFL, SIG_IGN, SIG_SETMASK, SIG_UNBLOCK, SIGALRM, SIGCHLD, SIGCONT, SIGHUP,
                         SIGINT, SIGKILL, SIGPIPE, SIGQUIT, SIGSTOP, SIGTERM, SIGXFSZ, ITIMER_REAL, pthread_sigmask,
-                        set_wakeup_fd, setitimer, signal)
+                        getsignal, set_wakeup_fd, setitimer, signal)
 else:
     try:
         from _signal import (SIG_BLOCK, SIG_DFL, SIG_IGN, SIG_SETMASK, SIG_UNBLOCK, SIGALRM, SIGCHLD, SIGCONT, SIGHUP,
                              SIGINT, SIGKILL, SIGPIPE, SIGQUIT, SIGSTOP, SIGTERM, SIGXFSZ, ITIMER_REAL, pthread_sigmask,
-                             set_wakeup_fd, setitimer, signal)
+                             getsignal, set_wakeup_fd, setitimer, signal)
     except ImportError:  # not CPython
         from signal import (SIG_BLOCK, SIG_DFL, SIG_IGN, SIG_SETMASK, SIG_UNBLOCK, SIGALRM, SIGCHLD, SIGCONT, SIGHUP,
                             SIGINT, SIGKILL, SIGPIPE, SIGQUIT, SIGSTOP, SIGTERM, SIGXFSZ, ITIMER_REAL, pthread_sigmask,
-                            set_wakeup_fd, setitimer, signal)
+                            getsignal, set_wakeup_fd, setitimer, signal)
 
 __all__ = ["SIG_BLOCK", "SIG_DFL", "SIG_IGN", "SIG_SETMASK", "SIG_UNBLOCK", "SIGALRM", "SIGCHLD", "SIGCONT",
            "SIGHUP", "SIGINT", "SIGKILL", "SIGPIPE", "SIGQUIT", "SIGSTOP", "SIGTERM", "SIGXFSZ", "ITIMER_REAL",
-           "pthread_sigmask", "set_wakeup_fd", "setitimer", "signal"]
+           "pthread_sigmask", "set_wakeup_fd", "setitimer", "signal", "getsignal", "catch_stops"]
+
+
+def catch_stops(handler: object) -> dict[int, object]:
+    """`handler` for Ctrl-C (SIGINT), SIGTERM and SIGHUP (the terminal
+    closed), but not for a signal we were started with ignored: `nohup`
+    ignores SIGHUP and a shell's background jobs ignore SIGINT, and both
+    mean "do not stop this". The handlers replaced, to put back."""
+    old: dict[int, object] = {}
+    for sig in (SIGINT, SIGTERM, SIGHUP):
+        if getsignal(sig) != SIG_IGN:
+            old[sig] = signal(sig, handler)  # type: ignore[arg-type]
+    return old

@@ -21,7 +21,9 @@ outcomes and exit codes:
   backstop        slot held, host silent past budget + 90s   122
   unavailable     host unreachable / no resource / state     121
   prepare_failed  the --prepare step failed                  120
-  cancelled       Ctrl-C / SIGTERM / slotq cancel            130
+  cancelled       Ctrl-C / SIGTERM / SIGHUP / slotq cancel   130
+                  (a signal slotq was started with ignored, as
+                  nohup's SIGHUP, stays ignored)
   caller_gone     the caller vanished (seen in host history) 129
   not_admitted    an admission policy turned it away         117
                   (--max-wait, the host's [admission] limits, or a run

@@ -322,12 +322,12 @@ def run(
         except OSError:
             pass
 
-    old_handlers = {}
+    old_handlers: dict[int, object] = {}
     if handle_sigint:
-        # Ctrl-C and a polite SIGTERM (a CI job being stopped) cancel the run
-        # and still deliver its result; the runner ends the command.
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            old_handlers[sig] = signal.signal(sig, lambda s, f: cancel(Outcome.CANCELLED))
+        # Ctrl-C, a polite SIGTERM (a CI job being stopped) and SIGHUP (the
+        # terminal closed) cancel the run and still deliver its result; the
+        # runner ends the command.
+        old_handlers = signal.catch_stops(lambda s, f: cancel(Outcome.CANCELLED))
     sinks = {protocol.STDOUT: stdout_fd, protocol.STDERR: stderr_fd}
     beat_at = INF  # when a quiet run refreshes its open queue wait
     try:
@@ -401,7 +401,7 @@ def run(
                     exited = _on_event(ev, result, dogs, say, spec, live) or exited
     finally:
         for sig, handler in old_handlers.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, handler)  # type: ignore[arg-type]
         try:
             os.close(to_fd)
         except OSError:

@@ -69,8 +69,7 @@ def run_task(argv: list[str], deadline: Deadline, *, grace: float = 10.0,
 
     if handle_signals:
         old_wakeup = signal.set_wakeup_fd(sig_w)
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            old[sig] = signal.signal(sig, on_signal)
+        old = signal.catch_stops(on_signal)
     try:
         child = spawn(argv, cwd=None, env=None, stdout_fd=os.dup(1), stderr_fd=os.dup(2), stdin_fd=os.dup(0),
                       grace=grace)
