@@ -413,6 +413,33 @@ def test_status_of_several_hosts_is_one_json_list_and_a_host_that_is_down_hides_
         Remote(ssh_config, "slotq-b").ssh('rm -rf "$SLOTQ_STATE_DIR"')
 
 
+@pytest.mark.timeout(60)
+def test_a_host_whose_status_hangs_or_floods_is_unavailable_in_bounded_time_and_memory(
+        remote: Remote, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A hung host was a traceback (subprocess.TimeoutExpired) after 60 s;
+    # a status of any size was read whole into memory.
+    from slotq.errors import HostUnavailable
+    from slotq.transports import ssh
+
+    monkeypatch.setattr(ssh, "STATUS_TIMEOUT", 1.0)
+    monkeypatch.setattr(ssh, "STATUS_LIMIT", 1 << 20)
+    pidf = f"/tmp/slotq-hang-{remote.tag}"
+    host = ssh.SshHost(remote.host, config=remote.cfg, remote_slotq=f"echo $$ > {pidf}; exec sleep 30; :")
+    host.ensure_master()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(HostUnavailable, match="no status within 1s"):
+            host.status()
+        assert time.monotonic() - t0 < 10
+    finally:
+        remote.ssh(f"kill $(cat {pidf}); rm -f {pidf}")  # the host's sleep outlives our ssh
+    host.remote_slotq = "head -c 5000000 /dev/zero; true"
+    with pytest.raises(HostUnavailable, match="its status is larger than 1 MiB"):
+        host.status()
+    host.remote_slotq = remote.remote_slotq
+    assert '"pools"' in host.status()
+
+
 def test_status_over_ssh_shows_the_remote_queue(remote: Remote) -> None:
     proc = subprocess.run(slotq_cmd() + ["status", *remote.args], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0 and "pool shared" in proc.stdout and "/st-" in proc.stdout

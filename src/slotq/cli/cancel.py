@@ -178,9 +178,9 @@ def _matching(label: str | None, mine: bool) -> list[str]:
 def _remote(opts: Namespace, args: list[str]) -> int:
     """The same on each host named: `slotq cancel` run there over ssh."""
     import shlex
-    import subprocess
 
     from slotq.errors import HostUnavailable
+    from slotq.transports.proc import run
     from slotq.transports.ssh import SshHost
 
     local = _strip_host_options(args)
@@ -193,16 +193,20 @@ def _remote(opts: Namespace, args: list[str]) -> int:
             _say(f"slotq cancel: error: {e}")
             code = code or HostUnavailable.exit_code
             continue
-        proc = subprocess.run(remote.command(f"{remote.remote_slotq} cancel {shlex.join(local)}"),
-                              stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
-        sys.stdout.buffer.write(proc.stdout)
-        for line in proc.stderr.decode(errors="replace").splitlines():
+        try:
+            rc, out, err = run(remote.command(f"{remote.remote_slotq} cancel {shlex.join(local)}"), timeout=60)
+        except TimeoutError:
+            _say(f"slotq cancel: error: host {host} did not answer within 60s")
+            code = code or HostUnavailable.exit_code
+            continue
+        sys.stdout.buffer.write(out)
+        for line in err.decode(errors="replace").splitlines():
             _say(line.replace("slotq cancel:", f"slotq cancel ({host}):", 1))
-        if proc.returncode == 255:
+        if rc == 255:
             _say(f"slotq cancel: error: cannot reach host {host}")
-            code = code or 121
-        elif proc.returncode:
-            code = code or proc.returncode
+            code = code or HostUnavailable.exit_code
+        elif rc:
+            code = code or rc
     return code
 
 

@@ -78,7 +78,7 @@ def run(argv: list[str], timeout: float, limit: int = 1 << 20) -> tuple[int, byt
         os.close(out_w)
         os.close(err_w)
     streams = {out_r: "out", err_r: "err"}
-    data = {"out": b"", "err": b""}
+    data = {"out": bytearray(), "err": bytearray()}
     end = time.monotonic() + timeout
     try:
         while streams:
@@ -90,12 +90,14 @@ def run(argv: list[str], timeout: float, limit: int = 1 << 20) -> tuple[int, byt
             for fd in select.select(list(streams), [], [], left)[0]:
                 chunk = os.read(fd, 65536)
                 if chunk:
-                    name = streams[fd]
-                    data[name] = (data[name] + chunk)[-limit:]
+                    buf = data[streams[fd]]
+                    buf += chunk
+                    if len(buf) >= 2 * limit:  # trimmed now and then: linear, not a copy per chunk
+                        del buf[:-limit]
                 else:
                     os.close(fd)
                     del streams[fd]
     finally:
         for fd in streams:
             os.close(fd)
-    return proc.wait(max(0.1, end - time.monotonic())), data["out"], data["err"]
+    return proc.wait(max(0.1, end - time.monotonic())), bytes(data["out"][-limit:]), bytes(data["err"][-limit:])

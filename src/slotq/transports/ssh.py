@@ -66,6 +66,10 @@ def check_host(host: str) -> str:
     return host
 
 
+STATUS_TIMEOUT = 60.0  # seconds a host's `slotq status` may take
+STATUS_LIMIT = 16 << 20  # bytes of it
+
+
 class SshHost:
     """How to reach one host: ssh arguments, master connection, handshake."""
 
@@ -217,19 +221,24 @@ class SshHost:
 
     def status(self, as_json: bool = True, history: int | None = None) -> str:
         """The host's `slotq status` output (with `--history N` if given).
-        Raises HostUnavailable."""
-        import subprocess  # status: not a run's path
-
+        Raises HostUnavailable, also for a host that does not answer within
+        STATUS_TIMEOUT or answers more than STATUS_LIMIT bytes."""
         args = (" --json" if as_json else "") + ("" if history is None else f" --history {int(history)}")
-        proc = subprocess.run(self.command(f"{self.remote_slotq} status{args}"),
-                              stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
-        if proc.returncode != 0:
-            err = _last(proc.stderr.decode(errors="replace"))
-            if proc.returncode in (126, 127):
+        try:
+            rc, out, err_bytes = run(self.command(f"{self.remote_slotq} status{args}"), timeout=STATUS_TIMEOUT,
+                                     limit=STATUS_LIMIT + 1)
+        except TimeoutError:
+            raise HostUnavailable(f"host {self.host}: no status within {STATUS_TIMEOUT:g}s", host=self.host) from None
+        if rc != 0:
+            err = _last(err_bytes.decode(errors="replace"))
+            if rc in (126, 127):
                 err = f"slotq is not installed on host {self.host} (`{self.remote_slotq}` not found there)"
-            raise HostUnavailable(f"host {self.host}: status failed (exit {proc.returncode}): {err}",
+            raise HostUnavailable(f"host {self.host}: status failed (exit {rc}): {err}", host=self.host)
+        if len(out) > STATUS_LIMIT:
+            raise HostUnavailable(f"host {self.host}: its status is larger than {STATUS_LIMIT >> 20} MiB"
+                                  + (" (ask for fewer runs: --history N)" if history and history > 10 else ""),
                                   host=self.host)
-        return proc.stdout.decode(errors="replace")
+        return out.decode(errors="replace")
 
     def status_snapshot(self, history: int | None = None) -> dict[str, object]:
         self.ensure_master()
