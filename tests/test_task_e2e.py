@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Callable
 
 import pytest
 
-from conftest import Run, slotq_cmd, wait_for
+from conftest import Run, first_waited, slotq_cmd, wait_for
 from slotq.host.slot import read_slot
 
 Start = Callable[..., Run]
@@ -28,11 +29,19 @@ def hold_shared_slot(runs: Start, state_dir: Path, gate: Path) -> Run:
     return h
 
 
-def waited(state_dir: Path) -> list[float]:
-    """How long each run in the shared line has waited so far."""
-    from slotq.status import waiting
+def wait_in_line(state_dir: Path, task: subprocess.Popen[str], seconds: float) -> None:
+    """Until the first run in line has waited `seconds`; the task must
+    outlive it (one look at the line per check: a line read twice may have
+    changed between the reads)."""
+    def done() -> bool:
+        if task.poll() is not None:
+            return True
+        return first_waited(state_dir) > seconds
 
-    return [float(w.get("waited_s") or 0) for w in waiting(str(state_dir), "shared", time.time())]  # type: ignore[arg-type]
+    wait_for(done, timeout=20, what=f"{seconds} s of waiting")
+    if task.poll() is not None:
+        _, err = task.communicate()
+        pytest.fail(f"the task ended (exit {task.returncode}) while its run waited in line: {err}")
 
 
 def start_task(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], Path]:
@@ -62,8 +71,7 @@ def test_task_outlives_its_budget_while_its_inner_run_waits_and_passes(
     proc, out = start_task(tmp_path, "--budget", "3s", "--recheck", "1s", "--credit-dir", str(tmp_path), "--",
                            *slotq_cmd(), "run", "--budget", "1", "--", "true")
     # Past the task's own budget, its inner run still waiting in line:
-    wait_for(lambda: waited(state_dir) and waited(state_dir)[0] > 4.0, timeout=20, what="4 s of waiting")
-    assert proc.poll() is None, "the task must outlive its budget while the wait is in progress"
+    wait_in_line(state_dir, proc, 4.0)  # the task must outlive its budget while the wait is in progress
     assert holder.proc.poll() is None
     gate.touch()
     code, err, res = finish(proc, out)
@@ -80,7 +88,7 @@ def test_task_is_extended_by_the_wait_once_it_ends(state_dir: Path, runs: Start,
     # ended credits the wait, and the budget (3 s + the wait) covers the work.
     proc, out = start_task(tmp_path, "--budget", "3s", "--recheck", "0.5s", "--credit-dir", str(tmp_path), "--",
                            *slotq_cmd(), "run", "--budget", "5", "--", "sleep", "2")
-    wait_for(lambda: waited(state_dir) and waited(state_dir)[0] > 4.5, timeout=20, what="4.5 s of waiting")
+    wait_in_line(state_dir, proc, 4.5)
     gate.touch()
     code, err, res = finish(proc, out)
     assert code == 0, err
@@ -109,7 +117,7 @@ def test_a_wait_in_a_dir_whose_name_is_not_utf8_is_credited_and_listed(
                                            "--budget", "5", "--", "sleep", "2"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=odd,
                             stdin=subprocess.DEVNULL)
-    wait_for(lambda: waited(state_dir) and waited(state_dir)[0] > 4.5, timeout=20, what="4.5 s of waiting")
+    wait_in_line(state_dir, proc, 4.5)
     gate.touch()
     code, err, res = finish(proc, out)
     assert code == 0 and res["outcome"] == "passed", err
@@ -178,7 +186,7 @@ def test_waits_shows_what_a_dir_waited(state_dir: Path, runs: Start, tmp_path: P
     gate = tmp_path / "gate"
     hold_shared_slot(runs, state_dir, gate)
     q = runs("--", "true", name="queued")
-    wait_for(lambda: waited(state_dir) and waited(state_dir)[0] > 1.2, what="1.2 s of waiting")
+    wait_for(lambda: first_waited(state_dir) > 1.2, what="1.2 s of waiting")
     gate.touch()
     assert q.wait() == 0
     proc = subprocess.run(slotq_cmd() + ["waits", "--json", "--dir", str(tmp_path), "--since", "5m"],
@@ -193,6 +201,33 @@ def test_waits_shows_what_a_dir_waited(state_dir: Path, runs: Start, tmp_path: P
 
 
 @pytest.mark.timeout(30)
+def test_the_recorded_wait_ends_when_the_slot_was_acquired_not_when_the_caller_heard(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    # It ended when the caller read the host's `slot` event: a caller slow
+    # to read it (a busy machine; here, a stopped one) was credited the
+    # command's first seconds as waiting.
+    gate, done = tmp_path / "gate", tmp_path / "done"
+    hold_shared_slot(runs, state_dir, gate)
+    q = runs("--", "sh", "-c", f"sleep 1; touch {done}", name="queued")
+    wait_for(lambda: first_waited(state_dir) > 0.3, what="a wait")
+    q.proc.send_signal(signal.SIGSTOP)
+    try:
+        gate.touch()
+        wait_for(done.exists, what="the command's second, its caller stopped")
+    finally:
+        q.proc.send_signal(signal.SIGCONT)
+    assert q.wait() == 0
+    proc = subprocess.run(slotq_cmd() + ["waits", "--json", "--dir", str(tmp_path), "--since", "5m"],
+                          capture_output=True, text=True, timeout=20)
+    res = q.result()
+    waits = [w for w in json.loads(proc.stdout)["waits"] if w["run_id"] == res["run_id"]]
+    assert len(waits) == 1
+    host_wait = res["phases"]["slot"] - res["phases"]["submitted"]  # the host's own clock, this machine's
+    assert waits[0]["seconds"] == pytest.approx(host_wait, abs=0.2), (waits, host_wait)
+    assert res["waited_s"] == pytest.approx(host_wait, abs=0.2), (res["waited_s"], host_wait)  # and the result
+
+
+@pytest.mark.timeout(30)
 def test_an_unwritable_ledger_costs_one_warning_and_the_run_passes(
         state_dir: Path, runs: Start, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     blocker = tmp_path / "file"
@@ -204,7 +239,7 @@ def test_an_unwritable_ledger_costs_one_warning_and_the_run_passes(
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
     assert proc.stderr is not None
     first = proc.stderr.readline()  # the one warning, at the first ledger write
-    wait_for(lambda: waited(state_dir) and waited(state_dir)[0] > 0.7, what="several status reports")
+    wait_for(lambda: first_waited(state_dir) > 0.7, what="several status reports")
     assert holder.proc.poll() is None
     gate.touch()
     out, rest = proc.communicate(timeout=20)

@@ -394,10 +394,12 @@ def run(
                         if spec.quiet and recorder.opened:
                             beat_at = clock.monotonic() + heartbeat_every
                     elif ev.get("event") == protocol.SLOT:
+                        now = clock.wall()
+                        end = _wait_end(ev, queue_wall, now, transport.remote)
                         if made:
-                            made[0].close(clock.wall())
+                            made[0].close(end)
                         beat_at = INF
-                        result.queue_s = clock.monotonic() - queue_start
+                        result.queue_s = max(0.0, clock.monotonic() - queue_start - (now - end))
                     exited = _on_event(ev, result, dogs, say, spec, live) or exited
     finally:
         for sig, handler in old_handlers.items():
@@ -460,6 +462,18 @@ def collect_from_now_on() -> None:
 
 def _silent(line: str) -> None:
     """Where status lines go with -q."""
+
+
+def _wait_end(ev: dict[str, object], start: float, now: float, remote: bool) -> float:
+    """When a queue wait ended (the ledger's record, and `waited_s`): the
+    host's own time of the slot, where the host's clock is ours (this
+    machine), else now. Now alone would count the time this caller took to
+    read the event (a busy machine, a stopped caller) as waiting, and
+    credit it to an outer task."""
+    at = ev.get("at")
+    if remote or not isinstance(at, (int, float)) or isinstance(at, bool) or not start <= at <= now:
+        return now
+    return float(at)
 
 
 def _on_event(ev: dict[str, object], result: RunResult, dogs: Watchdogs,
