@@ -81,6 +81,13 @@ def test_help_explains_commands_and_exit_codes() -> None:
         assert needle in run.stdout
     bad = subprocess.run(slotq_cmd() + ["frobnicate"], capture_output=True, text=True, timeout=10)
     assert bad.returncode == 2 and "unknown command 'frobnicate'" in bad.stderr
+    # A typo names what was meant.
+    for typo, meant in ((["stauts"], "unknown command 'stauts' (did you mean status?)"),
+                        (["hist"], "unknown command 'hist' (did you mean history?)"),
+                        (["run", "--budgte", "5m", "--", "true"], "unknown option --budgte (did you mean --budget?)"),
+                        (["history", "--sinse", "1h"], "unknown option --sinse (did you mean --since?)")):
+        bad = subprocess.run(slotq_cmd() + typo, capture_output=True, text=True, timeout=10)
+        assert bad.returncode == 2 and meant in bad.stderr and len(bad.stderr.splitlines()) == 1, bad.stderr
 
 
 @pytest.mark.parametrize("args,needle", [

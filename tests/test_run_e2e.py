@@ -360,6 +360,20 @@ def test_bad_arguments_get_one_line_and_exit_2(state_dir: Path, args: list[str],
     _one_line_error(proc, needle)
 
 
+@pytest.mark.timeout(30)
+def test_a_host_without_the_default_class_says_to_name_one(state_dir: Path) -> None:
+    # "unknown class 'shared'" to a user who had named no class at all.
+    state_dir.mkdir(parents=True, exist_ok=True)
+    (state_dir / "host.toml").write_text("[pools]\nci = 1\n")
+    proc = subprocess.run(slotq_cmd() + ["run", "--", "true"], capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 2
+    assert proc.stderr == ("slotq run: error: this host has no class 'shared', the default: name one of its "
+                           "classes with --class (ci)\n")
+    proc = subprocess.run(slotq_cmd() + ["run", "--class=ci", "--", "echo", "ran"], capture_output=True, text=True,
+                          timeout=20)
+    assert proc.returncode == 0 and proc.stdout == "ran\n", proc.stderr
+
+
 def test_a_command_that_does_not_exist_fails_127_with_a_clear_message(state_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     proc = subprocess.run(slotq_cmd() + ["run", "--json", str(out), "--", "no-such-cmd-xyz"],

@@ -49,7 +49,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     module = COMMANDS.get(args[0])
     if module is None:
-        sys.stderr.write(f"slotq: error: unknown command {args[0]!r} (try: {', '.join(COMMANDS)})\n")
+        from slotq.cli.args import cut, did_you_mean
+
+        hint = did_you_mean(args[0], COMMANDS) or f" (try: {', '.join(COMMANDS)})"
+        sys.stderr.write(f"slotq: error: unknown command {cut(args[0])!r}{hint}\n")
         return 2
     if args[0] != "run":
         import gc

@@ -18,7 +18,7 @@ from slotq.spec import MAX_TEXT, REPORT_EVERY
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
     from typing import Any
 
     from slotq.transports.ssh import SshTransport
@@ -54,6 +54,9 @@ class Namespace:
 
     def __getattr__(self, name: str) -> Any:  # for mypy: attributes are dynamic
         raise AttributeError(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self.__dict__[name] = value
 
 
 class Parser:
@@ -91,7 +94,7 @@ class Parser:
             name, eq, inline = arg.partition("=")
             opt = self._by_name.get(name)
             if opt is None:
-                raise self.error(f"unknown option {name}")
+                raise self.error(f"unknown option {cut(name)}{did_you_mean(name, self._by_name)}")
             seen.add(opt.dest)
             if opt.kind == FLAG:
                 if eq:
@@ -189,6 +192,27 @@ def _a_command(text: str) -> str:
     return text
 
 
+def cut(text: str, limit: int = 40) -> str:
+    """`text` for a one-line message: printable, at most `limit` characters."""
+    from slotq.records import printable
+
+    return printable(text, limit)
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """` (did you mean X?)` for the known name closest to a mistyped one,
+    or ''. Only on the way to an error: difflib is not loaded otherwise."""
+    if len(name) > 64:
+        return ""
+    known = list(known)
+    near = [k for k in known if k.startswith(name) and len(name) > 2]  # `hist`: history
+    if len(near) != 1:
+        from difflib import get_close_matches
+
+        near = get_close_matches(name, known, n=1, cutoff=0.75)
+    return f" (did you mean {near[0]}?)" if near else ""
+
+
 def current_dir() -> str:
     """os.getcwd(); a usage error if the directory was deleted under us
     (`.` still stats, but names nothing anyone could find again)."""
@@ -259,7 +283,7 @@ def positive_int(text: str) -> int:
 
 
 RUN_OPTIONS = [
-    Opt("--class", dest="cls", metavar="CLASS", default="shared",
+    Opt("--class", dest="cls", metavar="CLASS",  # None: not given, `shared`
         help="run class; the host maps it to a pool (default: shared; landing has its own slot)"),
     Opt("--budget", metavar="D", convert=duration(),
         help="how long the command may run once it has started (default: the host's, 60m); "

@@ -123,7 +123,7 @@ def main(args: list[str]) -> int:
     else:
         if not command:
             raise PARSER.error("no command given (or --request-stdin)")
-        spec = RunSpec(command, cls=opts.cls, budget=opts.budget, prepare=opts.prepare,
+        spec = RunSpec(command, cls=opts.cls or "shared", budget=opts.budget, prepare=opts.prepare,
                        prepare_timeout=opts.prepare_timeout, label=opts.label, report_every=opts.report_every,
                        kill_grace=opts.kill_grace, cwd=opts.cwd or current_dir(), run_id=opts.run_id,
                        max_wait=opts.max_wait)

@@ -65,6 +65,8 @@ PARSER = Parser(
 
 def main(args: list[str]) -> int:
     opts, command = PARSER.parse(args)
+    class_given = opts.cls is not None
+    opts.cls = opts.cls or "shared"
     if opts.credit_dir is not None:
         check_dir("--credit-dir", opts.credit_dir)  # as `slotq task` and `slotq waits` check it
     from slotq.config import ledger_env_path
@@ -98,6 +100,9 @@ def main(args: list[str]) -> int:
         local = LocalTransport()
         if opts.cls not in local.config.classes:
             known = ", ".join(sorted(local.config.classes))
+            if not class_given:
+                raise UsageError(f"this host has no class {opts.cls!r}, the default: name one of its classes with "
+                                 f"--class ({known})")
             raise UsageError(f"unknown class {opts.cls!r} (this host knows: {known})")
         transport = local
     cwd = current_dir()
