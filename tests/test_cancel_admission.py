@@ -117,6 +117,23 @@ def test_cancel_of_another_users_run_is_refused(shared_state: Path, runs: Start,
 
 
 @pytest.mark.timeout(30)
+def test_max_wait_0_runs_on_a_free_slot_and_is_not_admitted_at_once_on_a_busy_one(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    # flock -n's "try": `--max-wait 0` was refused (must be more than zero).
+    assert runs("--max-wait", "0", "--", "true", name="free").wait() == 0
+    gate = tmp_path / "gate"
+    start_holder(runs, state_dir, gate)
+    t0 = time.monotonic()
+    r = runs("--max-wait", "0", "--", "touch", str(tmp_path / "ran"), name="busy")
+    assert r.wait() == 117
+    assert time.monotonic() - t0 < 5  # at once: nothing waits for the holder
+    res = r.result()
+    assert res["outcome"] == "not_admitted" and not (tmp_path / "ran").exists()
+    assert res["message"] == "not admitted: every slot of pool shared is busy, and --max-wait 0 means no waiting"
+    gate.touch()
+
+
+@pytest.mark.timeout(30)
 def test_max_wait_ends_not_admitted_and_records_the_wait(state_dir: Path, runs: Start, tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     start_holder(runs, state_dir, gate)

@@ -216,6 +216,26 @@ def test_ctrl_c_is_cancelled_and_leaves_no_job(slurm_env: Path, when: str) -> No
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("limit", ["0", "2s"])
+def test_max_wait_bounds_the_wait_in_slurms_line_and_leaves_no_job(slurm_env: Path, limit: str) -> None:
+    # --max-wait counted only on the node, after Slurm's own line: a job
+    # pending for an hour waited the hour.
+    tmp = slurm_env
+    free = start(tmp, "free", "--max-wait", limit, "--", "true")
+    assert free.wait(timeout=30) == 0, err(tmp, "free")
+    placeholder(tmp, 30)
+    marker = tmp / "ran"
+    caller = start(tmp, "impatient", "--max-wait", limit, "--", "touch", str(marker))
+    assert caller.wait(timeout=30) == 117, err(tmp, "impatient")
+    res = result(tmp, "impatient")
+    assert res["outcome"] == "not_admitted" and not marker.exists(), res
+    assert "--max-wait" in res["message"] and f"Slurm job {res['slurm']['job_id']}" in res["message"], res
+    if limit == "2s":
+        assert res["waited_s"] >= 2 and "pending 2." in res["message"], res
+    wait_for(lambda: jobs_named(f"slotq-{res['run_id']}") == "", timeout=10, what="the job gone")
+
+
+@pytest.mark.timeout(60)
 def test_an_admins_scancel_is_cancelled_naming_scancel(slurm_env: Path) -> None:
     tmp = slurm_env
     placeholder(tmp, 30)

@@ -109,11 +109,12 @@ class RunSpec:
         if not isinstance(argv, list) or not argv or len(argv) > 100_000 or argv[0] == "" \
                 or not all(isinstance(a, str) and "\0" not in a for a in argv):
             raise ValueError("argv must be a non-empty list of strings without NUL bytes")
-        for key in ("budget", "prepare_timeout", "max_wait", "report_every"):
+        for key in ("budget", "prepare_timeout", "report_every"):
             if data.get(key) is not None:
                 data[key] = check_seconds(data[key], key)
-        if data.get("kill_grace") is not None:
-            data["kill_grace"] = check_seconds(data["kill_grace"], "kill_grace", allow_zero=True)
+        for key in ("kill_grace", "max_wait"):  # 0: no grace; no waiting
+            if data.get(key) is not None:
+                data[key] = check_seconds(data[key], key, allow_zero=True)
         if data.get("report_every") is not None and data["report_every"] < 0.01:
             raise ValueError("report_every must be at least 0.01 seconds")
         if "report_every" in data and data["report_every"] is None:

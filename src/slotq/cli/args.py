@@ -297,9 +297,9 @@ RUN_OPTIONS = [
         help="how this run is shown to others (default: user: command)"),
     Opt("--report-every", metavar="D", convert=duration(minimum=0.01), default=REPORT_EVERY,
         help=f"queue status interval while waiting (default: {REPORT_EVERY:g}s)"),
-    Opt("--max-wait", metavar="D", convert=duration(),
-        help="give up after D in line: outcome not_admitted (exit 117), never a timeout (default: wait "
-             "as long as it takes)"),
+    Opt("--max-wait", metavar="D", convert=duration(allow_zero=True),
+        help="give up after D in line: outcome not_admitted (exit 117), never a timeout; 0: never wait, a "
+             "free slot or not_admitted at once, as flock -n (default: wait as long as it takes)"),
 ]
 
 

@@ -286,8 +286,11 @@ class HostRunner:
 
     def _not_admitted(self, waiter: Waiter, pool: str, waited: float) -> str:
         ahead, _ = waiter.position()
+        if not self.spec.max_wait:
+            return (f"not admitted: every slot of pool {pool} is busy" + (f" ({ahead} waiting ahead)" if ahead else "")
+                    + ", and --max-wait 0 means no waiting")
         return (f"not admitted: waited {format_duration(waited)} in line for pool {pool} ({ahead} still ahead), "
-                f"the limit set by --max-wait {format_duration(self.spec.max_wait or 0)}")
+                f"the limit set by --max-wait {format_duration(self.spec.max_wait)}")
 
     def _heal(self, pool: str, count: int, table: dict[tuple[int, int], list[int]] | None = None) -> list[str]:
         """At the head of the line: end the orphaned commands that hold our

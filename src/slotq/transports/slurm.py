@@ -37,6 +37,7 @@ from .. import __version__, protocol
 from .. import signals as signal
 from ..clock import INF
 from ..config import HostConfig
+from ..durations import format_duration
 from ..errors import HostUnavailable, ProtocolError, UsageError
 from ..records import load_scanner, to_json
 from ..spec import RunSpec
@@ -242,7 +243,9 @@ class _Relay:
         self.ended = False  # an exited/error event went to the client
         self.cancel_reason: str | None = None  # the client cancelled before the node's runner started
         self.pending_since: float | None = None
+        self.give_up = INF  # --max-wait: when a pending job is cancelled, not_admitted
         self.revoked_line = ""
+        self.waited_pending = 0.0
 
     def send(self, data: bytes) -> None:
         view = memoryview(data)
@@ -277,7 +280,8 @@ class _Relay:
         ctl_closed = False
         while out in reads or err in reads:
             writes = [sin] if to_srun and sin >= 0 else []
-            timeout = None if next_report == INF else max(0.0, next_report - time.monotonic())
+            wake = min(next_report, self.give_up)
+            timeout = None if wake == INF else max(0.0, wake - time.monotonic())
             ready, can_write, _ = select.select(reads, writes, [], timeout)
             if can_write:
                 try:
@@ -292,6 +296,13 @@ class _Relay:
             if self.pending_since is not None and not self.node_live and time.monotonic() >= next_report:
                 self.report()
                 next_report = time.monotonic() + self.spec.report_every
+            if self.pending_since is not None and not self.node_live and self.cancel_reason is None \
+                    and time.monotonic() >= self.give_up:
+                # --max-wait in Slurm's line: the pending job is the place.
+                self.waited_pending = time.monotonic() - self.pending_since
+                self.cancel_reason = "not_admitted"
+                self.give_up = INF
+                self.t._scancel()
             for fd in ready:
                 data = os.read(fd, 65536)
                 if fd == out:
@@ -396,9 +407,12 @@ class _Relay:
                 self.t.job_id = words[2]
                 if "queued and waiting" in line:
                     self.pending_since = time.monotonic()
+                    if self.spec.max_wait is not None:
+                        self.give_up = self.pending_since + self.spec.max_wait
                     return True
                 if "allocated resources" in line:
                     self.pending_since = None
+                    self.give_up = INF
         elif "has been revoked" in line or "CANCELLED AT" in line:
             self.revoked_line = line
         return False
@@ -445,7 +459,14 @@ class _Relay:
         facts = ", ".join(f"{k}={info[k]}" for k in ("JobState", "Reason", "NodeList") if info.get(k))
         facts = f"Slurm job {job}" + (f" ({facts})" if facts else " (Slurm no longer knows it)")
         when = "while it ran" if self.node_live else "while pending"
-        if self.cancel_reason is not None:
+        if self.cancel_reason == "not_admitted" and not self.node_live:
+            limit = self.spec.max_wait or 0.0
+            outcome, message = "not_admitted", (
+                f"not admitted: pending {format_duration(self.waited_pending)} in Slurm's line, the limit set "
+                f"by --max-wait {format_duration(limit)}; slotq cancelled {facts}" if limit else
+                f"not admitted: Slurm had no free resources for it, and --max-wait 0 means no waiting; "
+                f"slotq cancelled {facts}")
+        elif self.cancel_reason is not None:
             outcome, message = self.cancel_reason, f"cancelled {when}; slotq cancelled {facts}"
         elif state == "CANCELLED" or acct.startswith("CANCELLED"):
             who = acct.split(" by ", 1)[1] if " by " in acct else ""
