@@ -88,7 +88,7 @@ def run(reps: int = 15, large: bool = True) -> dict[str, object]:
             if large:
                 out.update(_large(work, slotq, rsync, env, tag, max(3, reps // 3)))
         finally:
-            subprocess.run(["ssh", "-F", cfg, HOST, f"rm -rf $HOME/st-bench-{tag} $HOME/bench-raw-{tag}"],
+            subprocess.run(["ssh", "-F", cfg, HOST, f"rm -rf $HOME/st-bench-{tag} $HOME/bench-raw-{tag} $HOME/bench-raw-{tag}-*"],
                            capture_output=True)
             for sock in (runtime / "slotq-ssh").glob("*"):
                 if sock.suffix == "" and sock.is_socket():
