@@ -170,6 +170,8 @@ def test_out_of_range_options_are_one_line_and_exit_2(state_dir: Path, opt: str)
     (["run", "--credit-dir", "", "--", "true"], "--credit-dir needs a directory, not an empty name"),
     (["waits", "--dir", ""], "--dir needs a directory, not an empty name"),
     (["cancel", ""], "'' is not a run id"),  # was "the command name is empty"
+    # `--prepare "$P"` with P unset: the command ran unprepared
+    (["run", "--prepare", " ", "--", "true"], "option --prepare: an empty command"),
 ])
 def test_an_empty_value_is_refused_in_one_line_not_taken_as_unset(state_dir: Path, args: list[str],
                                                                   needle: str) -> None:

@@ -162,12 +162,16 @@ def duration(what: str = "", allow_zero: bool = False, minimum: float = 0.0) -> 
     return parse
 
 
-def bounded_text(limit: int) -> Callable[[str], str]:
+def bounded_text(limit: int, blank: str | None = None) -> Callable[[str], str]:
     """Text of at most `limit` characters: what a host accepts in a run
-    request (spec.MAX_TEXT), so a run is refused here, whatever the host."""
+    request (spec.MAX_TEXT), so a run is refused here, whatever the host.
+    `blank`: what it names, if blank text is refused (`--prepare "$P"`
+    with P unset must not run the command unprepared)."""
     def check(text: str) -> str:
         if len(text) > limit:
             raise ValueError(f"{len(text)} characters, more than the limit of {limit}")
+        if blank is not None and not text.strip():
+            raise ValueError(f"an empty {blank}")
         return text
 
     return check
@@ -288,7 +292,7 @@ RUN_OPTIONS = [
     Opt("--budget", metavar="D", convert=duration(),
         help="how long the command may run once it has started (default: the host's, 60m); "
              "time spent waiting in line never counts"),
-    Opt("--prepare", metavar="CMD", convert=bounded_text(MAX_TEXT["prepare"]),
+    Opt("--prepare", metavar="CMD", convert=bounded_text(MAX_TEXT["prepare"], blank="command"),
         help="shell command run after the slot is acquired, before the command (its own limit)"),
     Opt("--prepare-timeout", metavar="D", convert=duration(), help="limit for --prepare (default: the host's, 10m)"),
     Opt("--kill-grace", metavar="D", convert=duration(allow_zero=True),
