@@ -1,0 +1,158 @@
+"""What `slotq run` refuses before a run starts (and `task` and `waits`
+where they read the same): bad arguments, an unknown or missing class, an
+unusable state dir, a bad host config, relative paths that would split
+the queue or the ledger. One line on stderr each, and a distinct exit
+code; nothing runs."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import Start, live_tickets, slotq_cmd, start_holder, wait_for
+
+
+def _one_line_error(proc: subprocess.CompletedProcess[str], needle: str) -> None:
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert needle in lines[0]
+
+
+@pytest.mark.parametrize("args,code,needle", [
+    (["--class", "nope", "--", "true"], 2, "unknown class 'nope'"),
+    (["--budget", "soon", "--", "true"], 2, "cannot read 'soon'"),
+    (["--budget", "-5", "--", "true"], 2, "negative duration"),
+    (["--idle", "1x", "--", "true"], 2, "unknown unit"),
+    ([], 2, "no command given"),
+    (["--"], 2, "no command given"),
+    # ssh would read it as an option; it was exit 121, as if a host were down
+    (["--host", "-oProxyCommand=touch pwned", "--", "true"], 2, "--host: not a host name: '-oProxyCommand"),
+    (["--host", "127.0.0.1,-oProxyCommand=x", "--ssh-option", "Port=1", "--", "true"], 2,
+     "--host: not a host name: '-oProxyCommand=x'"),
+    # a host refuses a request with more (spec.MAX_TEXT): it ran here, and failed through --host or --slurm
+    (["--label", "x" * 1001, "--", "true"], 2, "option --label: 1001 characters, more than the limit of 1000"),
+])
+def test_bad_arguments_get_one_line_and_exit_2(state_dir: Path, args: list[str], code: int, needle: str) -> None:
+    proc = subprocess.run(slotq_cmd() + ["run"] + args, capture_output=True, text=True, timeout=20)
+    assert proc.returncode == code
+    _one_line_error(proc, needle)
+
+
+@pytest.mark.timeout(30)
+def test_a_host_without_the_default_class_says_to_name_one(state_dir: Path) -> None:
+    # "unknown class 'shared'" to a user who had named no class at all.
+    state_dir.mkdir(parents=True, exist_ok=True)
+    (state_dir / "host.toml").write_text("[pools]\nci = 1\n")
+    proc = subprocess.run(slotq_cmd() + ["run", "--", "true"], capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 2
+    assert proc.stderr == ("slotq run: error: this host has no class 'shared', the default: name one of its "
+                           "classes with --class (ci)\n")
+    proc = subprocess.run(slotq_cmd() + ["run", "--class=ci", "--", "echo", "ran"], capture_output=True, text=True,
+                          timeout=20)
+    assert proc.returncode == 0 and proc.stdout == "ran\n", proc.stderr
+
+
+def test_an_unusable_state_directory_is_one_line_and_exit_73(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("SLOTQ_STATE_DIR", str(blocker / "state"))
+    proc = subprocess.run(slotq_cmd() + ["run", "--", "true"], capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 73
+    _one_line_error(proc, str(blocker / "state"))
+
+
+def test_a_bad_host_config_is_one_line_and_exit_78(state_dir: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "host.toml"
+    cfg.write_text("[pools]\nshared = -1\n")
+    monkeypatch.setenv("SLOTQ_CONFIG", str(cfg))
+    proc = subprocess.run(slotq_cmd() + ["run", "--", "true"], capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 78
+    _one_line_error(proc, str(cfg))
+
+
+@pytest.mark.timeout(60)
+def test_a_relative_wait_ledger_is_refused_before_anything_runs(
+        state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Relative, a run in a subdirectory recorded its wait where `slotq task`
+    # (in the directory above) never looked: the wait was never credited.
+    monkeypatch.setenv("SLOTQ_LEDGER", "ledger.sqlite")
+    for cmd in (["run", "--", "echo", "ran"], ["task", "--budget", "1m", "--", "echo", "ran"], ["waits"]):
+        proc = subprocess.run(slotq_cmd() + cmd, capture_output=True, text=True, timeout=20, cwd=tmp_path)
+        assert proc.returncode == 78 and "ran" not in proc.stdout, (cmd, proc.stdout, proc.stderr)
+        _one_line_error(proc, "SLOTQ_LEDGER must be an absolute path, not 'ledger.sqlite'")
+    assert not list(tmp_path.glob("ledger.sqlite*"))
+
+
+@pytest.mark.timeout(60)
+def test_a_credit_dir_that_is_not_a_directory_is_refused_by_run_task_and_waits_naming_why(
+        state_dir: Path, tmp_path: Path) -> None:
+    # A typo recorded the wait under a directory no outer runner could name
+    # (`slotq task` and `slotq waits` refuse it): the wait went uncredited.
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for bad, why in (("nosuch", "no such directory"), (str(afile), "not a directory")):
+        for cmd in (["run", "--credit-dir", bad], ["task", "--budget", "1m", "--credit-dir", bad],
+                    ["waits", "--dir", bad]):
+            proc = subprocess.run(slotq_cmd() + cmd + ["--", "echo", "ran"] * (cmd[0] != "waits"),
+                                  capture_output=True, text=True, timeout=20, cwd=tmp_path)
+            assert proc.returncode == 2 and "ran" not in proc.stdout, (cmd, proc.stdout, proc.stderr)
+            _one_line_error(proc, f"{cmd[-2]} {bad}: {why}")
+    assert not live_tickets(state_dir) and not (state_dir / "history.jsonl").exists()
+
+
+@pytest.mark.timeout(60)
+def test_a_personal_config_that_resizes_the_hosts_pools_is_refused(
+        state_dir: Path, runs: Start, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # It read the one-slot pool as three: its run started beside the holder.
+    state_dir.mkdir()
+    (state_dir / "host.toml").write_text("[pools]\nshared = 1\nlanding = 1\n")
+    gate = tmp_path / "gate"
+    holder = start_holder(runs, state_dir, gate)
+    mine = tmp_path / "mine.toml"
+    mine.write_text("[pools]\nshared = 3\n")
+    monkeypatch.setenv("SLOTQ_CONFIG", str(mine))
+    for cmd in (["run", "--", "echo", "beside the holder"], ["status"]):
+        proc = subprocess.run(slotq_cmd() + cmd, capture_output=True, text=True, timeout=20, cwd=tmp_path)
+        assert proc.returncode == 78 and "beside the holder" not in proc.stdout, (cmd, proc.stdout, proc.stderr)
+        _one_line_error(proc, f"$SLOTQ_CONFIG ({mine}) gives pool 'shared' 3 slot(s), this host's own config "
+                              f"({state_dir / 'host.toml'}) 1")
+    # One that agrees on the sizes may set the rest (here, the budget).
+    mine.write_text("[pools]\nshared = 1\n[defaults]\nbudget = \"5m\"\n")
+    waiter = runs("--", "true", name="agrees")
+    wait_for(lambda: "budget 5m00s" in waiter.err or len(live_tickets(state_dir)) == 1, what="the run waiting")
+    gate.touch()
+    assert waiter.wait() == 0 and holder.wait() == 0
+    assert "budget 5m00s" in waiter.err
+
+
+@pytest.mark.timeout(60)
+def test_a_relative_state_dir_is_refused_for_it_would_split_the_queue(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Relative, it named another queue in each working directory: a run
+    # started in a subdirectory got "the" slot while another run held it.
+    (tmp_path / "sub").mkdir()
+    monkeypatch.setenv("SLOTQ_STATE_DIR", "state")
+    for cmd, cwd in ((["run", "--", "true"], tmp_path), (["run", "--", "true"], tmp_path / "sub"),
+                     (["status"], tmp_path)):
+        proc = subprocess.run(slotq_cmd() + cmd, capture_output=True, text=True, timeout=20, cwd=cwd)
+        assert proc.returncode == 78, (cmd, proc.stderr)
+        _one_line_error(proc, "SLOTQ_STATE_DIR must be an absolute path, not 'state'")
+    assert not (tmp_path / "state").exists() and not (tmp_path / "sub" / "state").exists()
+
+
+@pytest.mark.timeout(60)
+def test_a_relative_xdg_state_home_is_ignored_as_the_xdg_spec_asks(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SLOTQ_STATE_DIR", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", "xdg")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("SLOTQ_LEDGER", str(tmp_path / "ledger.sqlite"))
+    proc = subprocess.run(slotq_cmd() + ["run", "--", "true"], capture_output=True, text=True, timeout=20,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "home" / ".local" / "state" / "slotq" / "host" / "history.jsonl").exists()
+    assert not (tmp_path / "xdg").exists()
