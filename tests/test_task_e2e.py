@@ -175,6 +175,21 @@ def test_a_task_with_nothing_to_credit_ends_budget_exhausted(state_dir: Path, tm
     assert res["elapsed_s"] < 5
 
 
+@pytest.mark.parametrize("argv, says", [
+    (["sh", "-c", "kill -9 $$"], "command killed by signal 9"),  # task said "command exited 137"
+    (["no-such-cmd-xyz"], "command not found: 'no-such-cmd-xyz' (No such file or directory)"),  # "cannot run"
+    (["sh", "-c", "exit 3"], "command exited 3"),
+])
+@pytest.mark.timeout(30)
+def test_a_task_says_how_its_command_ended_as_run_does(state_dir: Path, tmp_path: Path, argv: list[str],
+                                                       says: str) -> None:
+    proc, res = task(tmp_path, "-q", "--budget", "10s", "--", *argv)
+    ran = subprocess.run(slotq_cmd() + ["run", "-q", "--json", "-", "--", *argv], capture_output=True, text=True,
+                         timeout=20, cwd=tmp_path)
+    assert res["message"] == says == json.loads(ran.stdout)["message"], (res, ran.stdout)
+    assert proc.returncode == ran.returncode == res["exit_code"]
+
+
 def test_a_task_passes_the_commands_own_exit_code_and_stdio(state_dir: Path, tmp_path: Path) -> None:
     proc = subprocess.run(slotq_cmd() + ["task", "-q", "--budget", "10s", "--", "sh", "-c", "cat; exit 4"],
                           input="piped", capture_output=True, text=True, timeout=20)

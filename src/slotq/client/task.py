@@ -103,8 +103,7 @@ def run_task(argv: list[str], deadline: Deadline, *, grace: float = 10.0,
     assert end is not None
     elapsed = clock.monotonic() - start
     if end.exec_errno is not None:
-        return TaskResult(Outcome.FAILED, end.exit_code, f"cannot run {argv[0]!r}: {os.strerror(end.exec_errno)}",
-                          elapsed, deadline)
+        return TaskResult(Outcome.FAILED, end.exit_code, end.describe(argv[0]), elapsed, deadline)
     if reason is not None and end.stopped:
         if reason is Outcome.DEADLINE:
             msg = f"delivery deadline of {format_duration(deadline.delivery.length if deadline.delivery else 0)} reached"
@@ -115,5 +114,4 @@ def run_task(argv: list[str], deadline: Deadline, *, grace: float = 10.0,
             msg = "cancelled"
         return TaskResult(reason, end.exit_code, msg, elapsed, deadline)
     code = end.exit_code
-    outcome = Outcome.PASSED if code == 0 else Outcome.FAILED
-    return TaskResult(outcome, code, f"command exited {code}", elapsed, deadline)
+    return TaskResult(Outcome.PASSED if code == 0 else Outcome.FAILED, code, end.describe(argv[0]), elapsed, deadline)

@@ -52,6 +52,15 @@ class ChildEnd:
             return os.WTERMSIG(self.status)
         return None
 
+    def describe(self, program: str) -> str:
+        """How the command `program` ended, in words (`slotq run` and
+        `slotq task` say it alike)."""
+        if self.exec_errno is not None:
+            what = "command not found" if self.exit_code == 127 else "cannot execute"
+            return f"{what}: {program!r} ({os.strerror(self.exec_errno)})"
+        sig = self.signal
+        return f"command killed by signal {sig}" if sig else f"command exited {self.exit_code}"
+
 
 class Child:
     """A running command, seen from the runner."""

@@ -427,8 +427,7 @@ class HostRunner:
         if reason is Outcome.CANCELLED and self.link.cancel_note is not None:
             return reason, self.link.cancel_note
         if end.exec_errno is not None:
-            what = "command not found" if end.exit_code == 127 else "cannot execute"
-            return Outcome.FAILED, f"{what}: {self.spec.argv[0]!r} ({os.strerror(end.exec_errno)})"
+            return Outcome.FAILED, end.describe(self.spec.argv[0])
         # A limit is reported only if it really ended the command (anyio's
         # rule): a command that exited on its own just then keeps its code.
         if reason is not None and end.stopped:
@@ -443,11 +442,7 @@ class HostRunner:
                                 f"(slot acquired at {slot_at}; the budget counted from the command's start "
                                 f"at {started})")
             return reason, f"stopped: {reason.value}"
-        code = end.exit_code
-        if code == 0:
-            return Outcome.PASSED, "command exited 0"
-        sig = end.signal
-        return Outcome.FAILED, (f"command killed by signal {sig}" if sig else f"command exited {code}")
+        return Outcome.PASSED if end.exit_code == 0 else Outcome.FAILED, end.describe(self.spec.argv[0])
 
     def _waited(self) -> float:
         return (self.phases["slot"] or 0) - (self.phases["submitted"] or 0)
