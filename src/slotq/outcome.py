@@ -57,6 +57,12 @@ class Outcome(str):
     def blame(self) -> str:
         return BLAME[self.value]
 
+    @property
+    def decided_by_slotq(self) -> bool:
+        """slotq ended it (a limit, a policy, a cancel, the host), not the
+        command's own exit: `-q` still says such an ending in one line."""
+        return self.value not in ("passed", "failed")
+
     def __str__(self) -> str:
         return self.value
 

@@ -117,7 +117,7 @@ def main(args: list[str]) -> int:
     try:
         result = run(spec, transport, idle=opts.idle, status=say, handle_sigint=True,
                      credit_dir=opts.credit_dir or cwd, live=live)
-        if opts.quiet and result.outcome.value not in ("passed", "failed"):
+        if opts.quiet and result.outcome.decided_by_slotq:
             from slotq.client.caller import summary_line
 
             _stderr_line(summary_line(result))  # -q silences progress, not an ending slotq decided

@@ -60,7 +60,7 @@ def main(args: list[str]) -> int:
                             recheck=opts.recheck, on_extend=lambda ext: say(describe_extension(ext)))
         result = run_task(command, deadline, grace=opts.kill_grace, say=say)
         final = f"slotq task: {result.outcome.value} after {result.elapsed:.1f}s — {result.message}"
-        if opts.quiet and result.outcome.value not in ("passed", "failed"):
+        if opts.quiet and result.outcome.decided_by_slotq:
             sys.stderr.write(final + "\n")  # -q silences progress, not an ending slotq decided
         else:
             say(final)
