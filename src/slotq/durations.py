@@ -100,8 +100,10 @@ def parse_when(text: str, now: float, *, what: str = "") -> float:
     """A point in time as epoch seconds: a duration ago (`1h`, `90m`), an
     ISO 8601 date/time (`2026-11-30T09:00`, local time unless it has an
     offset), or epoch seconds (`1796000000`)."""
+    from .errors import shown as quote
+
     prefix = f"{what}: " if what else ""
-    shown = repr(text) if len(text) <= 40 else repr(text[:37] + "...")
+    shown = quote(text)
     s = text.strip()
     try:
         value = float(s)

@@ -7,6 +7,12 @@ Every exception slotq raises derives from `SlotqError` and carries the facts
 from __future__ import annotations
 
 
+def shown(text: str, limit: int = 40) -> str:
+    """A value the user gave, quoted for a one-line error, cut at `limit`
+    characters (a 5000-character mistake must not fill the terminal)."""
+    return repr(text) if len(text) <= limit else repr(text[:limit - 3] + "...")
+
+
 class SlotqError(Exception):
     """Base class. `exit_code` is what the CLI exits with when this escapes."""
 

@@ -13,7 +13,7 @@ import os
 import sys
 
 from slotq.durations import parse_duration
-from slotq.errors import UsageError
+from slotq.errors import UsageError, shown
 from slotq.spec import MAX_TEXT, REPORT_EVERY
 
 TYPE_CHECKING = False
@@ -273,16 +273,15 @@ def parse_window(opts: Namespace) -> tuple[float, float]:
 def positive_int(text: str) -> int:
     """A whole number from 0; one above 10**12 (more than any count slotq
     keeps) means "all" and is read as 10**12."""
-    shown = repr(text) if len(text) <= 40 else repr(text[:37] + "...")
     digits = text.strip()
     if len(digits) > 100 and digits.isascii() and digits.isdigit():
         return 10**12  # int() refuses thousands of digits
     try:
         n = int(text)
     except ValueError:
-        raise ValueError(f"{shown} is not a whole number") from None
+        raise ValueError(f"{shown(text)} is not a whole number") from None
     if n < 0:
-        raise ValueError(f"{shown} is negative")
+        raise ValueError(f"{shown(text)} is negative")
     return min(n, 10**12)
 
 
