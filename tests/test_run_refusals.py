@@ -6,6 +6,7 @@ code; nothing runs."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -33,11 +34,33 @@ def _one_line_error(proc: subprocess.CompletedProcess[str], needle: str) -> None
      "--host: not a host name: '-oProxyCommand=x'"),
     # a host refuses a request with more (spec.MAX_TEXT): it ran here, and failed through --host or --slurm
     (["--label", "x" * 1001, "--", "true"], 2, "option --label: 1001 characters, more than the limit of 1000"),
+    # Options of no effect without the one they belong to: the run went on
+    # here, unprepared, and the user thought it ran on the host or limited.
+    (["--prepare-timeout", "5s", "--", "true"], 2, "--prepare-timeout is the limit of --prepare: add --prepare"),
+    (["--ssh-option", "Port=2222", "--", "true"], 2, "--ssh-option says how to reach --host: add --host"),
+    (["--ssh-config", "/dev/null", "--", "true"], 2, "--ssh-config says how to reach --host: add --host"),
+    (["--remote-slotq", "slotq", "--", "true"], 2, "--remote-slotq says how to reach --host: add --host"),
+    (["--sync", "none", "--", "true"], 2, "--sync says how the work tree reaches --host: add --host"),
 ])
 def test_bad_arguments_get_one_line_and_exit_2(state_dir: Path, args: list[str], code: int, needle: str) -> None:
     proc = subprocess.run(slotq_cmd() + ["run"] + args, capture_output=True, text=True, timeout=20)
     assert proc.returncode == code
     _one_line_error(proc, needle)
+
+
+@pytest.mark.timeout(30)
+def test_ssh_defaults_from_the_environment_leave_a_run_here_alone(state_dir: Path) -> None:
+    # $SLOTQ_SSH_CONFIG and $SLOTQ_REMOTE_SLOTQ are set once for every run;
+    # only the options typed without --host are refused.
+    env = dict(os.environ, SLOTQ_SSH_CONFIG="/dev/null", SLOTQ_REMOTE_SLOTQ="slotq")
+    proc = subprocess.run(slotq_cmd() + ["run", "-q", "--", "echo", "ran"], capture_output=True, text=True,
+                          timeout=20, env=env)
+    assert proc.returncode == 0 and proc.stdout == "ran\n", proc.stderr
+    for cmd in (["status"], ["cancel", "--mine"]):
+        proc = subprocess.run(slotq_cmd() + cmd + ["--ssh-option", "Port=2222"], capture_output=True, text=True,
+                              timeout=20)
+        assert proc.returncode == 2, proc.stderr
+        _one_line_error(proc, "--ssh-option says how to reach --host: add --host")
 
 
 @pytest.mark.timeout(30)

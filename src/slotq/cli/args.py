@@ -29,11 +29,15 @@ FLAG, VALUE, APPEND = "flag", "value", "append"
 class Opt:
     """One option: names (`--budget`, `-q`), how it takes values, its help."""
 
-    __slots__ = ("names", "dest", "kind", "metavar", "help", "default", "convert", "choices", "required")
+    __slots__ = ("names", "dest", "kind", "metavar", "help", "default", "convert", "choices", "required", "needs")
 
     def __init__(self, *names: str, kind: str = VALUE, dest: str | None = None, metavar: str = "VALUE",
                  help: str = "", default: object = None, convert: Callable[[str], object] | None = None,
-                 choices: tuple[str, ...] | None = None, required: bool = False) -> None:
+                 choices: tuple[str, ...] | None = None, required: bool = False,
+                 needs: tuple[str, str] | None = None) -> None:
+        """needs: (an option, what this one is to it): given without that
+        option, this one is refused, as `--every is how often --watch
+        redraws: add --watch`, not silently of no effect."""
         self.names = names
         long = next((n for n in names if n.startswith("--")), names[0])
         self.dest = dest or long.lstrip("-").replace("-", "_")
@@ -44,6 +48,7 @@ class Opt:
         self.convert = convert
         self.choices = choices
         self.required = required
+        self.needs = needs
 
 
 class Namespace:
@@ -123,6 +128,8 @@ class Parser:
         for o in self.options:
             if o.required and o.dest not in seen:
                 raise self.error(f"option {o.names[0]} is required")
+            if o.needs and o.dest in seen and self._by_name[o.needs[0]].dest not in seen:
+                raise self.error(f"{o.names[0]} {o.needs[1]}: add {o.needs[0]}")
         if self.command == "required" and not command:
             raise self.error(f"no command given: write it after `--`, e.g. `{self.prog} -- pytest -q`")
         if self.command == "required" and command[0] == "":
@@ -293,7 +300,8 @@ RUN_OPTIONS = [
              "time spent waiting in line never counts"),
     Opt("--prepare", metavar="CMD", convert=bounded_text(MAX_TEXT["prepare"], blank="command"),
         help="shell command run after the slot is acquired, before the command (its own limit)"),
-    Opt("--prepare-timeout", metavar="D", convert=duration(), help="limit for --prepare (default: the host's, 10m)"),
+    Opt("--prepare-timeout", metavar="D", convert=duration(), needs=("--prepare", "is the limit of --prepare"),
+        help="limit for --prepare (default: the host's, 10m)"),
     Opt("--kill-grace", metavar="D", convert=duration(allow_zero=True),
         help="TERM -> KILL grace when the command is stopped (default: 10s)"),
     Opt("--label", metavar="TEXT", convert=bounded_text(MAX_TEXT["label"]),
@@ -306,17 +314,20 @@ RUN_OPTIONS = [
 ]
 
 
+_HOW_TO_REACH = ("--host", "says how to reach --host")  # given alone, the run would be here, not there
+
+
 def host_options(several: str = "several: the one with the shortest expected wait") -> list[Opt]:
     """--host and how to reach it; `several` says what several hosts mean
     to this command."""
     return [
         Opt("--host", metavar="HOST[,HOST...]", convert=host_names,
             help=f"run on HOST over ssh (an alias from your ssh config, or user@host); {several}"),
-        Opt("--ssh-config", metavar="FILE", default=os.environ.get("SLOTQ_SSH_CONFIG"),
+        Opt("--ssh-config", metavar="FILE", default=os.environ.get("SLOTQ_SSH_CONFIG"), needs=_HOW_TO_REACH,
             help="ssh config file (default: $SLOTQ_SSH_CONFIG, else ssh's own)"),
-        Opt("--ssh-option", kind=APPEND, metavar="OPT", help="extra ssh -o option, e.g. Port=2222"),
+        Opt("--ssh-option", kind=APPEND, metavar="OPT", needs=_HOW_TO_REACH, help="extra ssh -o option, e.g. Port=2222"),
         Opt("--remote-slotq", metavar="CMD", default=os.environ.get("SLOTQ_REMOTE_SLOTQ") or "slotq",
-            convert=_a_command,
+            convert=_a_command, needs=_HOW_TO_REACH,
             help="how to run slotq on the host, a shell fragment (default: $SLOTQ_REMOTE_SLOTQ, else slotq)"),
     ]
 

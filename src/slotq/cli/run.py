@@ -57,6 +57,7 @@ PARSER = Parser(
         *host_options(),
         *slurm_options(),
         Opt("--sync", metavar="MODE", default="rsync", choices=("rsync", "none"),
+            needs=("--host", "says how the work tree reaches --host"),
             help="with --host: rsync the current directory to a work dir on the host (default; .gitignore "
                  "respected, deletions propagate), or none (a shared filesystem)"),
     ],

@@ -22,7 +22,7 @@ PARSER = Parser(
         Opt("--json", kind=FLAG, help="machine-readable output (with --watch: one JSON object per line)"),
         Opt("--history", metavar="N", convert=positive_int, default=10, help="recent runs to show (default 10)"),
         Opt("--watch", kind=FLAG, help="keep showing the status until Ctrl-C"),
-        Opt("--every", metavar="D", convert=duration(minimum=0.1),
+        Opt("--every", metavar="D", convert=duration(minimum=0.1), needs=("--watch", "is how often --watch redraws"),
             help="with --watch: how often (default 2s)"),
         *host_options("several: each one's status, in turn (with --json, a list)"),
         Opt("--slurm", kind=FLAG, help="the Slurm partitions the host config's [slurm.classes] name: running "
@@ -35,9 +35,6 @@ def main(args: list[str]) -> int:
     opts, _ = PARSER.parse(args)
     if opts.slurm and opts.host:
         raise PARSER.error("--slurm and --host name two different places: choose one")
-    if opts.every is not None and not opts.watch:
-        # Else one snapshot, and a user who asked for one every D waits for the next.
-        raise PARSER.error("--every is how often --watch redraws: add --watch")
     if opts.slurm:
         render = _slurm(opts.json)
     elif opts.host:
