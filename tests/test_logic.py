@@ -149,6 +149,9 @@ def test_config_defaults_and_class_mapping(tmp_path: os.PathLike[str]) -> None:
 @pytest.mark.parametrize("text,needle", [
     ("[pools]\nshared = 0\n", "1..1024"),
     ('[classes]\nmerge = "nowhere"\n', "unknown pool"),
+    # Pool shared's own class taken away: its slots waited for runs none could send.
+    ('[classes]\nshared = "landing"\n', "pool 'shared' is reached by no class .class 'shared' maps to pool "
+                                         "'landing'.: map a class to it, or remove the pool"),
     ("[pools\n", "not valid TOML"),
     ('[defaults]\nbudget = "-1"\n', "negative"),
     ("[extra]\n", "unknown section"),

@@ -121,6 +121,12 @@ class HostConfig:
         for cls, pool in self.classes.items():
             if pool not in self.pools:
                 raise ConfigError(f"class {cls!r} maps to unknown pool {pool!r}", path)
+        for pool in self.pools:
+            if pool not in self.classes.values():
+                # `[classes] shared = "landing"`: pool shared's own class taken
+                # away, its slots would wait for runs that can never come.
+                raise ConfigError(f"pool {pool!r} is reached by no class (class {pool!r} maps to pool "
+                                  f"{self.classes[pool]!r}): map a class to it, or remove the pool", path)
 
     @property
     def waiting_limits(self) -> tuple[int | None, int | None]:
