@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -438,6 +439,40 @@ def test_a_host_whose_status_hangs_or_floods_is_unavailable_in_bounded_time_and_
         host.status()
     host.remote_slotq = remote.remote_slotq
     assert '"pools"' in host.status()
+
+
+@pytest.mark.timeout(60)
+def test_a_runtime_dir_too_long_for_a_socket_or_relative_is_not_used_for_masters(
+        remote: Remote, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A long $XDG_RUNTIME_DIR made every remote run `unavailable` (ssh:
+    # "path ... too long for Unix domain socket"); a relative one put the
+    # masters in a different place in each working directory.
+    from slotq.transports import ssh
+
+    session_runtime = os.environ["XDG_RUNTIME_DIR"]
+    fallback = Path(tempfile.mkdtemp(prefix="sq-"))  # short, as /tmp: a socket fits below it
+    host = None
+    try:
+        monkeypatch.setattr(ssh, "FALLBACK_BASE", str(fallback))
+        mine = str(fallback / f"slotq-ssh-{os.getuid()}")
+        monkeypatch.setenv("XDG_RUNTIME_DIR", "relative")
+        assert os.path.dirname(ssh.SshHost(remote.host, config=remote.cfg).control_path) == mine
+        long = tmp_path / ("r" * 60)
+        long.mkdir(mode=0o700)
+        monkeypatch.setenv("XDG_RUNTIME_DIR", str(long))
+        host = ssh.SshHost(remote.host, config=remote.cfg)
+        assert os.path.dirname(host.control_path) == mine
+        host.ensure_master()
+        reached = subprocess.run(host.command("echo reached"), capture_output=True, text=True, timeout=20)
+        assert reached.returncode == 0 and reached.stdout == "reached\n", reached.stderr
+    finally:
+        if host is not None:
+            subprocess.run(["ssh", "-S", host.control_path, "-O", "exit", "x"], capture_output=True, timeout=20)
+        shutil.rmtree(fallback)
+    # A short one is used as it is: the session's (conftest), as every test's.
+    monkeypatch.setenv("XDG_RUNTIME_DIR", session_runtime)
+    assert os.path.dirname(ssh.SshHost(remote.host, config=remote.cfg).control_path) == \
+        os.path.join(session_runtime, "slotq-ssh")
 
 
 def test_status_over_ssh_shows_the_remote_queue(remote: Remote) -> None:

@@ -48,9 +48,22 @@ CONTROL_PERSIST = 600
 DEFAULT_OPTIONS = ("BatchMode=yes", "ServerAliveInterval=5", "ServerAliveCountMax=3", "ConnectTimeout=10")
 
 
+# ssh makes a master's socket as ControlPath + ".XXXXXXXXXXXXXXXX" first,
+# and a socket's path has room for 107 bytes: the directory, a slash and
+# the 20-character name below must leave room for those 17.
+MAX_CONTROL_DIR = 107 - 17 - 1 - 20
+FALLBACK_BASE = "/tmp"
+
+
 def control_dir() -> str:
-    base = os.environ.get("XDG_RUNTIME_DIR")
-    path = os.path.join(base, "slotq-ssh") if base else f"/tmp/slotq-ssh-{os.getuid()}"
+    """Where the master connections' sockets live: $XDG_RUNTIME_DIR/slotq-ssh,
+    else (unset, relative -- the XDG spec asks that it be ignored -- or too
+    long for a socket's path, which made every remote run `unavailable`)
+    /tmp/slotq-ssh-<uid>."""
+    base = os.environ.get("XDG_RUNTIME_DIR") or ""
+    path = os.path.join(base, "slotq-ssh")
+    if not os.path.isabs(base) or len(os.fsencode(path)) > MAX_CONTROL_DIR:
+        path = os.path.join(FALLBACK_BASE, f"slotq-ssh-{os.getuid()}")
     os.makedirs(path, mode=0o700, exist_ok=True)
     st = os.stat(path)
     if st.st_uid != os.getuid() or st.st_mode & 0o077:
