@@ -64,6 +64,28 @@ def test_ssh_defaults_from_the_environment_leave_a_run_here_alone(state_dir: Pat
 
 
 @pytest.mark.timeout(30)
+def test_a_remote_run_from_the_root_or_home_directory_is_refused_not_copied(tmp_path: Path) -> None:
+    # rsync copied all of it to the host, ~/.ssh and all.
+    home = tmp_path / "home"
+    (home / "proj").mkdir(parents=True)
+    env = dict(os.environ, HOME=str(home))
+    down = ["--host", "127.0.0.1", "--ssh-option", "Port=1", "--ssh-option", "ConnectTimeout=5"]
+    for cwd, what in (("/", "/, the root directory"), (home, f"{home}, your home directory"),
+                      (tmp_path, f"{tmp_path}, a directory above your home ({home})")):
+        proc = subprocess.run(slotq_cmd() + ["run", *down, "--", "true"], cwd=cwd, env=env, capture_output=True,
+                              text=True, timeout=20)
+        assert proc.returncode == 2, proc.stderr
+        _one_line_error(proc, f"--host would copy {what}, to the host: run from your project's directory, "
+                              "or add --sync none")
+    # A project's directory is copied; with --sync none, home is not copied
+    # at all. Both go on to the host (down here: unavailable, 121).
+    for cwd, sync in ((home / "proj", []), (home, ["--sync", "none"])):
+        proc = subprocess.run(slotq_cmd() + ["run", "-q", *sync, *down, "--", "true"], cwd=cwd, env=env,
+                              capture_output=True, text=True, timeout=20)
+        assert proc.returncode == 121, proc.stderr
+
+
+@pytest.mark.timeout(30)
 def test_a_host_without_the_default_class_says_to_name_one(state_dir: Path) -> None:
     # "unknown class 'shared'" to a user who had named no class at all.
     state_dir.mkdir(parents=True, exist_ok=True)

@@ -94,6 +94,10 @@ def main(args: list[str]) -> int:
         slurm.job_for(opts.cls)  # an unmapped class: exit 2 before anything is submitted
         transport = slurm
     elif opts.host:
+        if opts.sync == "rsync":
+            from slotq.transports.ssh import check_work_tree
+
+            check_work_tree(current_dir())  # before any host is asked
         transport = _remote(opts)
     else:
         from slotq.transports.local import LocalTransport

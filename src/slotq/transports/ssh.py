@@ -289,6 +289,24 @@ class SshHost:
                                   f"{_last(err.decode(errors='replace'))}", host=self.host)
 
 
+def check_work_tree(path: str) -> None:
+    """A UsageError if rsync would copy `path` whole to a host: the root
+    directory, your home directory or one above it. A run started there by
+    mistake copied all of it, ssh keys and all, to a shared machine."""
+    real = os.path.realpath(path)
+    home = os.path.realpath(os.path.expanduser("~"))
+    if real == "/":
+        what = "the root directory"
+    elif real == home:
+        what = "your home directory"
+    elif home.startswith(real.rstrip("/") + "/"):
+        what = f"a directory above your home ({home})"
+    else:
+        return
+    raise UsageError(f"--host would copy {real}, {what}, to the host: run from your project's directory, "
+                     f"or add --sync none (a shared filesystem)")
+
+
 def work_id(workdir: str) -> str:
     """The caller's work dir on a host: a name derived from where it comes
     from, never a path the caller chooses."""
