@@ -119,6 +119,24 @@ def test_a_bad_host_config_is_one_line_and_exit_78(state_dir: Path, tmp_path: Pa
     _one_line_error(proc, str(cfg))
 
 
+@pytest.mark.timeout(30)
+def test_a_config_you_named_that_cannot_be_used_is_refused_not_replaced_by_the_defaults(
+        state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # It was ignored with a warning (which -q hid), and the run went on the
+    # defaults: a budget of 60m instead of the one the file set.
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    open_cfg = tmp_path / "open.toml"
+    open_cfg.write_text('[defaults]\nbudget = "1s"\n')
+    open_cfg.chmod(0o666)
+    for cfg, why in ((fifo, "it is not a regular file"), (open_cfg, "it is writable by others (mode 0666)")):
+        monkeypatch.setenv("SLOTQ_CONFIG", str(cfg))
+        proc = subprocess.run(slotq_cmd() + ["run", "-q", "--", "echo", "ran"], capture_output=True, text=True,
+                              timeout=20)
+        assert proc.returncode == 78 and proc.stdout == "", proc.stdout
+        assert proc.stderr == f"slotq run: error: cannot use host config {cfg}: {why}\n"
+
+
 @pytest.mark.timeout(60)
 def test_a_relative_wait_ledger_is_refused_before_anything_runs(
         state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -143,8 +143,10 @@ class HostConfig:
 
         Only a trusted file is used: a regular file owned by root or by the
         state directory's owner (or, for `$SLOTQ_CONFIG` or an explicit
-        path, by you), writable by nobody else. Anything else is ignored,
-        with a warning in `.warnings` naming the file and why.
+        path, by you), writable by nobody else. The state dir's host.toml
+        is otherwise ignored, with a warning in `.warnings` naming the file
+        and why (another user may have planted it); a file you named is a
+        ConfigError.
 
         Raises ConfigError (with `.path`) for unreadable or invalid files.
         """
@@ -198,6 +200,10 @@ class HostConfig:
         try:
             st = os.fstat(fd)
             why = _untrusted(st, state_dir, explicit)
+            if why and explicit:
+                # You named it: running on the defaults instead (said only in
+                # a warning, which -q hid) would not be the run you asked for.
+                raise ConfigError(f"cannot use host config {path}: {why}", path)
             if why:
                 return cls._ignored(path, why)
             if st.st_size > MAX_CONFIG:
