@@ -294,6 +294,36 @@ def test_a_bad_partition_is_one_line_and_exit_2(slurm_env: Path, monkeypatch: py
     assert "Slurm refused the job" in one_line(proc) and "Invalid partition" in one_line(proc)
 
 
+@pytest.mark.timeout(60)
+def test_a_job_over_its_partitions_time_limit_is_refused_not_left_pending_forever(
+        slurm_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Slurm accepts a job whose --time is over the partition's MaxTime and
+    # keeps it pending (reason PartitionTimeLimit) until someone raises the
+    # limit: the run waited forever, reported as a place in line.
+    tmp = slurm_env
+    part = f"short{os.getpid()}"
+    scontrol = ["scontrol", "create", f"PartitionName={part}", "Nodes=ALL", "MaxTime=1", "State=UP"]
+    env = dict(os.environ, SLURM_CONF=CONF)
+    assert subprocess.run(scontrol, capture_output=True, timeout=30, env=env).returncode == 0
+    try:
+        (tmp / "host.toml").write_text(f'[slurm.classes]\nshort = {{ partition = "{part}" }}\n')
+        monkeypatch.setenv("SLOTQ_CONFIG", str(tmp / "host.toml"))
+        proc = start(tmp, "long", "--class", "short", "--budget", "1h", "--report-every", "0.5s", "--", "true")
+        assert proc.wait(timeout=40) == 2, err(tmp, "long")
+        line = err(tmp, "long").strip().splitlines()[-1]
+        assert line.startswith(f"slotq run: error: Slurm refused the job (partition '{part}'): Slurm job ") and \
+            "would never start as asked, pending for reason PartitionTimeLimit: " in line and \
+            "ask for a shorter --budget; slotq cancelled it" in line, line
+        assert not (tmp / "long.json").exists()  # a refusal, as at submission: no result
+        assert squeue("-p", part, "-o", "%i") == ""  # nothing left pending there
+        # Within the limit, the same class runs.
+        proc = start(tmp, "short", "--class", "short", "--budget", "5s", "--kill-grace", "1s",
+                     "--slurm-option=--time=1", "--", "true")
+        assert proc.wait(timeout=30) == 0, err(tmp, "short")
+    finally:
+        subprocess.run(["scontrol", "delete", f"PartitionName={part}"], capture_output=True, timeout=30, env=env)
+
+
 @pytest.mark.timeout(90)
 def test_slurm_down_is_unavailable_with_a_clear_message(slurm_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tmp = slurm_env
@@ -503,6 +533,22 @@ def test_how_slurm_ended_a_job_maps_to_an_outcome(monkeypatch: pytest.MonkeyPatc
     ev = frames[-1][1]
     assert isinstance(ev, dict) and ev["event"] == "exited" and ev["outcome"] == outcome, ev
     assert "Slurm job 42" in str(ev["message"]) and all(n in str(ev["message"]) for n in needles), ev
+
+
+@pytest.mark.parametrize("reason, never", [
+    ("PartitionTimeLimit", "shorter --budget"), ("QOSMaxWallDurationPerJobLimit", "shorter --budget"),
+    ("AssocMaxWallDurationPerJobLimit", "shorter --budget"), ("QOSMaxCpuPerJobLimit", "more than one job may"),
+    ("AssocMaxNodePerJobLimit", "more than one job may"), ("BadConstraints", "cannot be met"),
+    ("InvalidQOS", "cannot be met"),
+    # A busy cluster, or limits on a user's jobs together: they pass.
+    ("Resources", None), ("Priority", None), ("PartitionDown", None), ("PartitionConfig", None),
+    ("QOSMaxJobsPerUserLimit", None), ("AssocGrpCpuLimit", None), ("QOSGrpNodeLimit", None),
+])
+def test_only_reasons_that_never_pass_end_a_pending_job(reason: str, never: str | None) -> None:
+    from slotq.transports.slurm import never_starts
+
+    change = never_starts(reason)
+    assert (change is None) if never is None else (change is not None and never in change), change
 
 
 @pytest.mark.parametrize("lines, kind, needle", [

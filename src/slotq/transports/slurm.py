@@ -92,6 +92,21 @@ _INFRA = ("Unable to contact slurm controller", "Socket timed out", "Connection 
           "Transport endpoint", "Slurmctld not responding")
 _NO_CONFIG = ("_establish_config_source", "fetch_config", "Could not establish a configuration source")
 _LAST_LINES = 50  # srun / node stderr lines kept for diagnostics
+
+
+def never_starts(reason: str) -> str | None:
+    """What to change, if Slurm's pending reason means the job will never
+    start as asked (a limit on one job that it exceeds, not a busy cluster:
+    Slurm keeps such a job pending until someone changes a limit); None
+    for a reason that passes (Resources, Priority, a partition down...)."""
+    if reason == "PartitionTimeLimit" or (reason.startswith(("QOSMax", "AssocMax")) and "WallDuration" in reason):
+        return ("its time limit (--budget, plus the grace and a margin) is more than the partition or QoS allows: "
+                "ask for a shorter --budget")
+    if reason.startswith(("QOSMax", "AssocMax")) and "PerJob" in reason:
+        return "it asks for more than one job may have (--slurm-option)"
+    if reason in ("BadConstraints", "InvalidAccount", "InvalidQOS", "DependencyNeverSatisfied"):
+        return "its --slurm-option or the class's partition and QoS cannot be met"
+    return None
 TIME_MARGIN = 120.0  # Slurm's --time covers prepare + budget + grace + this
 
 
@@ -246,6 +261,7 @@ class _Relay:
         self.give_up = INF  # --max-wait: when a pending job is cancelled, not_admitted
         self.revoked_line = ""
         self.waited_pending = 0.0
+        self.refused: str | None = None  # pending for a reason that never passes: why, for the error
 
     def send(self, data: bytes) -> None:
         view = memoryview(data)
@@ -427,6 +443,18 @@ class _Relay:
             view = {"job_id": job, "partition": self.t.partition, "state": "unknown", "error": str(e)}
         if view.get("state") != "PENDING":
             return  # allocated just now: the runner's slot event follows
+        reason = view.get("reason")
+        change = never_starts(reason) if isinstance(reason, str) else None
+        if change and self.cancel_reason is None:
+            # Slurm would keep it pending until someone changes a limit: a
+            # refusal, as if Slurm had refused it when it was submitted.
+            where = f" (partition {self.t.partition!r})" if self.t.partition else ""
+            self.refused = (f"Slurm refused the job{where}: Slurm job {job} would never start as asked, pending "
+                            f"for reason {reason}: {change}; slotq cancelled it")
+            self.cancel_reason = "cancelled"  # should it start after all, in the moment before the scancel
+            self.give_up = INF
+            self.t._scancel()
+            return
         position = view.get("position")
         self.event(protocol.QUEUED, waited_s=waited, position=position if isinstance(position, int) else 1,
                    ahead=position - 1 if isinstance(position, int) else 0,
@@ -452,6 +480,9 @@ class _Relay:
             else:
                 where = f" (partition {self.t.partition!r})" if self.t.partition else ""
                 self.error("usage", f"Slurm refused the job{where}: {why}")
+            return
+        if self.refused is not None and not self.node_live:
+            self.error("usage", self.refused)
             return
         info = self.t._final = job_info(job, self.t.env)
         state = info.get("JobState", "")
