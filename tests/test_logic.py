@@ -160,6 +160,8 @@ def test_config_defaults_and_class_mapping(tmp_path: os.PathLike[str]) -> None:
     # Pool names are part of file names: one too long made every run an
     # "unusable state directory" (exit 73) instead of a bad config.
     ("[pools]\n" + "p" * 65 + " = 1\n", "pool name 'p+' must be 1-64"),
+    ('[slurm]\noptions = ["--account=ci", "--output=/tmp/x"]\n',
+     "options: '--output=/tmp/x' cannot be used with slotq .--output: slotq feeds"),
 ])
 def test_bad_config_is_a_config_error_naming_the_file(tmp_path: os.PathLike[str], text: str, needle: str) -> None:
     path = os.path.join(tmp_path, "bad.toml")
@@ -349,3 +351,19 @@ def test_a_run_that_names_no_report_period_reports_every_30_s_by_the_cli_and_by_
     assert RunSpec(["true"]).report_every == 30.0  # the Python API
     for request in (b'{"argv": ["true"]}\n', b'{"argv": ["true"], "report_every": null}\n'):
         assert RunSpec.from_request(request).report_every == 30.0  # a request that does not say
+
+
+@pytest.mark.parametrize("opt, refused", [
+    ("--ntasks=2", "--ntasks"), ("--ntask=2", "--ntasks"), ("--ntasks-per-node=2", "--ntasks-per-node"),
+    ("-n2", "--ntasks"), ("-n", "--ntasks"), ("-lv", "--label"), ("-vl", "--label"), ("-ofile", "--output"),
+    ("--out=f", "--output"), ("--input=none", "--input"), ("-J", "--job-name"), ("--job-name=x", "--job-name"),
+    ("-Q", "--quiet"), ("--pty", "--pty"), ("--test-only", "--test-only"),
+    # used as they are: the rest of an option with a value is its value
+    ("--cpus-per-task=4", None), ("-c4", None), ("-cn", None), ("-v", None), ("--time=5", None),
+    ("-t5", None), ("--nodes=1", None), ("--account=ci", None), ("--error=/dev/null", None), ("--", None),
+])
+def test_srun_options_that_break_a_run_are_named(opt: str, refused: str | None) -> None:
+    from slotq.config import srun_option_problem
+
+    why = srun_option_problem(opt)
+    assert (why is None) if refused is None else (why is not None and refused in why), why

@@ -41,6 +41,15 @@ def _one_line_error(proc: subprocess.CompletedProcess[str], needle: str) -> None
     (["--ssh-config", "/dev/null", "--", "true"], 2, "--ssh-config says how to reach --host: add --host"),
     (["--remote-slotq", "slotq", "--", "true"], 2, "--remote-slotq says how to reach --host: add --host"),
     (["--sync", "none", "--", "true"], 2, "--sync says how the work tree reaches --host: add --host"),
+    # srun options that break how slotq runs a job: it was `unavailable`
+    # (a corrupt stream, a missing result) or, for --job-name, a pending
+    # job the sentinel could no longer find by name.
+    (["--slurm", "--slurm-option=-n2", "--", "true"], 2,
+     "option --slurm-option: '-n2' cannot be used with slotq (-n (--ntasks): slotq runs one task per job"),
+    (["--slurm", "--slurm-option=--job-name=x", "--", "true"], 2,
+     "'--job-name=x' cannot be used with slotq (--job-name: slotq names the job (slotq-<run id>)"),
+    # a word without a dash: srun ran it as the program, in slotq's place
+    (["--slurm", "--slurm-option=ci", "--", "true"], 2, "'ci' is not an srun option (they start with -;"),
 ])
 def test_bad_arguments_get_one_line_and_exit_2(state_dir: Path, args: list[str], code: int, needle: str) -> None:
     proc = subprocess.run(slotq_cmd() + ["run"] + args, capture_output=True, text=True, timeout=20)

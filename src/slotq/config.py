@@ -302,6 +302,44 @@ class HostConfig:
                    **values, **limits)  # type: ignore[arg-type]
 
 
+# srun options that would break how slotq runs a job: one task, whose input
+# and output slotq itself frames, in a job slotq names (to cancel it should
+# the caller vanish), pending as srun says. Long names are matched by
+# prefix, as srun (getopt) takes `--ntask=2` for `--ntasks=2`.
+_ONE_TASK = "slotq runs one task per job: another's output would mix with it"
+_STREAM = "slotq feeds the job's input and reads its output itself"
+_SRUN_REFUSED = {
+    "--ntasks": _ONE_TASK, "--ntasks-per-node": _ONE_TASK, "--ntasks-per-socket": _ONE_TASK,
+    "--ntasks-per-core": _ONE_TASK, "--ntasks-per-gpu": _ONE_TASK, "--ntasks-per-tres": _ONE_TASK,
+    "--multi-prog": _ONE_TASK, "--het-group": _ONE_TASK,
+    "--output": _STREAM, "--input": _STREAM, "--label": _STREAM, "--pty": _STREAM, "--open-mode": _STREAM,
+    "--job-name": "slotq names the job (slotq-<run id>), to cancel it should the caller vanish",
+    "--quiet": "slotq reads srun's messages to know that the job is pending",
+    "--test-only": "nothing would run",
+}
+_SRUN_SHORT = {"n": "--ntasks", "o": "--output", "i": "--input", "l": "--label", "J": "--job-name", "Q": "--quiet"}
+_SRUN_FLAGS = "EHhkKlOQqsuvVXZ"  # short options without a value: `-lv` is -l and -v
+
+
+def srun_option_problem(opt: str) -> str | None:
+    """Why srun option `opt` (one word, as given to srun) cannot be used
+    with slotq, or None if it can."""
+    if opt.startswith("--"):
+        name = opt.partition("=")[0]
+        if len(name) > 2:
+            for refused, why in _SRUN_REFUSED.items():
+                if refused.startswith(name):
+                    return f"{refused}: {why}"
+        return None
+    for ch in opt[1:]:
+        if ch in _SRUN_SHORT:
+            refused = _SRUN_SHORT[ch]
+            return f"-{ch} ({refused}): {_SRUN_REFUSED[refused]}"
+        if ch not in _SRUN_FLAGS:
+            return None  # an option with a value: the rest is its value
+    return None
+
+
 class SlurmConfig:
     """The `[slurm]` section: how run classes map to Slurm partitions and
     QoS, options for every job, and how the nodes run slotq."""
@@ -347,6 +385,10 @@ class SlurmConfig:
         if not isinstance(options, list) or len(options) > 100 or not all(
                 isinstance(o, str) and 0 < len(o) <= 1000 and o.startswith("-") and "\0" not in o for o in options):
             raise ConfigError(f"{where}.options must be a list of Slurm options, e.g. [\"--account=ci\"]", path)
+        for o in options:
+            why = srun_option_problem(o)
+            if why:
+                raise ConfigError(f"{where}.options: {o[:100]!r} cannot be used with slotq ({why})", path)
         slotq = raw.get("slotq")
         if isinstance(slotq, str):
             slotq = [slotq]

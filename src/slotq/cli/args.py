@@ -332,13 +332,26 @@ def host_options(several: str = "several: the one with the shortest expected wai
     ]
 
 
+def _srun_option(text: str) -> str:
+    from slotq.config import srun_option_problem
+
+    if not text.startswith("-"):
+        raise ValueError(f"{shown(text)} is not an srun option (they start with -; give an option and its value "
+                         f"as one word: --slurm-option=--account=ci)")
+    why = srun_option_problem(text)
+    if why:
+        raise ValueError(f"{shown(text)} cannot be used with slotq ({why})")
+    return text
+
+
 def slurm_options() -> list[Opt]:
     return [
         Opt("--slurm", kind=FLAG,
             help="run on the Slurm cluster (default: $SLOTQ_BACKEND=slurm): the class picks the partition "
                  "and QoS ([slurm.classes] in the host config); a pending job is a place in line"),
-        Opt("--slurm-option", kind=APPEND, metavar="OPT",
-            help="give OPT to Slurm (srun) as it is, e.g. --slurm-option=--cpus-per-task=4"),
+        Opt("--slurm-option", kind=APPEND, metavar="OPT", convert=_srun_option,
+            help="give OPT to Slurm (srun) as it is, e.g. --slurm-option=--cpus-per-task=4 (not those that "
+                 "change how the job runs its one task: --ntasks, --output, --input, --label, --job-name...)"),
     ]
 
 
