@@ -502,6 +502,52 @@ def test_a_ctrl_c_that_beats_the_nodes_hello_is_reported_as_cancelled(node: dict
         assert "slotq cancelled Slurm job 42" in str(ev["message"]) and str(node["message"]) in str(ev["message"])
 
 
+@pytest.mark.parametrize("node, info, outcome", [
+    ({"outcome": "failed", "exit_code": 143, "signal": None, "message": "command exited 143"},
+     {"JobState": "CANCELLED", "AcctState": "CANCELLED by 0"}, "cancelled"),
+    ({"outcome": "failed", "exit_code": None, "signal": 9, "message": "command killed by signal 9"},
+     {"JobState": "CANCELLED"}, "cancelled"),
+    # Killed, but not by a cancel of the job (the command's own kill, the
+    # OOM killer): the work's, as the node said.
+    ({"outcome": "failed", "exit_code": None, "signal": 9, "message": "command killed by signal 9"},
+     {"JobState": "COMPLETED"}, "failed"),
+    ({"outcome": "failed", "exit_code": 1, "signal": None, "message": "command exited 1"},
+     {"JobState": "CANCELLED"}, "failed"),
+])
+def test_a_scancel_of_a_running_job_is_cancelled_even_if_the_command_died_first(
+        monkeypatch: pytest.MonkeyPatch, node: dict[str, object], info: dict[str, str], outcome: str) -> None:
+    # Pure logic (a fake job_info and no srun): a scancel signals the
+    # command and the node's runner at once; when the command died first,
+    # the runner said `failed (exit 143)` -- seen in a full suite, with
+    # `slotq cancel --slurm` -- and the caller ended 143, the work blamed.
+    from slotq import protocol
+    from slotq.config import HostConfig
+    from slotq.spec import RunSpec
+    from slotq.transports import slurm
+
+    monkeypatch.setattr(slurm, "job_info", lambda job, env=None: dict(info))
+    t = slurm.SlurmTransport(HostConfig())
+    t.job_id = "42"
+    r, w = os.pipe()
+    relay = slurm._Relay(t, RunSpec(["true"]), -1, w)
+    relay.forward([(protocol.EVENT, {"event": "hello", "at": 1.0, "protocol": protocol.PROTOCOL_VERSION,
+                                     "host": "node", "pid": 1, "run_id": "x"}),
+                   (protocol.STDOUT, b"out"),
+                   (protocol.EVENT, {"event": "exited", "at": 2.0, "phases": {}, **node})])
+    assert relay.ended
+    if relay.held is not None:
+        relay.release()  # as run() does once srun has ended
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        frames = protocol.Decoder().feed(f.read())
+    assert frames[1] == (protocol.STDOUT, b"out")
+    ev = frames[-1][1]
+    assert isinstance(ev, dict) and ev["event"] == "exited" and ev["outcome"] == outcome, ev
+    if outcome == "cancelled":
+        assert str(ev["message"]).startswith("Slurm job 42 (JobState=CANCELLED") and \
+            "while it ran" in str(ev["message"]) and str(node["message"]) in str(ev["message"]), ev
+
+
 @pytest.mark.parametrize("info, outcome, needles", [
     ({"JobState": "NODE_FAIL", "Reason": "NodeDown", "NodeList": "n7"}, "unavailable",
      ["JobState=NODE_FAIL", "Reason=NodeDown", "NodeList=n7"]),

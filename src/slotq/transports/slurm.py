@@ -262,6 +262,7 @@ class _Relay:
         self.revoked_line = ""
         self.waited_pending = 0.0
         self.refused: str | None = None  # pending for a reason that never passes: why, for the error
+        self.held: dict[str, object] | None = None  # the node's result, until srun's end says if Slurm cancelled
 
     def send(self, data: bytes) -> None:
         view = memoryview(data)
@@ -365,6 +366,8 @@ class _Relay:
                 srun.stdin.close()
             except OSError:
                 pass
+        if self.held is not None:
+            self.release()
         if not self.ended:
             self.conclude(srun.returncode)
 
@@ -391,6 +394,13 @@ class _Relay:
                 self.ended = True
                 if name == protocol.EXITED and self.cancel_reason is not None:
                     ev = self.as_cancelled(ev)
+                elif name == protocol.EXITED and _ended_by_a_kill(ev):
+                    # A scancel (yours, slotq cancel's, an admin's) signals the
+                    # command and the node's runner at once: the command may
+                    # die first, and its runner report `failed (exit 143)`.
+                    # Whether Slurm cancelled the job is known once srun ends.
+                    self.held = ev
+                    continue
             out += protocol.frame(protocol.EVENT, to_json(ev).encode())
         if out:
             self.send(bytes(out))
@@ -403,13 +413,33 @@ class _Relay:
         every process of the job, so a command killed by a signal (or a
         shell's exit 128+n for a child Slurm's TERM or KILL ended) or a
         keeper killed is the cancel's doing, not a failure of the run."""
-        outcome = ev.get("outcome")
-        killed = ev.get("signal") is not None or ev.get("exit_code") in (128 + signal.SIGTERM, 128 + signal.SIGKILL)
-        if outcome == "unavailable" or (outcome == "failed" and killed):
+        if _ended_by_a_kill(ev):
             return dict(ev, outcome=self.cancel_reason,
                         message=f"cancelled while it ran; slotq cancelled Slurm job {self.t.job_id} "
                                 f"before its runner could be told ({ev.get('message')})")
         return ev
+
+    def release(self) -> None:
+        """Send the held result, settled."""
+        assert self.held is not None
+        ev, self.held = self.held, None
+        self.send(protocol.frame(protocol.EVENT, to_json(self.settle(ev)).encode()))
+
+    def settle(self, ev: dict[str, object]) -> dict[str, object]:
+        """The node's result of a command ended by a signal, once srun has
+        ended: `cancelled`, naming who, if Slurm cancelled the job (the
+        signal was the cancel's); else as the node said."""
+        info = self.t._final = job_info(str(self.t.job_id), self.t.env)
+        acct = info.get("AcctState", "")
+        if info.get("JobState") != "CANCELLED" and not acct.startswith("CANCELLED") and not self.revoked_line:
+            return ev
+        return dict(ev, outcome="cancelled",
+                    message=f"{self.facts(info)} was cancelled {_cancelled_by(acct)} while it ran "
+                            f"({ev.get('message')})")
+
+    def facts(self, info: dict[str, str]) -> str:
+        facts = ", ".join(f"{k}={info[k]}" for k in ("JobState", "Reason", "NodeList") if info.get(k))
+        return f"Slurm job {self.t.job_id}" + (f" ({facts})" if facts else " (Slurm no longer knows it)")
 
     def on_stderr(self, line: str) -> bool:
         """One line from srun (or the node's stderr); True when it says the
@@ -487,8 +517,7 @@ class _Relay:
         info = self.t._final = job_info(job, self.t.env)
         state = info.get("JobState", "")
         acct = info.get("AcctState", "")
-        facts = ", ".join(f"{k}={info[k]}" for k in ("JobState", "Reason", "NodeList") if info.get(k))
-        facts = f"Slurm job {job}" + (f" ({facts})" if facts else " (Slurm no longer knows it)")
+        facts = self.facts(info)
         when = "while it ran" if self.node_live else "while pending"
         if self.cancel_reason == "not_admitted" and not self.node_live:
             limit = self.spec.max_wait or 0.0
@@ -500,11 +529,7 @@ class _Relay:
         elif self.cancel_reason is not None:
             outcome, message = self.cancel_reason, f"cancelled {when}; slotq cancelled {facts}"
         elif state == "CANCELLED" or acct.startswith("CANCELLED"):
-            who = acct.split(" by ", 1)[1] if " by " in acct else ""
-            if who.isdigit():
-                who = _user_name(int(who))
-            by = f"by {who} (scancel)" if who else "by scancel (its owner or an administrator)"
-            outcome, message = "cancelled", f"{facts} was cancelled {by} {when}" + (
+            outcome, message = "cancelled", f"{facts} was cancelled {_cancelled_by(acct)} {when}" + (
                 f": {self.revoked_line}" if self.revoked_line else "")
         elif state == "TIMEOUT":
             outcome, message = "backstop", (f"{facts} reached Slurm's time limit ({info.get('TimeLimit', '?')}) "
@@ -517,6 +542,22 @@ class _Relay:
         self.event(protocol.EXITED, outcome=outcome, exit_code=None, signal=None, message=message,
                    phases={"ended": time.time()})
         self.ended = True
+
+
+def _ended_by_a_kill(ev: dict[str, object]) -> bool:
+    """The node's result says the command was killed (a signal, or a
+    shell's 128+TERM/KILL for a child killed), or its runner lost it."""
+    killed = ev.get("signal") is not None or ev.get("exit_code") in (128 + signal.SIGTERM, 128 + signal.SIGKILL)
+    return ev.get("outcome") == "unavailable" or (ev.get("outcome") == "failed" and killed)
+
+
+def _cancelled_by(acct: str) -> str:
+    """Who cancelled a job, from sacct's state ("CANCELLED by 1000"), said
+    as `by alice (scancel)`; without accounting, who could have."""
+    who = acct.split(" by ", 1)[1] if " by " in acct else ""
+    if who.isdigit():
+        who = _user_name(int(who))
+    return f"by {who} (scancel)" if who else "by scancel (its owner or an administrator)"
 
 
 def _user_name(uid: int | None = None) -> str:
