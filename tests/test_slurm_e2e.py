@@ -248,6 +248,42 @@ def test_an_admins_scancel_is_cancelled_naming_scancel(slurm_env: Path) -> None:
     assert f"Slurm job {job}" in res["message"] and "scancel" in res["message"] and "pending" in res["message"]
 
 
+@pytest.mark.timeout(90)
+def test_slotq_cancel_slurm_cancels_a_pending_and_a_running_run(slurm_env: Path) -> None:
+    # `slotq cancel` saw only this host's queue: a Slurm run was "no live
+    # run", and only scancel by the job's name could end it.
+    tmp = slurm_env
+
+    def cancel(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(slotq_cmd() + ["cancel", "--slurm", *args], capture_output=True, text=True,
+                              timeout=30, cwd=tmp)
+
+    placeholder(tmp, 30)
+    waiting = start(tmp, "waiting", "--report-every", "1", "--", "true")
+    job = pending_job(tmp, "waiting")
+    run_id = squeue("-j", job, "-o", "%j").strip().removeprefix("slotq-")
+    done = cancel(run_id)
+    assert done.returncode == 0 and done.stderr == f"slotq cancel: cancelled run {run_id} (Slurm job {job})\n"
+    assert waiting.wait(timeout=20) == 130
+    res = result(tmp, "waiting")
+    assert res["outcome"] == "cancelled" and res["phases"]["started"] is None and "pending" in res["message"], res
+    assert cancel(run_id).returncode == 66  # gone now
+    bad = cancel("--label", "x*")
+    assert bad.returncode == 2 and "Slurm does not keep slotq's labels" in one_line(bad)
+    subprocess.run(["scancel", "--name", f"placeholder-{tmp.name}"], env=dict(os.environ, SLURM_CONF=CONF),
+                   timeout=30, check=True)
+    marker = tmp / "started"
+    running = start(tmp, "running", "--kill-grace", "1", "--", "sh", "-c", f"touch {marker}; sleep 300")
+    wait_for(marker.exists, timeout=20, what="the command running")
+    done = cancel("--mine")
+    assert done.returncode == 0 and done.stderr.startswith("slotq cancel: cancelled run "), done.stderr
+    assert running.wait(timeout=20) == 130, err(tmp, "running")
+    res = result(tmp, "running")
+    assert res["outcome"] == "cancelled" and res["phases"]["started"] is not None, res
+    wait_for(lambda: jobs_named(f"slotq-{res['run_id']}") == "", timeout=10, what="the job gone")
+    assert cancel("--mine").returncode == 66
+
+
 @pytest.mark.timeout(60)
 def test_output_is_byte_exact_through_slurm(slurm_env: Path) -> None:
     tmp = slurm_env

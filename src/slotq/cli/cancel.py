@@ -18,7 +18,7 @@ EXIT_NOT_FOUND = 66  # EX_NOINPUT: no such run (live) on this host
 LISTEN_WAIT = 2.0  # how long a live run's runner is given to open its control socket
 
 PARSER = Parser(
-    prog="slotq cancel", usage="slotq cancel [RUN_ID...] [--label PATTERN] [--mine] [--host HOST]",
+    prog="slotq cancel", usage="slotq cancel [RUN_ID...] [--label PATTERN] [--mine] [--host HOST | --slurm]",
     command="optional",
     description="Cancel queued or running runs of yours: a queued run leaves the line, a running command is "
                 "stopped (TERM, grace, KILL). Its caller ends `cancelled` (exit 130) with a message naming "
@@ -29,6 +29,9 @@ PARSER = Parser(
         Opt("--label", metavar="PATTERN", help="cancel the runs whose label matches PATTERN (shell-style: * ?)"),
         Opt("--mine", kind=FLAG, help="cancel all of your runs on this host"),
         *host_options("several: on each of them"),
+        Opt("--slurm", kind=FLAG,
+            help="cancel your runs on the Slurm cluster: their jobs (named slotq-RUN_ID), pending or running, "
+                 "through scancel; RUN_ID... or --mine"),
     ],
 )
 
@@ -42,8 +45,15 @@ def main(args: list[str]) -> int:
     for run_id in ids:
         if not is_run_id(run_id):
             raise UsageError(f"{run_id!r} is not a run id (see `slotq status`)")
+    if opts.host and opts.slurm:
+        raise PARSER.error("--slurm and --host name two different places: choose one")
     if opts.host:
         return _remote(opts, args)
+    if opts.slurm:
+        if opts.label:
+            raise PARSER.error("Slurm does not keep slotq's labels: name the runs (RUN_ID: the job's name "
+                               "without `slotq-`) or use --mine")
+        return _slurm(ids, opts.mine)
     targets = list(ids)
     owners = _owners()
     if opts.label or opts.mine:
@@ -207,6 +217,40 @@ def _remote(opts: Namespace, args: list[str]) -> int:
             code = code or HostUnavailable.exit_code
         elif rc:
             code = code or rc
+    return code
+
+
+def _slurm(ids: list[str], mine: bool) -> int:
+    """The runs' Slurm jobs, scancelled (pending: they leave Slurm's line;
+    running: Slurm signals them, and the node's runner ends the command).
+    Each caller ends `cancelled`, naming who cancelled it."""
+    from slotq.host.orphans import user_name
+    from slotq.transports.slurmctl import cancel_jobs, slotq_jobs
+
+    jobs = slotq_jobs()
+    me = os.getuid()
+    targets: dict[str, str] = {}
+    code = 0
+    for run_id in ids:
+        job, uid = jobs.get(run_id, ("", -1))
+        if not job:
+            _say(f"slotq cancel: error: no live run {run_id} on the Slurm cluster (ended already, or never there)")
+            code = code or EXIT_NOT_FOUND
+        elif uid != me:
+            _say(f"slotq cancel: error: run {run_id} (Slurm job {job}) belongs to user {user_name(uid)}: "
+                 f"you can cancel only your own runs")
+            code = EXIT_REFUSED
+        else:
+            targets[run_id] = job
+    if mine:
+        targets.update({run_id: job for run_id, (job, uid) in jobs.items() if uid == me})
+        if not targets:
+            _say("slotq cancel: no live run matches --mine on the Slurm cluster")
+            return EXIT_NOT_FOUND
+    if targets:
+        cancel_jobs(sorted(set(targets.values())))
+    for run_id, job in targets.items():
+        _say(f"slotq cancel: cancelled run {run_id} (Slurm job {job})")
     return code
 
 

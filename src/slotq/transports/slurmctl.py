@@ -133,6 +133,25 @@ def format_partitions(views: list[dict[str, object]]) -> str:
     return "\n".join(out) + "\n"
 
 
+def slotq_jobs(env: dict[str, str] | None = None) -> dict[str, tuple[str, int]]:
+    """run id -> (Slurm job id, its owner's uid) for the jobs slotq
+    submitted (named `slotq-<run id>`) that are pending or running."""
+    from ..spec import is_run_id
+
+    rows = _squeue(["-t", "PD,CF,R,S,RQ,RS,RH", "--format=%i|%U|%j"], env)
+    out: dict[str, tuple[str, int]] = {}
+    for job, uid, name in rows:
+        run_id = name.removeprefix("slotq-")
+        if name.startswith("slotq-") and is_run_id(run_id) and uid.isdigit():
+            out[run_id] = (job, int(uid))
+    return out
+
+
+def cancel_jobs(jobs: list[str], env: dict[str, str] | None = None) -> None:
+    """scancel these jobs; HostUnavailable with scancel's last line if it fails."""
+    _query(["scancel", "--quiet", *jobs], env)
+
+
 def job_info(job_id: str, env: dict[str, str] | None = None) -> dict[str, str]:
     """Slurm's facts about a job (JobState, Reason, NodeList, Partition,
     ExitCode, TimeLimit, ...) from `scontrol show job -o`; with accounting,
