@@ -16,6 +16,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -282,6 +283,35 @@ def test_slotq_cancel_slurm_cancels_a_pending_and_a_running_run(slurm_env: Path)
     assert res["outcome"] == "cancelled" and res["phases"]["started"] is not None, res
     wait_for(lambda: jobs_named(f"slotq-{res['run_id']}") == "", timeout=10, what="the job gone")
     assert cancel("--mine").returncode == 66
+
+
+@pytest.mark.timeout(60)
+def test_slotq_cancel_slurm_refuses_another_users_run_but_root_may(slurm_env: Path) -> None:
+    from shared_world import PY, make_root
+
+    def as_user(user: str, argv: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+        pw = pwd.getpwnam(user)
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30, cwd="/", user=pw.pw_uid,
+                              group=pw.pw_gid, env={"PATH": os.environ["PATH"], "SLURM_CONF": CONF, **env})
+
+    run_id = uuid.uuid4().hex[:12]
+    sub = as_user("slotqa", ["sbatch", "--parsable", "-o", "/dev/null", "-J", f"slotq-{run_id}", "--time=1",
+                             "--wrap", "sleep 60"])  # as the job of a run of slotqa's
+    assert sub.returncode == 0, sub.stderr
+    job = sub.stdout.strip()
+    code = make_root()  # slotq where the test users can read it
+    try:
+        proc = as_user("slotqb", [PY, "-m", "slotq", "cancel", "--slurm", run_id],
+                       PYTHONPATH=str(code / "code"), HOME=str(code / "home-slotqb"))
+        assert proc.returncode == 77, proc.stderr
+        assert proc.stderr == (f"slotq cancel: error: run {run_id} (Slurm job {job}) belongs to user slotqa: "
+                               "you can cancel only your own runs\n")
+        assert squeue("-j", job, "-o", "%i").strip() == job  # untouched
+    finally:
+        shutil.rmtree(code)
+    proc = subprocess.run(slotq_cmd() + ["cancel", "--slurm", run_id], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr  # root may, as scancel lets it
+    wait_for(lambda: jobs_named(f"slotq-{run_id}") == "", timeout=10, what="the job gone")
 
 
 @pytest.mark.timeout(60)

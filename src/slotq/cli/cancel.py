@@ -236,7 +236,7 @@ def _slurm(ids: list[str], mine: bool) -> int:
         if not job:
             _say(f"slotq cancel: error: no live run {run_id} on the Slurm cluster (ended already, or never there)")
             code = code or EXIT_NOT_FOUND
-        elif uid != me:
+        elif uid != me and me != 0:  # root may, as scancel lets it
             _say(f"slotq cancel: error: run {run_id} (Slurm job {job}) belongs to user {user_name(uid)}: "
                  f"you can cancel only your own runs")
             code = EXIT_REFUSED
