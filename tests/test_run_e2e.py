@@ -310,7 +310,7 @@ def test_forged_events_and_binary_output_pass_through_unchanged(state_dir: Path,
 @pytest.mark.timeout(60)
 def test_a_quiet_run_says_only_an_ending_slotq_decided(state_dir: Path, tmp_path: Path) -> None:
     """-q silences the progress lines: a run that passed or failed says
-    nothing. An ending of slotq's own (a timeout, unavailable, not admitted)
+    nothing (but for a command that could not be started). An ending of slotq's own (a timeout, unavailable, not admitted)
     was silent too: a harness saw exit 124 and a test suite cut short, and
     no word of why. It now gets the one summary line."""
     def quiet(*args: str) -> subprocess.CompletedProcess[str]:
@@ -328,7 +328,13 @@ def test_a_quiet_run_says_only_an_ending_slotq_decided(state_dir: Path, tmp_path
             (["run", "-q", "--host", "127.0.0.1", "--ssh-option", "Port=1", "--ssh-option", "ConnectTimeout=5",
               "--", "true"], 121, "slotq: unavailable"),
             (["task", "-q", "--budget", "0.5s", "--kill-grace", "0", "--", "sleep", "30"], 119,
-             "slotq task: budget_exhausted")):
+             "slotq task: budget_exhausted"),
+            # A command that could not be started has no words of its own
+            # (a shell would say "not found"): it was exit 127 and silence.
+            (["run", "-q", "--", "no-such-cmd-xyz"], 127, "command not found: 'no-such-cmd-xyz'"),
+            (["run", "-q", "--", str(tmp_path)], 126, "cannot execute: '"),
+            (["task", "-q", "--budget", "30s", "--", "no-such-cmd-xyz"], 127,
+             "slotq task: failed after 0.0s — command not found: 'no-such-cmd-xyz'")):
         proc = quiet(*args)
         assert proc.returncode == code, (args, proc.returncode, proc.stderr)
         assert needle in one_line(proc), (args, proc.stderr)

@@ -315,6 +315,13 @@ def test_slotq_cancel_slurm_refuses_another_users_run_but_root_may(slurm_env: Pa
 
 
 @pytest.mark.timeout(60)
+def test_a_quiet_slurm_run_says_its_command_could_not_be_started(slurm_env: Path) -> None:
+    proc = start(slurm_env, "missing", "-q", "--", "no-such-cmd-xyz")
+    assert proc.wait(timeout=30) == 127
+    assert "command not found: 'no-such-cmd-xyz'" in err(slurm_env, "missing")
+
+
+@pytest.mark.timeout(60)
 def test_output_is_byte_exact_through_slurm(slurm_env: Path) -> None:
     tmp = slurm_env
     blob = os.urandom(200_000) + b"\n" + MAGIC_LOOKALIKE + b"no newline at the end"

@@ -442,6 +442,13 @@ def test_a_host_whose_status_hangs_or_floods_is_unavailable_in_bounded_time_and_
 
 
 @pytest.mark.timeout(60)
+def test_a_quiet_remote_run_says_its_command_could_not_be_started(remote: Remote, tmp_path: Path) -> None:
+    proc = _runs_in(tmp_path, remote, "--", "no-such-cmd-xyz")
+    assert proc.returncode == 127
+    assert "command not found: 'no-such-cmd-xyz'" in proc.stderr, proc.stderr
+
+
+@pytest.mark.timeout(60)
 def test_a_runtime_dir_too_long_for_a_socket_or_relative_is_not_used_for_masters(
         remote: Remote, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A long $XDG_RUNTIME_DIR made every remote run `unavailable` (ssh:

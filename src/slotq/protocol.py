@@ -71,7 +71,8 @@ _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     SLOT: {"slot": (str,), "waited_s": _NUM, "budget": _NUM, "ticket": _OPT_INT},
     PREPARED: {"ok": (bool,), "exit_code": _OPT_INT},
     STARTED: {"budget": _NUM},
-    EXITED: {"outcome": (str,), "exit_code": _OPT_INT, "signal": _OPT_INT, "message": (str,), "phases": (dict,)},
+    EXITED: {"outcome": (str,), "exit_code": _OPT_INT, "signal": _OPT_INT, "message": (str,), "phases": (dict,),
+             "not_started": (bool,)},
     ERROR: {"kind": (str,), "message": (str,)},
 }
 _REQUIRED = {HELLO: ("protocol",), QUEUED: (), SLOT: ("slot",), PREPARED: ("ok",), STARTED: (),

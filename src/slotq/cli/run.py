@@ -52,7 +52,7 @@ PARSER = Parser(
                  "to credit (default: the current directory)"),
         Opt("-q", "--quiet", kind=FLAG,
             help="no status lines on stderr, but for the one line of an ending slotq decided (a timeout, "
-                 "unavailable, not admitted...); behind others in line the run then sleeps until it is next "
+                 "unavailable, not admitted...) or of a command that could not be started; behind others in line the run then sleeps until it is next "
                  "(no reports to make), waking only to refresh its wait record every 30 s"),
         *host_options(),
         *slurm_options(),
@@ -122,10 +122,10 @@ def main(args: list[str]) -> int:
     try:
         result = run(spec, transport, idle=opts.idle, status=say, handle_sigint=True,
                      credit_dir=opts.credit_dir or cwd, live=live)
-        if opts.quiet and result.outcome.decided_by_slotq:
+        if opts.quiet and result.said_when_quiet:
             from slotq.client.caller import summary_line
 
-            _stderr_line(summary_line(result))  # -q silences progress, not an ending slotq decided
+            _stderr_line(summary_line(result))
         json_result.write(result.to_json, open_line=result.open_line)
     finally:
         json_result.discard()  # no result (an error escaped): no file, and the old one untouched

@@ -35,7 +35,8 @@ PARSER = Parser(
             help="TERM -> KILL grace when the job is ended (default: 10s)"),
         Opt("--json", metavar="FILE", help="write the result as JSON to FILE (- for stdout)"),
         Opt("-q", "--quiet", kind=FLAG, help="no status lines on stderr, but for the one line of an ending "
-                                             "slotq decided (budget exhausted, deadline...)"),
+                                             "slotq decided (budget exhausted, deadline...) or of a "
+                                             "command that could not be started"),
     ],
 )
 
@@ -60,8 +61,8 @@ def main(args: list[str]) -> int:
                             recheck=opts.recheck, on_extend=lambda ext: say(describe_extension(ext)))
         result = run_task(command, deadline, grace=opts.kill_grace, say=say)
         final = f"slotq task: {result.outcome.value} after {result.elapsed:.1f}s — {result.message}"
-        if opts.quiet and result.outcome.decided_by_slotq:
-            sys.stderr.write(final + "\n")  # -q silences progress, not an ending slotq decided
+        if opts.quiet and result.said_when_quiet:
+            sys.stderr.write(final + "\n")
         else:
             say(final)
         json_result.write(result.to_json)

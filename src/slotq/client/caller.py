@@ -100,10 +100,17 @@ class RunResult:
         self.transfer_s: float | None = None
         self.queue_s: float | None = None
         self.open_line = False  # the command's stdout ended without a newline
+        self.not_started = False  # the command could not be started (not found, not executable)
 
     @property
     def exit_code(self) -> int:
         return exit_code_for(self.outcome, self.command_code)
+
+    @property
+    def said_when_quiet(self) -> bool:
+        """-q silences progress, not an ending slotq decided, nor a command
+        that could not be started (no output of its own says why)."""
+        return self.outcome.decided_by_slotq or self.not_started
 
     @property
     def blame(self) -> str:
@@ -512,6 +519,7 @@ def _on_event(ev: dict[str, object], result: RunResult, dogs: Watchdogs,
         code = ev.get("exit_code")
         result.command_code = code if isinstance(code, int) else None
         result.message = str(ev.get("message") or "")
+        result.not_started = ev.get("not_started") is True
         phases = ev.get("phases")
         if isinstance(phases, dict):
             for k in ("slot", "prepared", "started", "ended"):

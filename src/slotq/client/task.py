@@ -21,8 +21,9 @@ from .deadline import Deadline, Extension
 
 class TaskResult:
     def __init__(self, outcome: Outcome, command_code: int | None, message: str, elapsed: float,
-                 deadline: Deadline) -> None:
+                 deadline: Deadline, not_started: bool = False) -> None:
         self.outcome = outcome
+        self.not_started = not_started  # the command could not be started (not found, not executable)
         self.command_code = command_code
         self.message = message
         self.elapsed = elapsed
@@ -31,6 +32,11 @@ class TaskResult:
     @property
     def exit_code(self) -> int:
         return exit_code_for(self.outcome, self.command_code)
+
+    @property
+    def said_when_quiet(self) -> bool:
+        """As RunResult.said_when_quiet."""
+        return self.outcome.decided_by_slotq or self.not_started
 
     def to_dict(self) -> dict[str, object]:
         d: dict[str, object] = {
@@ -103,7 +109,7 @@ def run_task(argv: list[str], deadline: Deadline, *, grace: float = 10.0,
     assert end is not None
     elapsed = clock.monotonic() - start
     if end.exec_errno is not None:
-        return TaskResult(Outcome.FAILED, end.exit_code, end.describe(argv[0]), elapsed, deadline)
+        return TaskResult(Outcome.FAILED, end.exit_code, end.describe(argv[0]), elapsed, deadline, not_started=True)
     if reason is not None and end.stopped:
         if reason is Outcome.DEADLINE:
             msg = f"delivery deadline of {format_duration(deadline.delivery.length if deadline.delivery else 0)} reached"

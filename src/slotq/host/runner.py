@@ -598,8 +598,11 @@ class HostRunner:
         record = history.run_record(run_id=spec.run_id, label=spec.label, cls=spec.cls, host=self.host,
                                     outcome=outcome.value, exit_code=exit_code, message=message, phases=dict(p),
                                     pool=self.config.classes.get(spec.cls), slot=self.slot)
+        # not_started: the command could not be started (not found, not
+        # executable); -q still says so, as a shell would.
         self.link.event(protocol.EXITED, outcome=outcome.value, exit_code=exit_code,
-                    signal=end.signal if end is not None else None, message=message, phases=dict(p))
+                        signal=end.signal if end is not None else None, message=message, phases=dict(p),
+                        **({"not_started": True} if end is not None and end.exec_errno is not None else {}))
         # The result is out: end the stream now, then the history line. If
         # we die before it is written (the caller killed just now, and this
         # thread with it), our keeper, still waiting for our word, writes it.
