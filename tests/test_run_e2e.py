@@ -310,9 +310,10 @@ def test_forged_events_and_binary_output_pass_through_unchanged(state_dir: Path,
 @pytest.mark.timeout(60)
 def test_a_quiet_run_says_only_an_ending_slotq_decided(state_dir: Path, tmp_path: Path) -> None:
     """-q silences the progress lines: a run that passed or failed says
-    nothing (but for a command that could not be started). An ending of slotq's own (a timeout, unavailable, not admitted)
-    was silent too: a harness saw exit 124 and a test suite cut short, and
-    no word of why. It now gets the one summary line."""
+    nothing (but for a command that could not be started). An ending of
+    slotq's own (a timeout, unavailable, not admitted) was silent too: a
+    harness saw exit 124 and a test suite cut short, and no word of why.
+    It now gets the one summary line."""
     def quiet(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(slotq_cmd() + list(args), capture_output=True, text=True, timeout=30, cwd=tmp_path)
 

@@ -52,8 +52,9 @@ PARSER = Parser(
                  "to credit (default: the current directory)"),
         Opt("-q", "--quiet", kind=FLAG,
             help="no status lines on stderr, but for the one line of an ending slotq decided (a timeout, "
-                 "unavailable, not admitted...) or of a command that could not be started; behind others in line the run then sleeps until it is next "
-                 "(no reports to make), waking only to refresh its wait record every 30 s"),
+                 "unavailable, not admitted...) or of a command that could not be started; behind others in "
+                 "line the run then sleeps until it is next (no reports to make), waking only to refresh its "
+                 "wait record every 30 s"),
         *host_options(),
         *slurm_options(),
         Opt("--sync", metavar="MODE", default="rsync", choices=("rsync", "none"),

@@ -92,6 +92,7 @@ _INFRA = ("Unable to contact slurm controller", "Socket timed out", "Connection 
           "Transport endpoint", "Slurmctld not responding")
 _NO_CONFIG = ("_establish_config_source", "fetch_config", "Could not establish a configuration source")
 _LAST_LINES = 50  # srun / node stderr lines kept for diagnostics
+TIME_MARGIN = 120.0  # Slurm's --time covers prepare + budget + grace + this
 
 
 def never_starts(reason: str) -> str | None:
@@ -107,7 +108,6 @@ def never_starts(reason: str) -> str | None:
     if reason in ("BadConstraints", "InvalidAccount", "InvalidQOS", "DependencyNeverSatisfied"):
         return "its --slurm-option or the class's partition and QoS cannot be met"
     return None
-TIME_MARGIN = 120.0  # Slurm's --time covers prepare + budget + grace + this
 
 
 class SlurmTransport(Transport):
@@ -478,7 +478,8 @@ class _Relay:
         if change and self.cancel_reason is None:
             # Slurm would keep it pending until someone changes a limit: a
             # refusal, as if Slurm had refused it when it was submitted.
-            where = f" (partition {self.t.partition!r})" if self.t.partition else ""
+            part = view.get("partition")
+            where = f" (partition {part!r})" if isinstance(part, str) and part != "?" else ""
             self.refused = (f"Slurm refused the job{where}: Slurm job {job} would never start as asked, pending "
                             f"for reason {reason}: {change}; slotq cancelled it")
             self.cancel_reason = "cancelled"  # should it start after all, in the moment before the scancel
