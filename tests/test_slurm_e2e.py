@@ -519,6 +519,30 @@ def test_status_slurm_shows_each_configured_partitions_queue(slurm_env: Path,
     caller.wait()
 
 
+@pytest.mark.timeout(60)
+def test_status_slurm_says_a_partition_slurm_does_not_have(slurm_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # squeue shows an unknown partition as an empty queue: "0 running, 0
+    # pending", all well, while Slurm refused every run of its class.
+    (slurm_env / "host.toml").write_text('[slurm.classes]\nshared = { partition = "test" }\n'
+                                         'nightly = { partition = "nosuch" }\n')
+    monkeypatch.setenv("SLOTQ_CONFIG", str(slurm_env / "host.toml"))
+    text = subprocess.run(slotq_cmd() + ["status", "--slurm"], capture_output=True, text=True, timeout=30).stdout
+    assert "partition nosuch (classes nightly): Slurm has no such partition (runs of these classes are refused)" \
+        in text and "partition test (classes shared): 0 running, 0 pending" in text, text
+    proc = subprocess.run(slotq_cmd() + ["status", "--slurm", "--json"], capture_output=True, text=True, timeout=30)
+    views = {v["partition"]: v for v in json.loads(proc.stdout)["partitions"]}
+    assert views["nosuch"]["missing"] is True and "missing" not in views["test"], views
+
+
+@pytest.mark.timeout(60)
+def test_slurms_tools_not_installed_is_one_line_naming_them(slurm_env: Path, tmp_path: Path) -> None:
+    # It was "squeue failed: [Errno 2] No such file or directory: 'squeue'".
+    env = dict(os.environ, PATH=str(tmp_path))  # no Slurm tools there (slotq_cmd is an absolute path)
+    for cmd, tool in ((["cancel", "--slurm", "--mine"], "squeue"), (["status", "--slurm"], "sinfo")):
+        proc = subprocess.run(slotq_cmd() + cmd, capture_output=True, text=True, timeout=30, env=env)
+        assert proc.returncode == 121 and f"{tool} is not installed here (Slurm's client tools)" in one_line(proc)
+
+
 @pytest.mark.parametrize("toml, needle", [
     ('[slurm]\ncolour = "blue"\n', "unknown setting(s) ['colour']"),
     ('[slurm.classes]\nshared = "test"\n', "classes.shared must be { partition = NAME"),

@@ -175,3 +175,22 @@ def test_a_job_slurm_never_had_is_told_apart_by_why(lines: list[str], kind: str,
     ev = frames[-1][1]
     assert isinstance(ev, dict) and ev["event"] == "error" and ev["kind"] == kind, ev
     assert needle in str(ev["message"]) and lines[-1].split("error: ", 1)[1] in str(ev["message"]), ev
+
+
+def test_a_slurm_tool_that_does_not_answer_is_one_sentence(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Pure logic (a fake _run): it was Python's own words, "squeue failed:
+    # Command '[...]' timed out after 30 seconds". Seen with no Slurm
+    # configuration (srun/squeue then look the controller up in DNS).
+    import subprocess
+
+    from slotq.errors import HostUnavailable
+    from slotq.transports import slurmctl
+
+    def hang(argv: list[str], env: object, timeout: float) -> object:
+        raise subprocess.TimeoutExpired(argv, timeout)
+
+    monkeypatch.setattr(slurmctl, "_run", hang)
+    with pytest.raises(HostUnavailable) as e:
+        slurmctl.slotq_jobs()
+    assert str(e.value) == ("squeue did not answer within 30 s (slurmctld down, or no Slurm configuration "
+                            "here?)")

@@ -37,6 +37,7 @@ def submit(args: list[str], script: str, env: dict[str, str] | None = None) -> s
 
 
 MAX_LINES = 10_000  # squeue output read at most this far (a huge queue is cut, never unbounded)
+QUERY_TIMEOUT = 30.0  # seconds a query tool (squeue, sinfo, scancel) may take
 
 
 def _squeue(args: list[str], env: dict[str, str] | None) -> list[list[str]]:
@@ -52,9 +53,14 @@ def _query(argv: list[str], env: dict[str, str] | None) -> str:
     """The output of one of Slurm's query tools; HostUnavailable with the
     tool's own last line when it fails or does not answer in 30 s."""
     try:
-        proc = _run(argv, env, 30)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise HostUnavailable(f"{argv[0]} failed: {e}", host="slurm") from None
+        proc = _run(argv, env, QUERY_TIMEOUT)
+    except FileNotFoundError:
+        raise HostUnavailable(f"{argv[0]} is not installed here (Slurm's client tools)", host="slurm") from None
+    except subprocess.TimeoutExpired:
+        raise HostUnavailable(f"{argv[0]} did not answer within {QUERY_TIMEOUT:g} s (slurmctld down, or no "
+                              f"Slurm configuration here?)", host="slurm") from None
+    except OSError as e:
+        raise HostUnavailable(f"cannot run {argv[0]}: {e.strerror or e}", host="slurm") from None
     if proc.returncode != 0:
         why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
         raise HostUnavailable(f"{argv[0]} failed: {why}", host="slurm")
@@ -93,6 +99,10 @@ def partition_view(partition: str | None, env: dict[str, str] | None = None) -> 
     if partition is None:
         rows = _default_partition(env)
         where = ["-p", rows] if rows else []
+    elif not _query(["sinfo", "-h", "-p", partition, "-o", "%P"], env).strip():
+        # squeue shows an unknown partition as an empty queue: all seemed
+        # well while Slurm refused every run of its classes.
+        return {"partition": partition, "missing": True, "running": [], "pending": []}
     pending = _squeue([*where, "-t", "PD", "--sort=-p,i", "--format=%i|%r|%S|%u|%M|%j"], env)
     running = _squeue([*where, "-t", "R,CG", "--format=%i|%T|%u|%M|%N|%j"], env)
     return {
@@ -122,7 +132,8 @@ def format_partitions(views: list[dict[str, object]]) -> str:
         classes = ", ".join(map(str, v.get("classes") or []))  # type: ignore[call-overload]
         assert isinstance(running, list) and isinstance(pending, list)
         out.append(f"partition {printable(v.get('partition'))}" + (f" (classes {classes})" if classes else "")
-                   + f": {len(running)} running, {len(pending)} pending")
+                   + (": Slurm has no such partition (runs of these classes are refused)" if v.get("missing")
+                      else f": {len(running)} running, {len(pending)} pending"))
         for r in running:
             out.append(f"  running   job {printable(r['job_id'])}  {printable(r['user'])}  "
                        f"{printable(r['name'], 60)}  for {printable(r['elapsed'])}  on {printable(r['nodes'])}")
