@@ -112,6 +112,7 @@ def test_history_lists_real_runs_with_phases_and_filters_including_a_run_cancell
     # `--user "$U"` with U unset listed nothing, as if the user had no runs.
     (["--user", ""], "option --user: no user named"),
     (["--class", " , "], "option --class: no class named"),
+    (["--label", " "], "option --label: an empty label"),  # `--label "$L"` with L unset listed every run
     (["--outcome", "passed,nope"], "--outcome 'nope' is not an outcome"),
 ])
 @pytest.mark.timeout(30)

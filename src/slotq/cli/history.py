@@ -7,7 +7,8 @@ import sys
 import time
 from typing import Callable
 
-from slotq.cli.args import FLAG, Opt, Parser, parse_window, positive_int, window_options
+from slotq.cli.args import FLAG, Opt, Parser, bounded_text, parse_window, positive_int, window_options
+from slotq.spec import MAX_TEXT
 from slotq.errors import UsageError
 
 MAX_NAMES = 100
@@ -45,7 +46,9 @@ PARSER = Parser(
     options=[
         *window_options(),
         Opt("--user", metavar="U[,U...]", convert=_names("user"), help="only these users' runs"),
-        Opt("--label", metavar="TEXT", help="only runs whose label contains TEXT"),
+        # --label "$L" with L unset must not list every run
+        Opt("--label", metavar="TEXT", convert=bounded_text(MAX_TEXT["label"], blank="label"),
+            help="only runs whose label contains TEXT"),
         Opt("--outcome", metavar="O[,O...]", convert=_names("outcome"),
             help="only runs that ended so (passed, failed, exec_timeout, ...)"),
         Opt("--class", dest="cls", metavar="C[,C...]", convert=_names("class"), help="only runs of these classes"),
