@@ -5,6 +5,7 @@ replaced; a directory of other files is never taken."""
 
 from __future__ import annotations
 
+import grp
 import os
 import shutil
 import stat
@@ -71,9 +72,22 @@ def test_host_init_needs_root_and_a_known_group(tmp_path: Path) -> None:
         assert proc.returncode == 77 and "must run as root" in one_line(proc)
     finally:
         shutil.rmtree(w.root, ignore_errors=True)
-    proc = subprocess.run(slotq_cmd() + ["host", "init", "--shared", str(tmp_path / "s"), "--group", "no-such-grp"],
+    for group in ("no-such-grp", "4294967296", "999999"):  # a gid too: past the range, and one nobody has
+        proc = subprocess.run(slotq_cmd() + ["host", "init", "--shared", str(tmp_path / "s"), "--group", group],
+                              capture_output=True, text=True, timeout=20)
+        assert proc.returncode == 2 and f"no group named {group!r}" in one_line(proc)
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.timeout(30)
+def test_host_init_takes_a_group_by_its_gid_as_chgrp_does(tmp_path: Path) -> None:
+    # "no group named '1002'": a gid, as admins' scripts and chgrp(1) give one.
+    gid = grp.getgrnam(GROUP).gr_gid
+    proc = subprocess.run(slotq_cmd() + ["host", "init", "--shared", str(tmp_path / "s"), "--group", str(gid)],
                           capture_output=True, text=True, timeout=20)
-    assert proc.returncode == 2 and "no group named" in one_line(proc)
+    assert proc.returncode == 0, proc.stderr
+    assert f"tell the members of group {GROUP} to use it" in proc.stdout
+    assert (tmp_path / "s").stat().st_gid == gid
 
 
 @pytest.mark.timeout(60)

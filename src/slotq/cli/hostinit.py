@@ -21,6 +21,7 @@ regular file (a link or a file someone planted).
 
 from __future__ import annotations
 
+import grp
 import os
 import stat
 import sys
@@ -51,7 +52,7 @@ PARSER = Parser(
     options=[
         Opt("--shared", metavar="DIR", help="the shared state directory to create or repair: a new or empty "
                                              "directory, or a slotq state dir"),
-        Opt("--group", metavar="GROUP", help="the group whose members share it"),
+        Opt("--group", metavar="GROUP", help="the group whose members share it (a name, or a gid)"),
         Opt("--config", metavar="FILE", help="install FILE as DIR/host.toml (default: keep the one there, "
                                               "or write the defaults)"),
     ],
@@ -62,25 +63,36 @@ class NotRoot(SlotqError):
     exit_code = 77  # EX_NOPERM
 
 
+def _group(name: str) -> grp.struct_group:
+    """The group named `name`, or with the gid `name` (as chgrp(1) takes
+    one); a usage error if there is none."""
+    try:
+        return grp.getgrnam(name)
+    except KeyError:
+        pass
+    try:
+        if name.isascii() and name.isdigit():
+            return grp.getgrgid(int(name))
+    except (KeyError, OverflowError):
+        pass
+    raise UsageError(f"no group named {name!r}")
+
+
 def main(args: list[str]) -> int:
     opts, _ = PARSER.parse(args)
     if not opts.shared or not opts.group:
         raise PARSER.error("--shared DIR and --group GROUP are both needed")
     if os.geteuid() != 0:
         raise NotRoot("slotq host init must run as root (it makes files owned by root)")
-    import grp
-
-    try:
-        gid = grp.getgrnam(opts.group).gr_gid
-    except KeyError:
-        raise UsageError(f"no group named {opts.group!r}") from None
+    group = _group(opts.group)
+    gid = group.gr_gid
     text = _read_config(opts.config) if opts.config is not None else None
     top = os.path.abspath(opts.shared)
     _check_top(top)
     done = init_shared(top, gid, text)
     for line in done:
         print(line)
-    print(f"shared state dir ready: tell the members of group {opts.group} to use it with\n"
+    print(f"shared state dir ready: tell the members of group {group.gr_name} to use it with\n"
           f"  export SLOTQ_STATE_DIR={top}")
     return 0
 
