@@ -286,6 +286,24 @@ def test_slotq_cancel_slurm_cancels_a_pending_and_a_running_run(slurm_env: Path)
 
 
 @pytest.mark.timeout(60)
+def test_slotq_backend_slurm_makes_status_and_cancel_look_at_slurm_too(slurm_env: Path) -> None:
+    # $SLOTQ_BACKEND=slurm sent every `slotq run` to Slurm, but `status`
+    # showed this host's empty queue and `cancel --mine` found "no live run".
+    tmp = slurm_env
+    placeholder(tmp, 30)
+    waiting = start(tmp, "waiting", "--report-every", "1", "--", "true")
+    job = pending_job(tmp, "waiting")
+    env = dict(os.environ, SLOTQ_BACKEND="slurm")
+    status = subprocess.run(slotq_cmd() + ["status", "--json"], capture_output=True, text=True, timeout=30, env=env)
+    assert status.returncode == 0, status.stderr
+    [view] = json.loads(status.stdout)["partitions"]
+    assert job in [p["job_id"] for p in view["pending"]], view
+    done = subprocess.run(slotq_cmd() + ["cancel", "--mine"], capture_output=True, text=True, timeout=30, env=env)
+    assert done.returncode == 0 and f"(Slurm job {job})" in done.stderr, done.stderr
+    assert waiting.wait(timeout=20) == 130
+
+
+@pytest.mark.timeout(60)
 def test_slotq_cancel_slurm_refuses_another_users_run_but_root_may(slurm_env: Path) -> None:
     from shared_world import PY, make_root
 

@@ -357,15 +357,16 @@ def slurm_options() -> list[Opt]:
 
 
 def use_slurm(opts: Namespace) -> bool:
-    """--slurm, or $SLOTQ_BACKEND=slurm; one line and exit 2 for a backend
-    slotq does not know, or for --slurm with --host."""
+    """--slurm, or $SLOTQ_BACKEND=slurm (run, status and cancel alike: who
+    runs on Slurm looks there too); one line and exit 2 for a backend slotq
+    does not know, or for --slurm with --host."""
     backend = os.environ.get("SLOTQ_BACKEND", "")
     if backend not in ("", "local", "slurm"):
         raise UsageError(f"$SLOTQ_BACKEND={backend!r} is not a backend slotq knows (local, slurm)")
     slurm = bool(opts.slurm) or (backend == "slurm" and not opts.host)
     if opts.slurm and opts.host:
-        raise UsageError("--slurm and --host name two different places to run: choose one")
-    if opts.slurm_option and not slurm:
+        raise UsageError("--slurm and --host name two different places: choose one")
+    if getattr(opts, "slurm_option", None) and not slurm:
         raise UsageError("--slurm-option needs --slurm (or $SLOTQ_BACKEND=slurm)")
     return slurm
 

@@ -7,7 +7,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, NamedTuple
 
-from slotq.cli.args import FLAG, Namespace, Opt, Parser, host_options
+from slotq.cli.args import FLAG, Namespace, Opt, Parser, host_options, use_slurm
 from slotq.errors import UsageError
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ PARSER = Parser(
         *host_options("several: on each of them"),
         Opt("--slurm", kind=FLAG,
             help="cancel your runs on the Slurm cluster: their jobs (named slotq-RUN_ID), pending or running, "
-                 "through scancel; RUN_ID... or --mine"),
+                 "through scancel; RUN_ID... or --mine (default: $SLOTQ_BACKEND=slurm)"),
     ],
 )
 
@@ -45,11 +45,10 @@ def main(args: list[str]) -> int:
     for run_id in ids:
         if not is_run_id(run_id):
             raise UsageError(f"{run_id!r} is not a run id (see `slotq status`)")
-    if opts.host and opts.slurm:
-        raise PARSER.error("--slurm and --host name two different places: choose one")
+    slurm = use_slurm(opts)
     if opts.host:
         return _remote(opts, args)
-    if opts.slurm:
+    if slurm:
         if opts.label:
             raise PARSER.error("Slurm does not keep slotq's labels: name the runs (RUN_ID: the job's name "
                                "without `slotq-`) or use --mine")

@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from slotq.cli.args import FLAG, Namespace, Opt, Parser, duration, host_options, positive_int
+from slotq.cli.args import FLAG, Namespace, Opt, Parser, duration, host_options, positive_int, use_slurm
 from slotq.errors import SlotqError
 
 PARSER = Parser(
@@ -26,16 +26,15 @@ PARSER = Parser(
             help="with --watch: how often (default 2s)"),
         *host_options("several: each one's status, in turn (with --json, a list)"),
         Opt("--slurm", kind=FLAG, help="the Slurm partitions the host config's [slurm.classes] name: running "
-                                       "jobs, and pending ones in Slurm's priority order with its reasons"),
+                                       "jobs, and pending ones in Slurm's priority order with its reasons "
+                                       "(default: $SLOTQ_BACKEND=slurm)"),
     ],
 )
 
 
 def main(args: list[str]) -> int:
     opts, _ = PARSER.parse(args)
-    if opts.slurm and opts.host:
-        raise PARSER.error("--slurm and --host name two different places: choose one")
-    if opts.slurm:
+    if use_slurm(opts):
         render = _slurm(opts.json)
     elif opts.host:
         render = _Remote(opts)
