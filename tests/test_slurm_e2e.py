@@ -94,6 +94,14 @@ def pending_job(tmp: Path, name: str) -> str:
     return str(found.group(1))
 
 
+def pending_run(tmp: Path, name: str) -> tuple[subprocess.Popen[bytes], str]:
+    """A run of `true` waiting in Slurm's line behind a placeholder that
+    holds the node for 30 s: its caller, and its pending job."""
+    placeholder(tmp, 30)
+    caller = start(tmp, name, "--report-every", "1", "--", "true")
+    return caller, pending_job(tmp, name)
+
+
 @pytest.mark.timeout(60)
 def test_seed_scenario_waits_in_slurm_then_passes_with_the_wait_on_record(slurm_env: Path) -> None:
     tmp = slurm_env
@@ -160,9 +168,7 @@ def test_the_idle_watchdog_counts_only_after_the_command_started(slurm_env: Path
 @pytest.mark.parametrize("how", ["pid", "group"])
 def test_a_sigkilled_pending_caller_has_its_job_cancelled_within_2s(slurm_env: Path, how: str) -> None:
     tmp = slurm_env
-    placeholder(tmp, 30)
-    caller = start(tmp, "victim", "--report-every", "1", "--", "true")
-    job = pending_job(tmp, "victim")
+    caller, job = pending_run(tmp, "victim")
     assert "PENDING" in squeue("-j", job, "-o", "%T")
     t0 = time.monotonic()
     if how == "pid":
@@ -239,9 +245,7 @@ def test_max_wait_bounds_the_wait_in_slurms_line_and_leaves_no_job(slurm_env: Pa
 @pytest.mark.timeout(60)
 def test_an_admins_scancel_is_cancelled_naming_scancel(slurm_env: Path) -> None:
     tmp = slurm_env
-    placeholder(tmp, 30)
-    caller = start(tmp, "me", "--report-every", "1", "--", "true")
-    job = pending_job(tmp, "me")
+    caller, job = pending_run(tmp, "me")
     subprocess.run(["scancel", job], env=dict(os.environ, SLURM_CONF=CONF), timeout=30, check=True)
     assert caller.wait(timeout=20) == 130
     res = result(tmp, "me")
@@ -259,9 +263,7 @@ def test_slotq_cancel_slurm_cancels_a_pending_and_a_running_run(slurm_env: Path)
         return subprocess.run(slotq_cmd() + ["cancel", "--slurm", *args], capture_output=True, text=True,
                               timeout=30, cwd=tmp)
 
-    placeholder(tmp, 30)
-    waiting = start(tmp, "waiting", "--report-every", "1", "--", "true")
-    job = pending_job(tmp, "waiting")
+    waiting, job = pending_run(tmp, "waiting")
     run_id = squeue("-j", job, "-o", "%j").strip().removeprefix("slotq-")
     done = cancel(run_id)
     assert done.returncode == 0 and done.stderr == f"slotq cancel: cancelled run {run_id} (Slurm job {job})\n"
@@ -290,9 +292,7 @@ def test_slotq_backend_slurm_makes_status_and_cancel_look_at_slurm_too(slurm_env
     # $SLOTQ_BACKEND=slurm sent every `slotq run` to Slurm, but `status`
     # showed this host's empty queue and `cancel --mine` found "no live run".
     tmp = slurm_env
-    placeholder(tmp, 30)
-    waiting = start(tmp, "waiting", "--report-every", "1", "--", "true")
-    job = pending_job(tmp, "waiting")
+    waiting, job = pending_run(tmp, "waiting")
     env = dict(os.environ, SLOTQ_BACKEND="slurm")
     status = subprocess.run(slotq_cmd() + ["status", "--json"], capture_output=True, text=True, timeout=30, env=env)
     assert status.returncode == 0, status.stderr
