@@ -189,7 +189,6 @@ def _remote(opts: Namespace, args: list[str]) -> int:
     import shlex
 
     from slotq.errors import HostUnavailable
-    from slotq.transports.proc import run
     from slotq.transports.ssh import SshHost
 
     local = _strip_host_options(args)
@@ -198,14 +197,9 @@ def _remote(opts: Namespace, args: list[str]) -> int:
         remote = SshHost(host, config=opts.ssh_config, options=opts.ssh_option, remote_slotq=opts.remote_slotq)
         try:
             remote.ensure_master()
+            rc, out, err = remote.call(f"cancel {shlex.join(local)}", 60, f"host {host} did not answer within 60s")
         except HostUnavailable as e:  # the other hosts' runs are still cancelled
             _say(f"slotq cancel: error: {e}")
-            code = code or HostUnavailable.exit_code
-            continue
-        try:
-            rc, out, err = run(remote.command(f"{remote.remote_slotq} cancel {shlex.join(local)}"), timeout=60)
-        except TimeoutError:
-            _say(f"slotq cancel: error: host {host} did not answer within 60s")
             code = code or HostUnavailable.exit_code
             continue
         sys.stdout.buffer.write(out)

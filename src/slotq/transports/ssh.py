@@ -114,6 +114,15 @@ class SshHost:
         """ssh argv running the shell string `remote` over the master."""
         return self._base() + ["-o", "ControlMaster=no", "-T", self.host, remote]
 
+    def call(self, sub: str, timeout: float, unanswered: str, limit: int = 1 << 20) -> tuple[int, bytes, bytes]:
+        """`<remote slotq> SUB` on the host, over the master: its exit code,
+        stdout and stderr (each cut to `limit` bytes); HostUnavailable with
+        `unanswered` if it has not ended within `timeout` seconds."""
+        try:
+            return run(self.command(f"{self.remote_slotq} {sub}"), timeout=timeout, limit=limit)
+        except TimeoutError:
+            raise HostUnavailable(unanswered, host=self.host) from None
+
     def ssh_command_for_rsync(self) -> str:
         return " ".join(_quote(a) for a in self._base() + ["-o", "ControlMaster=no"])
 
@@ -194,11 +203,8 @@ class SshHost:
     def hello(self) -> dict[str, object]:
         """The handshake: the host's slotq version, protocol and work root.
         Raises HostUnavailable naming the host and what to install."""
-        try:
-            rc, out, err_bytes = run(self.command(f"{self.remote_slotq} host hello"), timeout=60)
-        except TimeoutError:
-            raise HostUnavailable(f"host {self.host} did not answer the slotq handshake within 60 s",
-                                  host=self.host) from None
+        rc, out, err_bytes = self.call("host hello", 60, f"host {self.host} did not answer the slotq handshake "
+                                                         f"within 60 s")
         err = err_bytes.decode(errors="replace").strip()
         if rc == 255:
             raise HostUnavailable(f"connection to host {self.host} failed: {_last(err)}", host=self.host)
@@ -237,11 +243,8 @@ class SshHost:
         Raises HostUnavailable, also for a host that does not answer within
         STATUS_TIMEOUT or answers more than STATUS_LIMIT bytes."""
         args = (" --json" if as_json else "") + ("" if history is None else f" --history {int(history)}")
-        try:
-            rc, out, err_bytes = run(self.command(f"{self.remote_slotq} status{args}"), timeout=STATUS_TIMEOUT,
-                                     limit=STATUS_LIMIT + 1)
-        except TimeoutError:
-            raise HostUnavailable(f"host {self.host}: no status within {STATUS_TIMEOUT:g}s", host=self.host) from None
+        rc, out, err_bytes = self.call(f"status{args}", STATUS_TIMEOUT,
+                                       f"host {self.host}: no status within {STATUS_TIMEOUT:g}s", STATUS_LIMIT + 1)
         if rc != 0:
             err = _last(err_bytes.decode(errors="replace"))
             if rc in (126, 127):
