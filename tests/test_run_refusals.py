@@ -160,6 +160,23 @@ def test_a_relative_wait_ledger_is_refused_before_anything_runs(
 
 
 @pytest.mark.timeout(60)
+def test_a_wait_ledger_that_is_a_directory_is_refused_before_anything_runs(
+        state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A directory took the runs' waits in a spool beside it, and every
+    # reader failed with SQLite's "unable to open database file": `slotq
+    # task` could credit no wait.
+    ledger_dir = tmp_path / "ledger"
+    ledger_dir.mkdir()
+    monkeypatch.setenv("SLOTQ_LEDGER", str(ledger_dir))
+    for cmd in (["run", "--", "echo", "ran"], ["task", "--budget", "1m", "--", "echo", "ran"], ["waits"]):
+        proc = subprocess.run(slotq_cmd() + cmd, capture_output=True, text=True, timeout=20, cwd=tmp_path)
+        assert proc.returncode == 78 and "ran" not in proc.stdout, (cmd, proc.stdout, proc.stderr)
+        _one_line_error(proc, f"SLOTQ_LEDGER names a directory ({ledger_dir}); it is the ledger's file, "
+                              f"e.g. {ledger_dir}/ledger.sqlite")
+    assert list(tmp_path.iterdir()) == [ledger_dir] and not list(ledger_dir.iterdir())
+
+
+@pytest.mark.timeout(60)
 def test_a_credit_dir_that_is_not_a_directory_is_refused_by_run_task_and_waits_naming_why(
         state_dir: Path, tmp_path: Path) -> None:
     # A typo recorded the wait under a directory no outer runner could name

@@ -74,8 +74,13 @@ def env_path(name: str, what: str, env: dict[str, str] | os._Environ[str] | None
 def ledger_env_path() -> str | None:
     """$SLOTQ_LEDGER (ConfigError if relative), None if unset: for
     client/ledger.py, and for `slotq run` to check before the run starts
-    without loading the ledger."""
-    return env_path("SLOTQ_LEDGER", "another wait ledger")
+    without loading the ledger. A directory is refused too: the spool
+    beside it would take the waits, and no reader could open the ledger."""
+    path = env_path("SLOTQ_LEDGER", "another wait ledger")
+    if path is not None and os.path.isdir(path):
+        raise ConfigError(f"SLOTQ_LEDGER names a directory ({path}); it is the ledger's file, "
+                          f"e.g. {os.path.join(path, 'ledger.sqlite')}")
+    return path
 
 
 def xdg_state_home(env: dict[str, str] | os._Environ[str] | None = None) -> str:
