@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import shutil
 import signal
 import statistics
 import subprocess
@@ -153,6 +154,56 @@ def test_the_index_catches_up_incrementally_without_duplicates_when_the_spool_mo
     # A window: runs that overlap it, by their phases.
     assert [r["run_id"] for r in index.query(since=now - 92.5, until=now - 88.5)] == \
         [f"run{i:07d}" for i in range(8, 15)]  # ended >= since, submitted (ended - 10) <= until
+    index.close()
+
+
+@pytest.mark.timeout(60)
+def test_the_index_forgets_the_runs_of_a_state_dir_removed_or_made_again(state_dir: Path, tmp_path: Path) -> None:
+    # The index (beside the user's ledger) outlived its state dir: after
+    # `rm -rf` of it (or a reboot's /tmp), `slotq history` went on listing
+    # runs whose history was gone, under those of the new one.
+    def runs_indexed() -> list[object]:
+        index = Index(str(state_dir), 180 * DAY, path=str(tmp_path / "idx.sqlite"))
+        try:
+            index.catch_up()
+            return [r["run_id"] for r in index.query()]
+        finally:
+            index.close()
+
+    state_dir.mkdir()
+    now = time.time()
+    for i in range(3):
+        history.append(str(state_dir), record(i, now - 100 + i))
+    assert history.archive(str(state_dir))  # two of them in this month's segment, one in the spool
+    history.append(str(state_dir), record(3, now - 90))
+    assert runs_indexed() == ["run0000000", "run0000001", "run0000002", "run0000003"]
+    shutil.rmtree(state_dir)  # and made again at once: the same path, maybe the same inode numbers
+    state_dir.mkdir()
+    history.append(str(state_dir), record(7, now - 50))
+    assert runs_indexed() == ["run0000007"]
+    shutil.rmtree(state_dir)
+    assert runs_indexed() == []  # gone: nothing to show
+
+
+@pytest.mark.timeout(60)
+def test_the_runs_of_an_emptied_spool_stay_listed_from_the_segment_they_moved_to(
+        state_dir: Path, tmp_path: Path) -> None:
+    # The index drops what it read from a spool found emptied; the lines
+    # moved to the month's segment first, so none may go missing, even
+    # when the move happened after the index had read that segment.
+    state_dir.mkdir()
+    now = time.time()
+    index = Index(str(state_dir), 180 * DAY, path=str(tmp_path / "idx.sqlite"))
+    history.append(str(state_dir), record(0, now - 100))
+    assert history.archive(str(state_dir))  # the segment exists, and is read below
+    history.append(str(state_dir), record(1, now - 99))  # read from the spool
+    history.append(str(state_dir), {"label": "no run id", "outcome": "passed", "phases": {"ended": now - 98}})
+    index.catch_up()
+    assert [r["label"] for r in index.query()] == ["job 0", "job 1", "no run id"]
+    assert history.archive(str(state_dir))  # both move on, after the index read the segment
+    history.append(str(state_dir), record(2, now - 97))
+    index.catch_up()
+    assert [r["label"] for r in index.query()] == ["job 0", "job 1", "no run id", "job 2"]  # none twice
     index.close()
 
 

@@ -9,7 +9,9 @@ SQLite on a run. Each query first catches up: it reads only what was
 appended to each file since last time (by inode, offset and the file's
 first bytes, so a spool emptied and refilled is read again from its
 start), and keys rows by run id (a line that moved from the spool to a
-segment is the same run). Rows older than the retention are dropped.
+segment is the same run). Rows older than the retention are dropped, and
+so are the rows read from a file that was emptied or is gone: a cache of
+the files must not outlive them (a state dir removed, a reboot's /tmp).
 
 Every line is read with limits: at most 64 KiB, JSON with Python's own
 nesting limit; a bad line is skipped and counted (`skipped`).
@@ -35,8 +37,10 @@ CREATE TABLE IF NOT EXISTS runs (
     outcome   TEXT, blame TEXT, exit_code INTEGER, message TEXT,
     submitted REAL, slot_at REAL, prepared REAL, started REAL, ended REAL NOT NULL,
     waited_s  REAL, ran_s REAL,
-    first     REAL NOT NULL          -- its earliest phase: the run spans [first, ended]
+    first     REAL NOT NULL,         -- its earliest phase: the run spans [first, ended]
+    src       TEXT NOT NULL          -- the file its line was read from (files.name)
 );
+CREATE INDEX IF NOT EXISTS runs_by_src ON runs (src);
 CREATE INDEX IF NOT EXISTS runs_by_end ON runs (ended);
 CREATE INDEX IF NOT EXISTS runs_by_user ON runs (user, ended);
 CREATE TABLE IF NOT EXISTS files (
@@ -47,7 +51,7 @@ CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT);
 
 COLUMNS = ("run_id", "user", "label", "class", "pool", "slot", "host", "outcome", "blame", "exit_code", "message",
            "submitted", "slot_at", "prepared", "started", "ended", "waited_s", "ran_s")
-SCHEMA_VERSION = "2"  # the index is a cache: another version is dropped and rebuilt
+SCHEMA_VERSION = "3"  # the index is a cache: another version is dropped and rebuilt
 HEAD = 256  # a file's first bytes: a spool emptied and refilled has other ones
 CHUNK = 8 << 20  # read at most this much of a file per step
 
@@ -74,11 +78,12 @@ class Index:
             self.unkept = f"{self.path}: {getattr(e, 'strerror', None) or e}"
             self.db = sqlite3.connect(":memory:", isolation_level=None)
         self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.executescript(_SCHEMA)
+        self.db.execute("CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT)")
         row = self.db.execute("SELECT v FROM meta WHERE k = 'schema'").fetchone()
-        if row is None or row[0] != SCHEMA_VERSION:
-            self.db.executescript("DROP TABLE runs; DROP TABLE files; DELETE FROM meta;" + _SCHEMA)
+        if row is None or row[0] != SCHEMA_VERSION:  # (an older one's tables may lack today's columns)
+            self.db.executescript("DROP TABLE IF EXISTS runs; DROP TABLE IF EXISTS files; DELETE FROM meta;")
             self.db.execute("INSERT INTO meta (k, v) VALUES ('schema', ?)", (SCHEMA_VERSION,))
+        self.db.executescript(_SCHEMA)
         self.skipped = 0
 
     def close(self) -> None:
@@ -89,12 +94,17 @@ class Index:
         retention. The number of lines read."""
         now = time.time() if now is None else now
         history.prune(self.state_dir, self.retention_s, now)
-        files = [history.history_path(self.state_dir) + ".1", *history.segment_files(self.state_dir),
-                 history.history_path(self.state_dir)]
+        # The spool before the segments: a spool found emptied drops the
+        # runs read from it, and the segment its lines moved to (written
+        # before the spool is emptied) gives them back in the same step.
+        files = [history.history_path(self.state_dir), history.history_path(self.state_dir) + ".1",
+                 *history.segment_files(self.state_dir)]
+        files = [p for p in files if os.path.lexists(p)]
         cutoff = now - self.retention_s
         n = 0
         self.db.execute("BEGIN IMMEDIATE")
         try:
+            self._forget_files_gone(files)
             for path in files:
                 n += self._read_file(path, cutoff)
             self.db.execute("DELETE FROM runs WHERE ended < ?", (cutoff,))
@@ -103,6 +113,17 @@ class Index:
             self.db.execute("ROLLBACK")
             raise
         return n
+
+    def _forget_files_gone(self, files: list[str]) -> None:
+        """Drop the runs read from a history file that is no longer there
+        (a segment past the retention, or the whole state dir: removed, a
+        reboot's /tmp). The index is a cache of the files: it must not go
+        on showing runs whose lines are gone."""
+        names = {os.path.relpath(p, self.state_dir) for p in files}
+        for (name,) in self.db.execute("SELECT name FROM files").fetchall():
+            if name not in names:
+                self.db.execute("DELETE FROM runs WHERE src = ?", (name,))
+                self.db.execute("DELETE FROM files WHERE name = ?", (name,))
 
     def _read_file(self, path: str, cutoff: float) -> int:
         name = os.path.relpath(path, self.state_dir)
@@ -118,6 +139,8 @@ class Index:
             if row is not None and row[0] == st.st_ino and row[1] <= st.st_size and \
                     bytes(row[2] or b"")[:len(head)] == head[:len(row[2] or b"")]:
                 off = row[1]
+            elif row is not None:  # emptied (moved to a segment) or replaced: its lines are not these
+                self.db.execute("DELETE FROM runs WHERE src = ?", (name,))
             n = 0
             rows = []
             while off < st.st_size:
@@ -138,7 +161,7 @@ class Index:
                         key = rec[0] if isinstance(rec[0], str) and rec[0] else f"{name}:{base}"
                         ph = [v for v in rec[COLUMNS.index("submitted"):COLUMNS.index("ended") + 1]
                               if isinstance(v, (int, float))]
-                        rows.append((key, *rec, min(ph)))
+                        rows.append((key, *rec, min(ph), name))
                     base += len(line) + 1
                     n += 1
                 off += end + 1
@@ -163,14 +186,14 @@ class Index:
         return size
 
     def _insert(self, rows: list[tuple[object, ...]]) -> None:
-        """Rows of (key, *COLUMNS, first). The longest span indexed so far
-        is kept, so a window query scans only the runs that can reach it."""
+        """Rows of (key, *COLUMNS, first, src). The longest span indexed so
+        far is kept, so a window query scans only the runs that can reach it."""
         if rows:
-            marks = ", ".join("?" * (len(COLUMNS) + 2))
-            self.db.executemany(f"INSERT OR REPLACE INTO runs (key, {', '.join(_q(c) for c in COLUMNS)}, first) "
-                                f"VALUES ({marks})", rows)
+            marks = ", ".join("?" * (len(COLUMNS) + 3))
+            self.db.executemany(f"INSERT OR REPLACE INTO runs (key, {', '.join(_q(c) for c in COLUMNS)}, first, "
+                                f"src) VALUES ({marks})", rows)
             end = COLUMNS.index("ended") + 1
-            longest = max(float(r[end]) - float(r[-1]) for r in rows)  # type: ignore[arg-type]
+            longest = max(float(r[end]) - float(r[-2]) for r in rows)  # type: ignore[arg-type]
             if longest > self._longest():
                 self.db.execute("INSERT OR REPLACE INTO meta (k, v) VALUES ('longest', ?)", (repr(longest),))
 
