@@ -426,3 +426,6 @@ def shared_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 def second_user_slotq() -> list[str]:
     return [os.path.join(os.environ["SLOTQ_TEST_SSH_USER_HOME"], "venv", "bin", "slotq")]
+
+
+from remote_host import remote, ssh_config  # noqa: E402,F401  (fixtures of the ssh tests, for every test file)
