@@ -7,7 +7,8 @@ import sys
 import time
 from typing import Callable
 
-from slotq.cli.args import FLAG, Opt, Parser, bounded_text, parse_window, positive_int, window_options
+from slotq.cli.args import FLAG, Namespace, Opt, Parser, bounded_text, host_options, parse_window, positive_int, \
+    window_options
 from slotq.spec import MAX_TEXT
 from slotq.errors import UsageError
 
@@ -38,11 +39,12 @@ def _at_least_one(text: str) -> int:
 PARSER = Parser(
     prog="slotq history",
     usage="slotq history [--since T] [--until T] [--user U,...] [--label TEXT] [--outcome O,...] [--class C,...] "
-          "[--limit N] [--json]",
+          "[--limit N] [--json] [--host HOST,...]",
     description="Every finished run on this host in a time window, oldest first: run id, user, class, slot, "
                 "when it was submitted, how long it waited and ran, outcome, whom it blames, exit code and "
                 "label. Runs cancelled or gone while waiting in line are included, with their wait. Kept for "
-                "the host config's [history] retention (default 180d).",
+                "the host config's [history] retention (default 180d). With --host, the hosts' own histories, "
+                "over ssh.",
     options=[
         *window_options(),
         Opt("--user", metavar="U[,U...]", convert=_names("user"), help="only these users' runs"),
@@ -54,6 +56,7 @@ PARSER = Parser(
         Opt("--class", dest="cls", metavar="C[,C...]", convert=_names("class"), help="only runs of these classes"),
         Opt("--limit", metavar="N", convert=_at_least_one, help="only the newest N of them"),
         Opt("--json", kind=FLAG, help="machine-readable output (a list of runs, the fields of `run --json`)"),
+        *host_options("several: their runs in one list, with a HOST column"),
     ],
 )
 
@@ -70,6 +73,8 @@ def main(args: list[str]) -> int:
         except ValueError:
             raise UsageError(f"--outcome {name!r} is not an outcome slotq knows "
                              f"({', '.join(sorted(Outcome._members))})") from None
+    if opts.host:
+        return _remote(opts, since, until)
     state_dir = state_dir_from_env()
     config = HostConfig.load(state_dir=state_dir)
     runs, skipped = query(state_dir, config.retention, since=since, until=until, user=opts.user,
@@ -82,6 +87,58 @@ def main(args: list[str]) -> int:
     if skipped:
         sys.stderr.write(f"slotq history: {skipped} corrupt line(s) in the history were skipped\n")
     return 0
+
+
+def _remote(opts: Namespace, since: float, until: float) -> int:
+    """--host: each host's runs (its own `slotq history`, the same filters),
+    merged oldest first. A host that cannot be asked does not hide the
+    others: its error is said after them, exit 121."""
+    from slotq.errors import HostUnavailable
+
+    filters = ["--since", repr(since), "--until", repr(until)]
+    for flag, value in (("--user", opts.user), ("--outcome", opts.outcome), ("--class", opts.cls)):
+        if value:
+            filters += [flag, ",".join(value)]
+    if opts.label is not None:
+        filters += ["--label", opts.label]
+    if opts.limit is not None:
+        filters += ["--limit", str(opts.limit)]
+    by_host, unreachable = remote_runs(opts, filters)
+    runs = sorted((r for _, host_runs in by_host for r in host_runs), key=ended)
+    if opts.limit is not None:
+        runs = runs[-opts.limit:]
+    if opts.json:
+        json.dump(runs, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(format_runs(runs, with_host=len(opts.host.split(",")) > 1))
+    sys.stdout.flush()
+    for line in unreachable:
+        sys.stderr.write(f"slotq history: error: {line}\n")
+    return HostUnavailable.exit_code if unreachable else 0
+
+
+def remote_runs(opts: Namespace, filters: list[str]) -> tuple[list[tuple[str, list[dict[str, object]]]], list[str]]:
+    """Each host in --host that answered with its runs (`history --json
+    FILTERS` there), and the errors of those that could not be asked."""
+    from slotq.errors import HostUnavailable
+    from slotq.transports.ssh import SshHost
+
+    by_host: list[tuple[str, list[dict[str, object]]]] = []
+    unreachable: list[str] = []
+    for name in opts.host.split(","):
+        try:
+            by_host.append((name, SshHost(name, config=opts.ssh_config, options=opts.ssh_option,
+                                          remote_slotq=opts.remote_slotq).history(filters)))
+        except HostUnavailable as e:
+            unreachable.append(str(e))
+    return by_host, unreachable
+
+
+def ended(run: dict[str, object]) -> float:
+    phases = run["phases"]
+    ended = phases.get("ended") if isinstance(phases, dict) else None
+    return float(ended) if isinstance(ended, (int, float)) else 0.0
 
 
 def query(state_dir: str, retention: float, **filters: object) -> tuple[list[dict[str, object]], int]:
@@ -105,7 +162,7 @@ def query(state_dir: str, retention: float, **filters: object) -> tuple[list[dic
         raise StateDirError(f"cannot read the run history of {state_dir}: {e}", state_dir) from None
 
 
-def format_runs(runs: list[dict[str, object]]) -> str:
+def format_runs(runs: list[dict[str, object]], with_host: bool = False) -> str:
     from slotq.durations import format_duration
     from slotq.records import printable
 
@@ -115,11 +172,13 @@ def format_runs(runs: list[dict[str, object]]) -> str:
     def when(v: object) -> str:
         return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(v)) if isinstance(v, (int, float)) else "-"
 
-    header = ("RUN_ID", "USER", "CLASS", "SLOT", "SUBMITTED", "WAITED", "RAN", "OUTCOME", "BLAME", "EXIT", "LABEL")
+    header = ("RUN_ID", *(("HOST",) if with_host else ()), "USER", "CLASS", "SLOT", "SUBMITTED", "WAITED", "RAN",
+              "OUTCOME", "BLAME", "EXIT", "LABEL")
     rows = [header]
     for r in runs:
-        ph: dict[str, object] = r["phases"]  # type: ignore[assignment]
-        rows.append((printable(r["run_id"] or "-", 16), printable(r["user"] or "-", 16),
+        ph: dict[str, object] = r["phases"] or {}  # type: ignore[assignment]
+        host = (printable(r["host"] or "-", 32),) if with_host else ()
+        rows.append((printable(r["run_id"] or "-", 16), *host, printable(r["user"] or "-", 16),
                      printable(r["class"] or "-", 20), printable(r["slot"] or "-", 24),
                      when(ph.get("submitted") or ph.get("started") or ph.get("ended")), dur(r["waited_s"]),
                      dur(r["ran_s"]), printable(r["outcome"] or "-", 16), printable(r["blame"] or "-", 16),

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import os
-from slotq.cli.args import Opt, Parser, parse_window, window_options
+import sys
+
+from slotq.cli.args import Namespace, Opt, Parser, host_options, parse_window, window_options
 
 PARSER = Parser(
-    prog="slotq report", usage="slotq report --html FILE [--since T] [--until T]",
+    prog="slotq report", usage="slotq report --html FILE [--since T] [--until T] [--host HOST,...]",
     description="Write one self-contained HTML page (no network needed to view it) of the runs on this host "
                 "in a time window: a lane per slot with each run as a bar coloured by outcome (hover for "
                 "label, user, waited, ran, exit), each run's wait before it, the queue length over time, and "
-                "per pool the p50/p95 wait, utilisation per slot and runs per outcome.",
+                "per pool the p50/p95 wait, utilisation per slot and runs per outcome. With --host, the hosts' own "
+                "runs, over ssh.",
     options=[
         Opt("--html", metavar="FILE", required=True, help="where to write the page"),
         *window_options(),
+        *host_options("several: one page, a lane per host and slot"),
     ],
 )
 
@@ -27,11 +31,40 @@ def main(args: list[str]) -> int:
 
     since, until = parse_window(opts)
     out = JsonResult(opts.html, "--html")  # checked now: a bad path is a usage error before any work; written whole
+    unreachable: list[str] = []
     try:
-        state_dir = state_dir_from_env()
-        runs, _ = query(state_dir, HostConfig.load(state_dir=state_dir).retention, since=since, until=until)
-        page = render_html(build(runs, since, until, os.uname().nodename))
+        if opts.host:
+            runs, unreachable = _remote(opts, since, until)
+            name = opts.host.replace(",", ", ")
+        else:
+            state_dir = state_dir_from_env()
+            runs, _ = query(state_dir, HostConfig.load(state_dir=state_dir).retention, since=since, until=until)
+            name = os.uname().nodename
+        if unreachable and not runs:
+            from slotq.errors import HostUnavailable
+
+            raise HostUnavailable("; ".join(unreachable), host=opts.host)  # no page of nothing
+        page = render_html(build(runs, since, until, name))
         out.write(lambda: page)
     finally:
         out.discard()
-    return 0
+    for line in unreachable:
+        sys.stderr.write(f"slotq report: error: {line} (the page shows the other hosts)\n")
+    return 121 if unreachable else 0
+
+
+def _remote(opts: Namespace, since: float, until: float) -> tuple[list[dict[str, object]], list[str]]:
+    """The runs of each host in --host, oldest first; with several, each
+    slot and pool named after its host (`ci1:shared#0`): a lane each."""
+    from slotq.cli.history import ended, remote_runs
+
+    by_host, unreachable = remote_runs(opts, ["--since", repr(since), "--until", repr(until)])
+    several = len(opts.host.split(",")) > 1
+    runs = []
+    for host, host_runs in by_host:
+        for r in host_runs:
+            if several:
+                for key in ("slot", "pool", "class"):
+                    r[key] = f"{host}:{r[key]}" if r[key] else r[key]
+            runs.append(r)
+    return sorted(runs, key=ended), unreachable

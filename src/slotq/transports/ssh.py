@@ -81,6 +81,8 @@ def check_host(host: str) -> str:
 
 STATUS_TIMEOUT = 60.0  # seconds a host's `slotq status` may take
 STATUS_LIMIT = 16 << 20  # bytes of it
+HISTORY_TIMEOUT = 300.0  # a host's `slotq history` (a first look builds its index: a large history takes minutes)
+HISTORY_LIMIT = 64 << 20  # bytes of it (~100,000 runs)
 
 
 class SshHost:
@@ -243,18 +245,43 @@ class SshHost:
         Raises HostUnavailable, also for a host that does not answer within
         STATUS_TIMEOUT or answers more than STATUS_LIMIT bytes."""
         args = (" --json" if as_json else "") + ("" if history is None else f" --history {int(history)}")
-        rc, out, err_bytes = self.call(f"status{args}", STATUS_TIMEOUT,
-                                       f"host {self.host}: no status within {STATUS_TIMEOUT:g}s", STATUS_LIMIT + 1)
+        return self._answer("status", args, STATUS_TIMEOUT, STATUS_LIMIT,
+                            " (ask for fewer runs: --history N)" if history and history > 10 else "")
+
+    def _answer(self, sub: str, args: str, timeout: float, limit: int, smaller: str) -> str:
+        """The output of `<remote slotq> SUB ARGS` on the host; HostUnavailable
+        if it failed, gave no answer within `timeout` seconds or more than
+        `limit` bytes (`smaller` says how to ask for less)."""
+        rc, out, err_bytes = self.call(sub + args, timeout, f"host {self.host}: no {sub} within {timeout:g}s", limit + 1)
         if rc != 0:
             err = _last(err_bytes.decode(errors="replace"))
             if rc in (126, 127):
                 err = f"slotq is not installed on host {self.host} (`{self.remote_slotq}` not found there)"
-            raise HostUnavailable(f"host {self.host}: status failed (exit {rc}): {err}", host=self.host)
-        if len(out) > STATUS_LIMIT:
-            raise HostUnavailable(f"host {self.host}: its status is larger than {STATUS_LIMIT >> 20} MiB"
-                                  + (" (ask for fewer runs: --history N)" if history and history > 10 else ""),
+            raise HostUnavailable(f"host {self.host}: {sub} failed (exit {rc}): {err}", host=self.host)
+        if len(out) > limit:
+            raise HostUnavailable(f"host {self.host}: its {sub} is larger than {limit >> 20} MiB{smaller}",
                                   host=self.host)
         return out.decode(errors="replace")
+
+    def history(self, args: list[str]) -> list[dict[str, object]]:
+        """The host's finished runs, as its `slotq history --json ARGS`
+        gives them, each checked as a history line is (`clean_record`:
+        the types readers rely on, whatever the host sent), each run's
+        `host` the name it was reached by (one machine may be reached under
+        several names, to several state dirs). Raises HostUnavailable, also
+        for an answer that is not a list of runs."""
+        from ..history import clean_record
+
+        self.ensure_master()
+        text = self._answer("history", "".join(" " + _quote(a) for a in ["--json", *args]), HISTORY_TIMEOUT,
+                            HISTORY_LIMIT, " (ask for a shorter window, or --limit N)")
+        try:
+            data = from_json(text)
+        except ValueError as e:
+            raise HostUnavailable(f"host {self.host}: unreadable history ({e})", host=self.host) from None
+        if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+            raise HostUnavailable(f"host {self.host}: unreadable history (not a list of runs)", host=self.host)
+        return [dict(clean_record(r), host=self.host) for r in data]
 
     def status_snapshot(self, history: int | None = None) -> dict[str, object]:
         self.ensure_master()
