@@ -51,6 +51,7 @@ def test_bash_completes_commands_options_choices_and_the_command_after_dashes(tm
     assert complete("slotq", "hi") == ["history"]
     assert complete("slotq", "run", "--bud") == ["--budget"]
     assert sorted(complete("slotq", "run", "--sync", "")) == ["none", "rsync"]
+    assert complete("slotq", "history", "--outcome", "exec") == ["exec_timeout"]  # not the files here
     assert "--watch" in complete("slotq", "status", "--")
     assert "sh" in complete("slotq", "run", "--", "s")  # after --: a command name
 
@@ -69,6 +70,7 @@ def test_fish_completes_commands_and_options(tmp_path: Path) -> None:
     assert complete("slotq ru") == ["run"]
     assert complete("slotq run --bud") == ["--budget"]
     assert sorted(complete("slotq run --sync ")) == ["none", "rsync"]
+    assert complete("slotq history --outcome exec") == ["exec_timeout"]
 
 
 @pytest.mark.timeout(30)

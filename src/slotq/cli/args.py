@@ -29,15 +29,18 @@ FLAG, VALUE, APPEND = "flag", "value", "append"
 class Opt:
     """One option: names (`--budget`, `-q`), how it takes values, its help."""
 
-    __slots__ = ("names", "dest", "kind", "metavar", "help", "default", "convert", "choices", "required", "needs")
+    __slots__ = ("names", "dest", "kind", "metavar", "help", "default", "convert", "choices", "suggest", "required",
+                 "needs")
 
     def __init__(self, *names: str, kind: str = VALUE, dest: str | None = None, metavar: str = "VALUE",
                  help: str = "", default: object = None, convert: Callable[[str], object] | None = None,
                  choices: tuple[str, ...] | None = None, required: bool = False,
-                 needs: tuple[str, str] | None = None) -> None:
+                 needs: tuple[str, str] | None = None, suggest: tuple[str, ...] | None = None) -> None:
         """needs: (an option, what this one is to it): given without that
         option, this one is refused, as `--every is how often --watch
-        redraws: add --watch`, not silently of no effect."""
+        redraws: add --watch`, not silently of no effect. suggest: values
+        the shell completion offers (`convert` checks them; `choices` are
+        both)."""
         self.names = names
         long = next((n for n in names if n.startswith("--")), names[0])
         self.dest = dest or long.lstrip("-").replace("-", "_")
@@ -47,6 +50,7 @@ class Opt:
         self.default = [] if kind == APPEND and default is None else (False if kind == FLAG else default)
         self.convert = convert
         self.choices = choices
+        self.suggest = suggest or choices
         self.required = required
         self.needs = needs
 

@@ -60,9 +60,9 @@ def bash(cmds: dict[str, tuple[str, list[Opt]]]) -> str:
     cases = []
     for name, (_, opts) in cmds.items():
         words = " ".join(n for o in opts for n in o.names)
-        valued = "|".join(n for o in opts if _takes_value(o) and not o.choices for n in o.names) or "--none--"
-        choices = "".join(f"        {'|'.join(o.names)}) COMPREPLY=($(compgen -W {_quote(' '.join(o.choices))} "
-                          f"-- \"$cur\")); return;;\n" for o in opts if o.choices)
+        valued = "|".join(n for o in opts if _takes_value(o) and not o.suggest for n in o.names) or "--none--"
+        choices = "".join(f"        {'|'.join(o.names)}) COMPREPLY=($(compgen -W {_quote(' '.join(o.suggest))} "
+                          f"-- \"$cur\")); return;;\n" for o in opts if o.suggest)
         cases.append(f"    {name})\n      case \"$prev\" in\n{choices}"
                      f"        {valued}) COMPREPLY=($(compgen -f -- \"$cur\")); return;;\n      esac\n"
                      f"      COMPREPLY=($(compgen -W {_quote(words)} -- \"$cur\"));;\n")
@@ -87,7 +87,7 @@ def zsh(cmds: dict[str, tuple[str, list[Opt]]]) -> str:
         value = ""
         if _takes_value(o):
             meta = "".join(c for c in o.metavar.split("[")[0].lower() if c.isalnum() or c in "-_") or "value"
-            value = f":{meta}:" + (f"({' '.join(o.choices)})" if o.choices else "_files")
+            value = f":{meta}:" + (f"({' '.join(o.suggest)})" if o.suggest else "_files")
         return f"'{names[0]}[{text}]{value}'" if len(o.names) == 1 else f"{names[0]}'[{text}]{value}'"
 
     cases = "".join(f"    {name})\n      _arguments {' '.join(spec(o) for o in opts)} '*::command:_normal';;\n"
@@ -112,7 +112,7 @@ def fish(cmds: dict[str, tuple[str, list[Opt]]]) -> str:
         lines.append(f"complete -c slotq -n __fish_use_subcommand -a {name} -d {_quote(about)}")
         for o in opts:
             flags = " ".join(f"-l {n[2:]}" if n.startswith("--") else f"-s {n[1:]}" for n in o.names)
-            value = (f" -x -a {_quote(' '.join(o.choices))}" if o.choices else " -r -F") if _takes_value(o) else ""
+            value = (f" -x -a {_quote(' '.join(o.suggest))}" if o.suggest else " -r -F") if _takes_value(o) else ""
             lines.append(f"complete -c slotq -n '__fish_seen_subcommand_from {name}' {flags}{value} "
                          f"-d {_quote(o.help[:80])}")
     return "\n".join(lines) + "\n"

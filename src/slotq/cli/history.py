@@ -9,6 +9,7 @@ from typing import Callable
 
 from slotq.cli.args import FLAG, Namespace, Opt, Parser, bounded_text, host_options, parse_window, positive_int, \
     window_options
+from slotq.outcome import Outcome
 from slotq.spec import MAX_TEXT
 from slotq.errors import UsageError
 
@@ -51,7 +52,7 @@ PARSER = Parser(
         # --label "$L" with L unset must not list every run
         Opt("--label", metavar="TEXT", convert=bounded_text(MAX_TEXT["label"], blank="label"),
             help="only runs whose label contains TEXT"),
-        Opt("--outcome", metavar="O[,O...]", convert=_names("outcome"),
+        Opt("--outcome", metavar="O[,O...]", convert=_names("outcome"), suggest=tuple(sorted(Outcome._members)),
             help="only runs that ended so (passed, failed, exec_timeout, ...)"),
         Opt("--class", dest="cls", metavar="C[,C...]", convert=_names("class"), help="only runs of these classes"),
         Opt("--limit", metavar="N", convert=_at_least_one, help="only the newest N of them"),
@@ -64,7 +65,6 @@ PARSER = Parser(
 def main(args: list[str]) -> int:
     opts, _ = PARSER.parse(args)
     from slotq.config import HostConfig, state_dir_from_env
-    from slotq.outcome import Outcome
 
     since, until = parse_window(opts)
     for name in opts.outcome or ():
