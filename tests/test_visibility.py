@@ -3,15 +3,19 @@ command's slot environment, and the edges a new user hit."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pty
 import re
 import select
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import time
+import unicodedata
 from pathlib import Path
 from typing import Callable
 
@@ -312,6 +316,65 @@ def test_status_watch_colours_outcomes_on_a_terminal_unless_no_color(state_dir: 
         screens[no_color] = seen
     assert b"\x1b[32mpassed" in screens[""]
     assert b"passed" in screens["1"] and b"\x1b[32m" not in screens["1"]
+
+
+@pytest.mark.timeout(60)
+def test_status_watch_on_a_narrow_terminal_cuts_each_line_to_its_width(state_dir: Path, runs: Start,
+                                                                        tmp_path: Path) -> None:
+    # Lines wider than the terminal wrapped: each frame was taller than the
+    # screen, scrolled it, and the next frame, drawn from the top, left the
+    # last one's lines below it.
+    assert cli("run", "-q", "--label", "a passed run with a label as long as a line " * 3, "--", "true"
+               ).returncode == 0
+    gate = tmp_path / "gate"
+    holder = start_holder(runs, state_dir, gate, "--budget", "10m", "--label", "wide 日本語 " * 10)
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 50, 0, 0))  # 40 rows, 50 columns
+    proc = subprocess.Popen(slotq_cmd() + ["status", "--watch", "--every", "0.2"], stdin=subprocess.DEVNULL,
+                            stdout=slave, stderr=slave, env=dict(os.environ, TERM="xterm"))
+    os.close(slave)
+    seen = read_pty(master, proc, until=lambda b: b.count(b"\x1b[H") >= 2, timeout=20)
+    proc.send_signal(signal.SIGINT)
+    seen += read_pty(master, proc)
+    os.close(master)
+    gate.touch()
+    assert proc.wait(timeout=10) == 0 and holder.wait() == 0
+    frame = seen.decode().split("\x1b[H")[1].split("\x1b[J")[0]
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", ln) for ln in frame.split("\x1b[K\r\n")]
+    widths = [sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in ln) for ln in lines]
+    assert max(widths) <= 49 and max(widths) >= 45, list(zip(widths, lines))
+    assert any(ln.startswith("  shared#0: wide 日本語") and ln.endswith("…") for ln in lines), lines
+    assert any(re.match(r"  passed +waited .*…$", ln) for ln in lines), lines
+    assert "\x1b[32mpassed" in frame  # the colour kept, and ended where the line was cut
+    cut = next(ln for ln in frame.split("\x1b[K\r\n") if "\x1b[32mpassed" in ln)
+    assert cut.endswith("…\x1b[0m") or cut.count("\x1b[0m") == 1, repr(cut)
+
+
+
+@pytest.mark.timeout(60)
+def test_on_a_narrow_terminal_the_waiting_line_fits_its_width_wide_characters_too(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    # It was cut by characters: a holder's label in CJK (two cells each)
+    # made the line twice as wide as the terminal, and each redraw, which
+    # erases one line, left the wrapped part behind.
+    gate = tmp_path / "gate"
+    holder = start_holder(runs, state_dir, gate, "--label", "日本語のテスト" * 10)
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 60, 0, 0))  # the label starts at about 45
+    proc = subprocess.Popen(slotq_cmd() + ["run", "--", "true"], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=slave, env=dict(os.environ, TERM="xterm"))
+    os.close(slave)
+    seen = read_pty(master, proc, until=lambda b: "の".encode() in b.split(b"slotq: waiting")[-1], timeout=20)
+    gate.touch()
+    seen += read_pty(master, proc)
+    os.close(master)
+    assert proc.wait(timeout=10) == 0 and holder.wait() == 0
+    redraws = re.findall(r"\r\x1b\[2K(slotq: waiting [^\r\n]*)", seen.decode())
+    assert redraws, seen
+    for line in redraws:
+        assert sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in line) <= 59, line
+    assert redraws[-1].endswith("…"), redraws[-1]
+
 
 
 if __name__ == "__main__":

@@ -178,8 +178,10 @@ class LiveLine:
             width = os.get_terminal_size(2).columns or 80  # 0: a terminal that does not say
         except OSError:
             width = 80
-        if len(text) >= width:
-            text = text[:max(1, width - 2)] + "…"
+        if len(text) >= width or not text.isascii():
+            from slotq.cli.status import fit  # (on a terminal only: never a CI run's cost)
+
+            text = fit(text, width)
         self._write("\r\x1b[2K" + text)
         self.shown = True
 

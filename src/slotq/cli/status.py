@@ -78,8 +78,8 @@ def watch(render: Render, every: float, as_json: bool = False) -> int:
             except SlotqError as e:
                 text = f"slotq status: {e}\n"
             if tty:
-                rows = shutil.get_terminal_size().lines
-                lines = text.splitlines()[:max(1, rows - 1)]
+                size = shutil.get_terminal_size()
+                lines = [fit(ln, size.columns) for ln in text.splitlines()[:max(1, size.lines - 1)]]
                 sys.stdout.write("\x1b[H" + "".join(ln + "\x1b[K\n" for ln in lines) + "\x1b[J")
             elif as_json:
                 sys.stdout.write(text)
@@ -93,6 +93,37 @@ def watch(render: Render, every: float, as_json: bool = False) -> int:
         if tty:
             sys.stdout.write("\x1b[?25h\x1b[?1049l")  # cursor back, the screen as it was
             sys.stdout.flush()
+
+
+def fit(line: str, columns: int) -> str:
+    """`line` in at most `columns - 1` terminal cells (cut, with an
+    ellipsis): a line that wrapped would push the view down, and the next
+    frame would not cover the last (the last column stays free, as erasing
+    from there would take its character). Colour sequences take no cell and
+    are kept whole; wide characters take two."""
+    import re
+    import unicodedata
+
+    def cells(ch: str) -> int:
+        return 2 if unicodedata.east_asian_width(ch) in "WF" else 1
+
+    if columns < 2:
+        return ""
+    parts = re.split(r"(\x1b\[[0-?]*[ -/]*[@-~])", line)  # text, sequence, text, ...
+    if sum(cells(ch) for text in parts[0::2] for ch in text) <= columns - 1:
+        return line
+    out: list[str] = []
+    room = max(0, columns - 2)  # and the ellipsis
+    for k, part in enumerate(parts):
+        if k % 2:
+            out.append(part)
+            continue
+        for ch in part:
+            room -= cells(ch)
+            if room < 0:
+                return "".join(out) + "…" + ("\x1b[0m" if len(parts) > 1 else "")
+            out.append(ch)
+    return "".join(out)  # (not reached: the line is wider than that)
 
 
 def _local(history_n: int, as_json: bool) -> Render:
