@@ -341,6 +341,15 @@ def test_a_quiet_request_stays_quiet_on_the_way_to_a_remote_runner() -> None:
     assert RunSpec.from_request(b'{"argv": ["true"]}\n').quiet is False  # a request that does not say
 
 
+def test_a_submission_time_travels_only_when_set_so_older_hosts_take_the_request() -> None:
+    # A host of an older slotq refuses a field it does not know: a run over
+    # ssh (no submission time) must not send one.
+    from slotq.spec import RunSpec
+
+    assert b"submitted" not in RunSpec(["true"]).to_request()
+    assert RunSpec.from_request(RunSpec(["true"], submitted=1.8e9).to_request()).submitted == 1.8e9
+
+
 def test_a_run_that_names_no_report_period_reports_every_30_s_by_the_cli_and_by_request() -> None:
     from slotq.cli.run import PARSER
     from slotq.spec import RunSpec

@@ -94,6 +94,15 @@ def pending_job(tmp: Path, name: str) -> str:
     return str(found.group(1))
 
 
+def history_line(run_id: str) -> dict[str, Any]:
+    """The run's record in `slotq history` (of the test's state dir)."""
+    proc = subprocess.run(slotq_cmd() + ["history", "--json", "--since", "1h"], capture_output=True, text=True,
+                          timeout=30, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    [line] = [r for r in json.loads(proc.stdout) if r["run_id"] == run_id]
+    return dict(line)
+
+
 def pending_run(tmp: Path, name: str) -> tuple[subprocess.Popen[bytes], str]:
     """A run of `true` waiting in Slurm's line behind a placeholder that
     holds the node for 30 s: its caller, and its pending job."""
@@ -118,6 +127,10 @@ def test_seed_scenario_waits_in_slurm_then_passes_with_the_wait_on_record(slurm_
     waits = Ledger(str(tmp / "ledger.sqlite")).records(str(tmp))
     [wait] = [w for w in waits if w.run_id == res["run_id"]]
     assert wait.kind == "queue" and wait.end is not None and wait.end - wait.start >= 4
+    # The history's line (the node's runner's) has the wait in Slurm's line too: it said 0 ms.
+    line = history_line(res["run_id"])
+    assert line["outcome"] == "passed" and line["slot"] == f"slurm job {res['slurm']['job_id']}", line
+    assert line["waited_s"] >= 4, line
 
 
 @pytest.mark.timeout(60)
@@ -220,6 +233,10 @@ def test_ctrl_c_is_cancelled_and_leaves_no_job(slurm_env: Path, when: str) -> No
     if when == "pending":
         assert not marker.exists() and res["phases"]["started"] is None
     wait_for(lambda: jobs_named(f"slotq-{res['run_id']}") == "", timeout=10, what="nothing of the run in squeue")
+    # In the history too (a job cancelled while pending was in none: no runner on a node wrote it).
+    line = history_line(res["run_id"])
+    assert line["outcome"] == "cancelled" and line["waited_s"] > 0, line
+    assert (line["slot"] is None) == (when == "pending"), line
 
 
 @pytest.mark.timeout(60)
@@ -240,6 +257,9 @@ def test_max_wait_bounds_the_wait_in_slurms_line_and_leaves_no_job(slurm_env: Pa
     if limit == "2s":
         assert res["waited_s"] >= 2 and "pending 2." in res["message"], res
     wait_for(lambda: jobs_named(f"slotq-{res['run_id']}") == "", timeout=10, what="the job gone")
+    line = history_line(res["run_id"])
+    assert line["outcome"] == "not_admitted" and line["slot"] is None and line["message"] == res["message"], line
+    assert line["waited_s"] >= (2 if limit == "2s" else 0), line
 
 
 @pytest.mark.timeout(60)
@@ -251,6 +271,7 @@ def test_an_admins_scancel_is_cancelled_naming_scancel(slurm_env: Path) -> None:
     res = result(tmp, "me")
     assert res["outcome"] == "cancelled" and res["blame"] != "work", res
     assert f"Slurm job {job}" in res["message"] and "scancel" in res["message"] and "pending" in res["message"]
+    assert history_line(res["run_id"])["message"] == res["message"]
 
 
 @pytest.mark.timeout(90)

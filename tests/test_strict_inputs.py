@@ -122,6 +122,9 @@ BAD_REQUESTS = [
     ('[' * 5000, "nested too deeply"),
     ('{"argv": []}', "non-empty list"),
     ('{"argv": ["true"], "quiet": "yes"}', "quiet must be true or false"),
+    ('{"argv": ["true"], "submitted": "now"}', "submitted must be a time in epoch seconds"),
+    ('{"argv": ["true"], "submitted": true}', "submitted must be a time in epoch seconds"),
+    ('{"argv": ["true"], "submitted": 1e12}', "submitted must be a time in epoch seconds"),
 ]
 
 

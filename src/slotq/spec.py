@@ -40,11 +40,12 @@ class RunSpec:
     """
 
     __slots__ = ("argv", "cls", "budget", "prepare", "prepare_timeout", "label",
-                 "report_every", "kill_grace", "cwd", "env", "run_id", "work_id", "max_wait", "quiet")
+                 "report_every", "kill_grace", "cwd", "env", "run_id", "work_id", "max_wait", "quiet", "submitted")
 
     # What travels to a remote runner (`slotq host run --request-stdin`).
     _REQUEST = ("argv", "cls", "budget", "prepare", "prepare_timeout", "label", "report_every",
-                "kill_grace", "run_id", "work_id", "cwd", "max_wait", "quiet")
+                "kill_grace", "run_id", "work_id", "cwd", "max_wait", "quiet", "submitted")
+    _OPTIONAL = ("submitted",)  # sent only when set: a host of an older slotq refuses a field it does not know
 
     def __init__(
         self,
@@ -63,6 +64,7 @@ class RunSpec:
         work_id: str | None = None,
         max_wait: float | None = None,
         quiet: bool = False,
+        submitted: float | None = None,
     ) -> None:
         self.argv = list(argv)
         self.cls = cls
@@ -78,6 +80,9 @@ class RunSpec:
         self.work_id = work_id  # a synced work dir on a remote host (instead of cwd)
         self.max_wait = max_wait
         self.quiet = quiet
+        # When the run was submitted, if before its runner started: a Slurm
+        # job's runner starts once the job has waited in Slurm's line.
+        self.submitted = submitted
 
     def to_request(self) -> bytes:
         """One JSON line. Arguments are JSON strings: no shell sees them.
@@ -85,7 +90,8 @@ class RunSpec:
         of start-up.)"""
         from .records import to_json
 
-        return to_json({k: getattr(self, k) for k in self._REQUEST}).encode() + b"\n"
+        return to_json({k: getattr(self, k) for k in self._REQUEST
+                        if k not in self._OPTIONAL or getattr(self, k) is not None}).encode() + b"\n"
 
     @classmethod
     def from_request(cls, line: bytes) -> "RunSpec":
@@ -119,6 +125,10 @@ class RunSpec:
             raise ValueError("report_every must be at least 0.01 seconds")
         if "report_every" in data and data["report_every"] is None:
             del data["report_every"]
+        submitted = data.get("submitted")
+        if submitted is not None and (isinstance(submitted, bool) or not isinstance(submitted, (int, float))
+                                      or not 1e9 <= submitted < 1e11):
+            raise ValueError("submitted must be a time in epoch seconds")
         if not isinstance(data.get("quiet", False), bool):
             raise ValueError("quiet must be true or false")
         cls_name = data.get("cls", "shared")

@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 # nobody cancels a run by hand sooner, and a run that ends first never pays
 # for the socket module (about 0.5 ms of start-up, on every run).
 CONTROL_AFTER = 0.1
+# A scheduler's job that says it was submitted longer ago than this has a
+# clock that is wrong, not a wait: its runner's start is taken instead.
+MAX_SCHEDULER_WAIT = 30 * 86400.0
 
 
 class _Ended(Exception):
@@ -158,7 +161,11 @@ class HostRunner:
             ensure_state_dir(self.state_dir)
         except StateDirError as e:
             return self._error("state", str(e))
-        self.phases["submitted"] = self.clock.wall()
+        # Its wait was in the scheduler's line, from the client's submission
+        # (a clock ahead of ours by a moment is not a wait in the future).
+        now = self.clock.wall()
+        sent = self.spec.submitted
+        self.phases["submitted"] = min(sent, now) if sent is not None and sent > now - MAX_SCHEDULER_WAIT else now
         return self._hold(GrantedSlot(allocation))
 
     def _error(self, kind: str, message: str) -> Outcome:

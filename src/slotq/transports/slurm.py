@@ -182,6 +182,7 @@ class SlurmTransport(Transport):
 
     # ----------------------------------------------------------- the run
     def start(self, spec: RunSpec) -> tuple[int, int]:
+        spec.submitted = time.time()  # the node's runner counts the run's wait in Slurm's line from here
         ctl_r, ctl_w = os.pipe()
         ev_r, ev_w = os.pipe()
         argv = self.srun_argv(spec)
@@ -263,6 +264,7 @@ class _Relay:
         self.waited_pending = 0.0
         self.refused: str | None = None  # pending for a reason that never passes: why, for the error
         self.held: dict[str, object] | None = None  # the node's result, until srun's end says if Slurm cancelled
+        self.allocated_at: float | None = None  # when the node's runner said hello
 
     def send(self, data: bytes) -> None:
         view = memoryview(data)
@@ -381,6 +383,7 @@ class _Relay:
             name = ev.get("event")
             if name == protocol.HELLO:
                 self.node_live = True
+                self.allocated_at = time.time()
                 self.t.node = str(ev.get("host"))
                 if self.hello_sent:
                     continue  # ours went first (the job waited); the node's host is in the result
@@ -393,7 +396,10 @@ class _Relay:
             elif name in (protocol.EXITED, protocol.ERROR):
                 self.ended = True
                 if name == protocol.EXITED and self.cancel_reason is not None:
-                    ev = self.as_cancelled(ev)
+                    changed = self.as_cancelled(ev)
+                    if changed is not ev:
+                        self.record(changed)
+                    ev = changed
                 elif name == protocol.EXITED and _ended_by_a_kill(ev):
                     # A scancel (yours, slotq cancel's, an admin's) signals the
                     # command and the node's runner at once: the command may
@@ -423,7 +429,10 @@ class _Relay:
         """Send the held result, settled."""
         assert self.held is not None
         ev, self.held = self.held, None
-        self.send(protocol.frame(protocol.EVENT, to_json(self.settle(ev)).encode()))
+        settled = self.settle(ev)
+        if settled is not ev:
+            self.record(settled)
+        self.send(protocol.frame(protocol.EVENT, to_json(settled).encode()))
 
     def settle(self, ev: dict[str, object]) -> dict[str, object]:
         """The node's result of a command ended by a signal, once srun has
@@ -502,6 +511,7 @@ class _Relay:
             if self.cancel_reason is not None:
                 self.event(protocol.EXITED, outcome=self.cancel_reason, exit_code=None,
                            message="cancelled before Slurm had the job", phases={"ended": time.time()})
+                self.record({"outcome": self.cancel_reason, "message": "cancelled before Slurm had the job"})
                 self.ended = True
             elif any(s in why for s in _NO_CONFIG):
                 self.error("unavailable", f"Slurm is not set up here: its tools found no configuration "
@@ -542,7 +552,38 @@ class _Relay:
                        + (f": {self.t._lines[-1]}" if self.t._lines else ""))
         self.event(protocol.EXITED, outcome=outcome, exit_code=None, signal=None, message=message,
                    phases={"ended": time.time()})
+        self.record({"outcome": outcome, "message": message})
         self.ended = True
+
+    def record(self, ev: dict[str, object]) -> None:
+        """The run's history line, for an ending the relay decided: the
+        node's runner wrote none (the job never reached it, or it was
+        killed), or wrote the one it saw before Slurm's cancel was known.
+        Into this user's state dir (the node's runner writes into the
+        same path: one place when home is shared); the later line of a run
+        is the one `slotq history` shows. Never a failure of the run."""
+        from ..config import state_dir_from_env
+        from ..history import append, run_record
+        from ..host.hostqueue import ensure_state_dir
+
+        theirs = ev.get("phases")
+        phases: dict[str, float | None] = {k: v for k, v in (theirs if isinstance(theirs, dict) else {}).items()
+                                           if isinstance(v, (int, float))}
+        phases.update(submitted=self.spec.submitted, ended=phases.get("ended") or time.time())
+        if self.allocated_at is not None:
+            phases.setdefault("slot", self.allocated_at)
+        job = self.t.job_id
+        code = ev.get("exit_code")
+        try:
+            state_dir = state_dir_from_env()
+            ensure_state_dir(state_dir)
+            append(state_dir, run_record(
+                run_id=self.spec.run_id, label=self.spec.label, cls=self.spec.cls, host=self.t.node or "slurm",
+                outcome=str(ev.get("outcome")), exit_code=code if isinstance(code, int) else None,
+                message=str(ev.get("message") or ""), phases=phases, pool=self.spec.cls,
+                slot=f"slurm job {job}" if job and self.allocated_at is not None else None))
+        except Exception:  # (a state dir that cannot be used: the run's result is what matters)
+            pass
 
 
 def _ended_by_a_kill(ev: dict[str, object]) -> bool:
