@@ -6,7 +6,7 @@ waits (for the test to kill it, or to say `done` on stdin).
 
 import sys
 
-from slotq.transports.slurm import Sentinel
+from slotq.transports.sentinel import Sentinel
 from slotq.transports.slurmctl import submit
 
 job = submit(["-p", sys.argv[1], "-c2", "-o", "/dev/null", "-J", "slotq-sentinel-test"], "sleep 2")
