@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -167,6 +168,34 @@ def test_the_queue_line_counts_the_runs_waiting_at_each_moment() -> None:
     since = float(data["since"])  # type: ignore[arg-type]
     steps = [(round(t / 10 + since), n) for t, n in data["queue"]]  # type: ignore[attr-defined]
     assert steps == [(100, 1), (105, 2), (106, 3), (110, 2), (115, 1), (120, 0)]
+
+
+@pytest.mark.timeout(30)
+def test_slurm_jobs_share_their_nodes_lanes_as_few_as_ran_at_once() -> None:
+    # A Slurm job's slot is its allocation (`slurm job N`): the page had a
+    # lane per job, 1,000 jobs a thousand lanes, each "utilised" by one run.
+    def job(i: int, node: str, start: float, end: float) -> dict[str, object]:
+        return {"run_id": f"r{i}", "pool": "shared", "slot": f"slurm job {i}", "host": node, "outcome": "passed",
+                "waited_s": 1.0, "phases": {"submitted": start - 1, "slot": start, "started": start, "ended": end}}
+
+    # On n1 two at a time (each 10 s, a new one every 5 s), on n2 one at a time.
+    runs = [job(i, "n1", 1000 + 5 * i, 1010 + 5 * i) for i in range(500)]
+    runs += [job(500 + i, "n2", 1000 + 10 * i, 1009 + 10 * i) for i in range(500)]
+    runs.append({"run_id": "gone", "pool": "shared", "slot": None, "host": "slurm", "outcome": "cancelled",
+                 "waited_s": 3.0, "phases": {"submitted": 1000, "ended": 1003}})
+    runs.sort(key=lambda r: float(r["phases"]["ended"]))  # type: ignore[index]
+    data: dict[str, Any] = report.build(runs, 0, 10_000, "h")
+    assert sorted(data["lanes"]) == ["n1 (Slurm) #0", "n1 (Slurm) #1", "n2 (Slurm) #0", "shared (no slot)"]
+    [pool] = data["summary"]
+    assert all(0 < u <= 1 for u in pool["utilisation"].values()), pool
+    # No two runs overlap in one lane (a row: submitted, then steps to slot, start and end; its lane).
+    rows: list[list[int]] = [row for row in data["runs"] if row[1] is not None]
+    spans = sorted((row[0] + row[1] + row[2], row[0] + row[1] + row[2] + row[3], row[4]) for row in rows)
+    ends: dict[int, int] = {}
+    for start, end, lane in spans:
+        assert ends.get(lane, -1) <= start, (start, end, lane, ends)
+        ends[lane] = end
+    assert len(spans) == 1000
 
 
 @pytest.mark.timeout(30)

@@ -60,10 +60,9 @@ def build(runs: list[dict[str, object]], since: float, until: float, host: str) 
     rows = []
     queue_events: list[tuple[float, int]] = []
     per_pool: dict[str, dict[str, object]] = {}
-    for r in runs:
+    for r, lane_name in zip(runs, _lanes(runs)):
         ph: dict[str, object] = r["phases"]  # type: ignore[assignment]
         pool = str(r.get("pool") or r.get("class") or "?")
-        lane_name = str(r["slot"]) if r.get("slot") else f"{pool} (no slot)"
         if lane_name not in lane_of:
             lane_of[lane_name] = len(lanes)
             lanes.append(lane_name)
@@ -90,7 +89,7 @@ def build(runs: list[dict[str, object]], since: float, until: float, host: str) 
         if r.get("slot") and isinstance(start, (int, float)) and isinstance(end, (int, float)):
             busy = max(0.0, min(float(end), until) - max(float(start), since))
             ran: dict[str, float] = p["ran"]  # type: ignore[assignment]
-            ran[str(r["slot"])] = ran.get(str(r["slot"]), 0.0) + busy
+            ran[lane_name] = ran.get(lane_name, 0.0) + busy
         counts: dict[str, int] = p["outcomes"]  # type: ignore[assignment]
         counts[outcome] = counts.get(outcome, 0) + 1
     queue: list[list[int]] = []
@@ -114,6 +113,31 @@ def build(runs: list[dict[str, object]], since: float, until: float, host: str) 
     return {"host": host, "since": since, "until": until, "lanes": lanes, "users": users, "labels": labels,
             "outcomes": outcomes, "colors": [OUTCOME_COLORS.get(o, "#000") for o in outcomes], "runs": rows,
             "queue": queue, "summary": summary}
+
+
+def _lanes(runs: list[dict[str, object]]) -> list[str]:
+    """Each run's lane: its slot's; a run that got none, its pool's `(no
+    slot)` lane. A Slurm job's slot is its own allocation, so a lane each
+    would make a thousand jobs a thousand lanes: they go in their node's
+    lanes instead, as few as the runs that ran there at once need (`node1
+    (Slurm) #0`, `#1`, ...; each run in the first lane free when it got its
+    allocation)."""
+    def when(r: dict[str, object], *keys: str) -> float:
+        ph: dict[str, object] = r["phases"] or {}  # type: ignore[assignment]
+        return next((float(v) for k in keys if isinstance(v := ph.get(k), (int, float))), 0.0)
+
+    names = [str(r["slot"]) if r.get("slot") else f"{r.get('pool') or r.get('class') or '?'} (no slot)"
+             for r in runs]
+    busy_until: dict[str, list[float]] = {}  # node -> when each of its lanes is free again
+    jobs = [i for i, name in enumerate(names) if name.startswith("slurm job ")]
+    for i in sorted(jobs, key=lambda i: when(runs[i], "slot", "started", "ended")):
+        node = str(runs[i].get("host") or "slurm")
+        lanes = busy_until.setdefault(node, [])
+        start, end = when(runs[i], "slot", "started", "ended"), when(runs[i], "ended")
+        k = next((k for k, free in enumerate(lanes) if free <= start), len(lanes))
+        lanes[k:k + 1] = [end]
+        names[i] = f"{node} (Slurm) #{k}"
+    return names
 
 
 def _fmt(s: object) -> str:
