@@ -7,8 +7,13 @@ The same paths end to end, against the real cluster: test_slurm_e2e.py."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
+
+# An ending the relay decides is written to the history of $SLOTQ_STATE_DIR:
+# the test's own, never the user's.
+pytestmark = pytest.mark.usefixtures("state_dir")
 
 
 @pytest.mark.parametrize("node, outcome", [
@@ -107,8 +112,9 @@ def test_a_scancel_of_a_running_job_is_cancelled_even_if_the_command_died_first(
     ({"JobState": "TIMEOUT", "TimeLimit": "00:03:00"}, "backstop", ["Slurm's time limit (00:03:00)"]),
     ({"JobState": "CANCELLED", "AcctState": "CANCELLED by 0"}, "cancelled", ["cancelled by root (scancel)"]),
 ])
-def test_how_slurm_ended_a_job_maps_to_an_outcome(monkeypatch: pytest.MonkeyPatch, info: dict[str, str],
-                                                  outcome: str, needles: list[str]) -> None:
+def test_how_slurm_ended_a_job_maps_to_an_outcome_in_the_result_and_the_history(
+        monkeypatch: pytest.MonkeyPatch, state_dir: Path, info: dict[str, str], outcome: str,
+        needles: list[str]) -> None:
     # Pure logic (a fake job_info): NODE_FAIL and its kin cannot be caused
     # on demand in a one-node test cluster.
     from slotq import protocol
@@ -120,8 +126,9 @@ def test_how_slurm_ended_a_job_maps_to_an_outcome(monkeypatch: pytest.MonkeyPatc
     t = slurm.SlurmTransport(HostConfig())
     t.job_id = "42"
     r, w = os.pipe()
-    relay = slurm._Relay(t, RunSpec(["true"]), -1, w)
-    relay.node_live = True
+    spec = RunSpec(["true"], label="the run", submitted=1.8e9)
+    relay = slurm._Relay(t, spec, -1, w)
+    relay.node_live, relay.allocated_at = True, 1.8e9 + 5
     relay.conclude(1)
     os.close(w)
     with os.fdopen(r, "rb") as f:
@@ -129,6 +136,13 @@ def test_how_slurm_ended_a_job_maps_to_an_outcome(monkeypatch: pytest.MonkeyPatc
     ev = frames[-1][1]
     assert isinstance(ev, dict) and ev["event"] == "exited" and ev["outcome"] == outcome, ev
     assert "Slurm job 42" in str(ev["message"]) and all(n in str(ev["message"]) for n in needles), ev
+    # No runner on a node wrote this ending: the relay does, with the wait in Slurm's line.
+    from slotq import history
+
+    [line] = history.recent(str(state_dir))
+    assert (line["run_id"], line["label"], line["outcome"], line["message"]) == (
+        spec.run_id, "the run", outcome, ev["message"]), line
+    assert (line["slot"], line["waited_s"]) == ("slurm job 42", 5.0), line
 
 
 @pytest.mark.parametrize("reason, never", [
