@@ -292,14 +292,16 @@ def test_slotq_cancel_slurm_cancels_a_pending_and_a_running_run(slurm_env: Path)
     res = result(tmp, "waiting")
     assert res["outcome"] == "cancelled" and res["phases"]["started"] is None and "pending" in res["message"], res
     assert cancel(run_id).returncode == 66  # gone now
-    bad = cancel("--label", "x*")
-    assert bad.returncode == 2 and "Slurm does not keep slotq's labels" in one_line(bad)
     subprocess.run(["scancel", "--name", f"placeholder-{tmp.name}"], env=dict(os.environ, SLURM_CONF=CONF),
                    timeout=30, check=True)
     marker = tmp / "started"
-    running = start(tmp, "running", "--kill-grace", "1", "--", "sh", "-c", f"touch {marker}; sleep 300")
+    running = start(tmp, "running", "--kill-grace", "1", "--label", "pr-7|x: pytest -q", "--", "sh", "-c",
+                    f"touch {marker}; sleep 300")
     wait_for(marker.exists, timeout=20, what="the command running")
-    done = cancel("--mine")
+    # By label (it was "Slurm does not keep slotq's labels"): the job's comment.
+    none = cancel("--label", "pr-8*")
+    assert none.returncode == 66 and "no live run matches --label 'pr-8*'" in one_line(none)
+    done = cancel("--label", "pr-7|x:*")
     assert done.returncode == 0 and done.stderr.startswith("slotq cancel: cancelled run "), done.stderr
     assert running.wait(timeout=20) == 130, err(tmp, "running")
     res = result(tmp, "running")

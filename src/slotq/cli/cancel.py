@@ -31,7 +31,8 @@ PARSER = Parser(
         *host_options("several: on each of them"),
         Opt("--slurm", kind=FLAG,
             help="cancel your runs on the Slurm cluster: their jobs (named slotq-RUN_ID), pending or running, "
-                 "through scancel; RUN_ID... or --mine (default: $SLOTQ_BACKEND=slurm)"),
+                 "through scancel; RUN_ID..., --label PATTERN (the job's comment) or --mine (default: "
+                 "$SLOTQ_BACKEND=slurm)"),
     ],
 )
 
@@ -49,10 +50,7 @@ def main(args: list[str]) -> int:
     if opts.host:
         return _remote(opts, args)
     if slurm:
-        if opts.label:
-            raise PARSER.error("Slurm does not keep slotq's labels: name the runs (RUN_ID: the job's name "
-                               "without `slotq-`) or use --mine")
-        return _slurm(ids, opts.mine)
+        return _slurm(ids, opts.label, opts.mine)
     targets = list(ids)
     owners = _owners()
     if opts.label or opts.mine:
@@ -213,19 +211,31 @@ def _remote(opts: Namespace, args: list[str]) -> int:
     return code
 
 
-def _slurm(ids: list[str], mine: bool) -> int:
+def _slurm(ids: list[str], label: str | None, mine: bool) -> int:
     """The runs' Slurm jobs, scancelled (pending: they leave Slurm's line;
     running: Slurm signals them, and the node's runner ends the command).
-    Each caller ends `cancelled`, naming who cancelled it."""
+    Each caller ends `cancelled`, naming who cancelled it. A label is
+    matched against the job's comment, where `run --slurm` puts it."""
+    from fnmatch import fnmatchcase
+
     from slotq.host.orphans import user_name
+    from slotq.records import printable, valid_text
     from slotq.transports.slurmctl import cancel_jobs, slotq_jobs
 
     jobs = slotq_jobs()
     me = os.getuid()
     targets: dict[str, str] = {}
     code = 0
+    if label is not None:
+        pattern = printable(valid_text(label), 1000)  # as the comment was written
+        ids = ids + [run_id for run_id, (_, uid, comment) in jobs.items()
+                     if comment is not None and fnmatchcase(comment, pattern) and run_id not in ids
+                     and (not mine or uid == me)]
+        if not ids:
+            _say(f"slotq cancel: no live run matches --label {label!r} on the Slurm cluster")
+            return EXIT_NOT_FOUND
     for run_id in ids:
-        job, uid = jobs.get(run_id, ("", -1))
+        job, uid, _ = jobs.get(run_id, ("", -1, None))
         if not job:
             _say(f"slotq cancel: error: no live run {run_id} on the Slurm cluster (ended already, or never there)")
             code = code or EXIT_NOT_FOUND
@@ -235,8 +245,8 @@ def _slurm(ids: list[str], mine: bool) -> int:
             code = EXIT_REFUSED
         else:
             targets[run_id] = job
-    if mine:
-        targets.update({run_id: job for run_id, (job, uid) in jobs.items() if uid == me})
+    if mine and label is None:
+        targets.update({run_id: job for run_id, (job, uid, _) in jobs.items() if uid == me})
         if not targets:
             _say("slotq cancel: no live run matches --mine on the Slurm cluster")
             return EXIT_NOT_FOUND

@@ -34,7 +34,7 @@ from ..clock import INF
 from ..config import HostConfig
 from ..durations import format_duration
 from ..errors import HostUnavailable, ProtocolError, UsageError
-from ..records import load_scanner, to_json
+from ..records import load_scanner, printable, to_json
 from ..spec import RunSpec
 from .base import Transport
 from .sentinel import Sentinel
@@ -109,6 +109,9 @@ class SlurmTransport(Transport):
             argv.append(f"--partition={self.partition}")
         if self.qos:
             argv.append(f"--qos={self.qos}")
+        # The label, for `slotq cancel --slurm --label` (Slurm keeps no other
+        # text of ours); one line of printable text, as squeue shows it.
+        argv.append(f"--comment={printable(spec.label, 1000)}")
         if not any(o == "-t" or o.startswith(("--time", "-t")) for o in self.options):
             # Slurm's limit is the backstop, never the budget: it covers the
             # prepare step, the budget, the grace and a margin.

@@ -42,7 +42,7 @@ QUERY_TIMEOUT = 30.0  # seconds a query tool (squeue, sinfo, scancel) may take
 
 def _squeue(args: list[str], env: dict[str, str] | None) -> list[list[str]]:
     """Rows of `squeue -h ARGS`, fields split on '|' (the last field, a job
-    name, may itself contain '|': it gets the rest of the line)."""
+    name or comment, may itself contain '|': it gets the rest of the line)."""
     out = _query(["squeue", "-h", *args], env)
     fmt = next(a for a in args if a.startswith("--format=") or a.startswith("-o"))
     n = fmt.count("|") + 1
@@ -144,17 +144,18 @@ def format_partitions(views: list[dict[str, object]]) -> str:
     return "\n".join(out) + "\n"
 
 
-def slotq_jobs(env: dict[str, str] | None = None) -> dict[str, tuple[str, int]]:
-    """run id -> (Slurm job id, its owner's uid) for the jobs slotq
-    submitted (named `slotq-<run id>`) that are pending or running."""
+def slotq_jobs(env: dict[str, str] | None = None) -> dict[str, tuple[str, int, str | None]]:
+    """run id -> (Slurm job id, its owner's uid, its label) for the jobs
+    slotq submitted (named `slotq-<run id>`) that are pending or running.
+    The label is the job's comment (None if it has none)."""
     from ..spec import is_run_id
 
-    rows = _squeue(["-t", "PD,CF,R,S,RQ,RS,RH", "--format=%i|%U|%j"], env)
-    out: dict[str, tuple[str, int]] = {}
-    for job, uid, name in rows:
+    rows = _squeue(["-t", "PD,CF,R,S,RQ,RS,RH", "--format=%i|%U|%j|%k"], env)
+    out: dict[str, tuple[str, int, str | None]] = {}
+    for job, uid, name, comment in rows:
         run_id = name.removeprefix("slotq-")
         if name.startswith("slotq-") and is_run_id(run_id) and uid.isdigit():
-            out[run_id] = (job, int(uid))
+            out[run_id] = (job, int(uid), None if comment == "(null)" else comment)
     return out
 
 
