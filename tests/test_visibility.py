@@ -53,6 +53,30 @@ def read_pty(fd: int, proc: subprocess.Popen[bytes], until: Callable[[bytes], bo
     return out
 
 
+def watch_on_a_terminal(frames: int, columns: int | None = None, env: dict[str, str] | None = None,
+                        until: Callable[[bytes], bool] = lambda b: True) -> bytes:
+    """`slotq status --watch` on a terminal (`columns` wide if given) until
+    it has drawn `frames` frames and `until` holds, then Ctrl-C: all it
+    wrote. It must exit 0."""
+    master, slave = pty.openpty()
+    if columns is not None:
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+    proc = subprocess.Popen(slotq_cmd() + ["status", "--watch", "--every", "0.2"], stdin=subprocess.DEVNULL,
+                            stdout=slave, stderr=slave, env=env or dict(os.environ, TERM="xterm"))
+    os.close(slave)
+    seen = read_pty(master, proc, until=lambda b: b.count(b"\x1b[H") >= frames and until(b), timeout=20)
+    proc.send_signal(signal.SIGINT)
+    seen += read_pty(master, proc)
+    os.close(master)
+    assert proc.wait(timeout=10) == 0
+    return seen
+
+
+def cells(text: str) -> int:
+    """Terminal cells: two for a wide character."""
+    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
+
+
 @pytest.mark.timeout(60)
 def test_on_a_terminal_the_waiting_line_is_redrawn_in_place_and_replaced_by_the_slot_line(
         state_dir: Path, runs: Start, tmp_path: Path) -> None:
@@ -279,16 +303,9 @@ def test_status_watch_on_a_terminal_redraws_in_place_and_leaves_the_terminal_cle
         state_dir: Path, runs: Start, tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     holder = start_holder(runs, state_dir, gate, "--budget", "10m")
-    master, slave = pty.openpty()
-    proc = subprocess.Popen(slotq_cmd() + ["status", "--watch", "--every", "0.2"], stdin=subprocess.DEVNULL,
-                            stdout=slave, stderr=slave, env=dict(os.environ, TERM="xterm"))
-    os.close(slave)
-    seen = read_pty(master, proc, until=lambda b: b.count(b"\x1b[H") >= 3, timeout=20)
-    proc.send_signal(signal.SIGINT)
-    seen += read_pty(master, proc)
-    os.close(master)
+    seen = watch_on_a_terminal(3)
     gate.touch()
-    assert proc.wait(timeout=10) == 0 and holder.wait() == 0
+    assert holder.wait() == 0
     assert seen.startswith(b"\x1b[?1049h\x1b[?25l"), seen[:40]  # the alternate screen, cursor hidden
     assert seen.count(b"\x1b[H") >= 3  # redrawn in place, not scrolled
     assert re.search(rb"\[#*-+\] [\d.]+m?s of 10m00s", seen), seen[-600:]  # the holder's time against its budget
@@ -304,16 +321,7 @@ def test_status_watch_colours_outcomes_on_a_terminal_unless_no_color(state_dir: 
         env.pop("NO_COLOR", None)
         if no_color:
             env["NO_COLOR"] = no_color
-        master, slave = pty.openpty()
-        proc = subprocess.Popen(slotq_cmd() + ["status", "--watch", "--every", "0.2"], stdin=subprocess.DEVNULL,
-                                stdout=slave, stderr=slave, env=env)
-        os.close(slave)
-        seen = read_pty(master, proc, until=lambda b: b.count(b"\x1b[H") >= 1 and b"recent runs" in b, timeout=20)
-        proc.send_signal(signal.SIGINT)
-        seen += read_pty(master, proc)
-        os.close(master)
-        assert proc.wait(timeout=10) == 0
-        screens[no_color] = seen
+        screens[no_color] = watch_on_a_terminal(1, env=env, until=lambda b: b"recent runs" in b)
     assert b"\x1b[32mpassed" in screens[""]
     assert b"passed" in screens["1"] and b"\x1b[32m" not in screens["1"]
 
@@ -328,20 +336,12 @@ def test_status_watch_on_a_narrow_terminal_cuts_each_line_to_its_width(state_dir
                ).returncode == 0
     gate = tmp_path / "gate"
     holder = start_holder(runs, state_dir, gate, "--budget", "10m", "--label", "wide 日本語 " * 10)
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 50, 0, 0))  # 40 rows, 50 columns
-    proc = subprocess.Popen(slotq_cmd() + ["status", "--watch", "--every", "0.2"], stdin=subprocess.DEVNULL,
-                            stdout=slave, stderr=slave, env=dict(os.environ, TERM="xterm"))
-    os.close(slave)
-    seen = read_pty(master, proc, until=lambda b: b.count(b"\x1b[H") >= 2, timeout=20)
-    proc.send_signal(signal.SIGINT)
-    seen += read_pty(master, proc)
-    os.close(master)
+    seen = watch_on_a_terminal(2, columns=50)
     gate.touch()
-    assert proc.wait(timeout=10) == 0 and holder.wait() == 0
+    assert holder.wait() == 0
     frame = seen.decode().split("\x1b[H")[1].split("\x1b[J")[0]
     lines = [re.sub(r"\x1b\[[0-9;]*m", "", ln) for ln in frame.split("\x1b[K\r\n")]
-    widths = [sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in ln) for ln in lines]
+    widths = [cells(ln) for ln in lines]
     assert max(widths) <= 49 and max(widths) >= 45, list(zip(widths, lines))
     assert any(ln.startswith("  shared#0: wide 日本語") and ln.endswith("…") for ln in lines), lines
     assert any(re.match(r"  passed +waited .*…$", ln) for ln in lines), lines
@@ -372,7 +372,7 @@ def test_on_a_narrow_terminal_the_waiting_line_fits_its_width_wide_characters_to
     redraws = re.findall(r"\r\x1b\[2K(slotq: waiting [^\r\n]*)", seen.decode())
     assert redraws, seen
     for line in redraws:
-        assert sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in line) <= 59, line
+        assert cells(line) <= 59, line
     assert redraws[-1].endswith("…"), redraws[-1]
 
 
