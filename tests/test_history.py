@@ -208,6 +208,42 @@ def test_the_runs_of_an_emptied_spool_stay_listed_from_the_segment_they_moved_to
 
 
 @pytest.mark.timeout(60)
+def test_readers_never_miss_a_run_while_writers_move_the_spool(
+        state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The index drops the rows of a spool found emptied and reads them back
+    # from the segment they moved to, in the same step: a reader between
+    # a move and the next must never see fewer runs than before, or any twice.
+    import threading
+
+    monkeypatch.setattr(history, "SPOOL_BYTES", 4096)  # a move every ~12 runs
+    state_dir.mkdir()
+    now = time.time()
+    total = 1500
+    done = threading.Event()
+
+    def write(k: int) -> None:
+        for i in range(k, total, 3):
+            history.append(str(state_dir), record(i, now - total + i))
+
+    writers = [threading.Thread(target=write, args=(k,)) for k in range(3)]
+    for w in writers:
+        w.start()
+    seen = 0
+    index = Index(str(state_dir), 180 * DAY, path=str(tmp_path / "idx.sqlite"))
+    try:
+        while not done.is_set():
+            done.set() if not any(w.is_alive() for w in writers) else None
+            index.catch_up()
+            ids = [r["run_id"] for r in index.query()]
+            assert len(ids) == len(set(ids)), "a run listed twice"
+            assert len(ids) >= seen, f"{seen - len(ids)} run(s) went missing"
+            seen = len(ids)
+    finally:
+        index.close()
+    assert seen == total and history.segment_files(str(state_dir))
+
+
+@pytest.mark.timeout(60)
 def test_corrupt_lines_are_skipped_and_counted_never_a_crash(state_dir: Path, tmp_path: Path) -> None:
     state_dir.mkdir()
     now = time.time()
