@@ -58,6 +58,25 @@ def test_every_run_is_kept_past_the_spool_size_and_status_history_n_reads_them_a
 
 
 @pytest.mark.timeout(60)
+def test_a_run_with_two_lines_is_shown_once_as_its_later_line_says(state_dir: Path) -> None:
+    # A Slurm run can have two: its node's runner's (`failed`, exit 143),
+    # then its relay's (`cancelled`: Slurm cancelled the job). `status`
+    # showed both, while `history` showed the later.
+    state_dir.mkdir()
+    now = time.time()
+    history.append(str(state_dir), record(1, now - 20))
+    history.append(str(state_dir), record(2, now - 10, outcome="failed", exit_code=143))
+    history.append(str(state_dir), record(2, now - 9, outcome="cancelled", exit_code=None))
+    proc = cli("status", "--json", "--history", "10")
+    assert proc.returncode == 0, proc.stderr
+    assert [(r["run_id"], r["outcome"]) for r in json.loads(proc.stdout)["history"]] == [
+        ("run0000001", "passed"), ("run0000002", "cancelled")]
+    proc = cli("history", "--json")
+    assert [(r["run_id"], r["outcome"]) for r in json.loads(proc.stdout)] == [
+        ("run0000001", "passed"), ("run0000002", "cancelled")]
+
+
+@pytest.mark.timeout(60)
 def test_history_lists_real_runs_with_phases_and_filters_including_a_run_cancelled_in_line(
         state_dir: Path, runs: Start, tmp_path: Path) -> None:
     gate = tmp_path / "gate"
