@@ -60,6 +60,9 @@ def test_history_of_several_hosts_is_one_list_oldest_first_and_a_host_that_is_do
         ("slotq-b", "second", "passed", 0), ("slotq-a", "third", "failed", 1)]
     proc = _slotq("history", "--host", "slotq-a,slotq-b", "--ssh-config", ssh_config, "--outcome", "failed")
     assert proc.returncode == 0 and proc.stdout.splitlines()[-1] == "1 run(s)", proc.stdout
+    # A host named twice is asked once (its runs were listed twice).
+    proc = _slotq("history", "--host", "slotq-a, slotq-b,slotq-a", "--ssh-config", ssh_config)
+    assert proc.returncode == 0 and proc.stdout.splitlines()[-1] == "3 run(s)", proc.stdout
     # One host: its history as a local one reads, no HOST column.
     proc = _slotq("history", "--host", "slotq-b", "--ssh-config", ssh_config, "--label", "sec")
     assert proc.returncode == 0, proc.stderr

@@ -189,10 +189,10 @@ def bounded_text(limit: int, blank: str | None = None) -> Callable[[str], str]:
 
 
 def host_names(text: str) -> str:
-    """HOST[,HOST...] as `a,b`: blanks and empty names dropped, at least one
-    left (`--host "$HOST"` with HOST unset must not run here instead), none
-    that ssh would read as an option."""
-    hosts = [h.strip() for h in text.split(",") if h.strip()]
+    """HOST[,HOST...] as `a,b`: blanks, empty names and repeats dropped, at
+    least one left (`--host "$HOST"` with HOST unset must not run here
+    instead), none that ssh would read as an option."""
+    hosts = list(dict.fromkeys(h.strip() for h in text.split(",") if h.strip()))
     if not hosts:
         raise ValueError("no host named")
     for h in hosts:
