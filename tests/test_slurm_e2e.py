@@ -375,6 +375,28 @@ def test_output_is_byte_exact_through_slurm(slurm_env: Path) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_a_label_of_a_thousand_wide_characters_runs_and_is_cancelled_by_label(slurm_env: Path) -> None:
+    # The label went into the job's comment whole: past Slurm's 1024 bytes
+    # it refused the job ("Pathname ... too long"), blamed on the request.
+    tmp = slurm_env
+    label = "ä|\n" * 333
+    proc = start(tmp, "wide", "--label", label, "--", "true")
+    assert proc.wait(timeout=30) == 0, err(tmp, "wide")
+    assert result(tmp, "wide")["label"] == label
+    caller, job = pending_run(tmp, "waiting")  # and its label is still the way to cancel it
+    assert squeue("-j", job, "-o", "%k").strip().endswith(": true")  # the default label: user: command
+    long_one = start(tmp, "long", "--label", "ä" * 999, "--", "true")
+    job2 = pending_job(tmp, "long")
+    assert len(squeue("-j", job2, "-o", "%k").strip().encode()) <= 1024
+    done = subprocess.run(slotq_cmd() + ["cancel", "--slurm", "--label", "ää*"], capture_output=True, text=True,
+                          timeout=30, cwd=tmp)
+    assert done.returncode == 0 and f"(Slurm job {job2})" in done.stderr, done.stderr
+    assert long_one.wait(timeout=20) == 130
+    caller.send_signal(signal.SIGINT)
+    assert caller.wait(timeout=20) == 130
+
+
+@pytest.mark.timeout(60)
 def test_classes_map_to_partition_and_qos(slurm_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tmp = slurm_env
     config = tmp / "host.toml"

@@ -48,6 +48,7 @@ _INFRA = ("Unable to contact slurm controller", "Socket timed out", "Connection 
 _NO_CONFIG = ("_establish_config_source", "fetch_config", "Could not establish a configuration source")
 _LAST_LINES = 50  # srun / node stderr lines kept for diagnostics
 TIME_MARGIN = 120.0  # Slurm's --time covers prepare + budget + grace + this
+COMMENT_BYTES = 1024  # the longest --comment Slurm takes (23.02: "Pathname ... too long")
 
 
 def never_starts(reason: str) -> str | None:
@@ -110,8 +111,10 @@ class SlurmTransport(Transport):
         if self.qos:
             argv.append(f"--qos={self.qos}")
         # The label, for `slotq cancel --slurm --label` (Slurm keeps no other
-        # text of ours); one line of printable text, as squeue shows it.
-        argv.append(f"--comment={printable(spec.label, 1000)}")
+        # text of ours); one line of printable text, as squeue shows it, in
+        # the 1024 bytes Slurm takes (more, and it refuses the job).
+        comment = printable(spec.label, 1000).encode()[:COMMENT_BYTES].decode("utf-8", "ignore")
+        argv.append(f"--comment={comment}")
         if not any(o == "-t" or o.startswith(("--time", "-t")) for o in self.options):
             # Slurm's limit is the backstop, never the budget: it covers the
             # prepare step, the budget, the grace and a margin.
