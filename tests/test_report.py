@@ -198,6 +198,25 @@ def test_slurm_jobs_share_their_nodes_lanes_as_few_as_ran_at_once() -> None:
     assert len(spans) == 1000
 
 
+def test_a_page_of_several_hosts_keeps_their_slurm_jobs_in_node_lanes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each host's slots were prefixed with its name (`a:shared#0`), Slurm
+    # jobs' too (`a:slurm job 7`): a lane per job again.
+    from slotq.cli import history as cli_history, report as cli_report
+    from slotq.cli.args import Namespace
+
+    def job(i: int, host: str) -> dict[str, object]:
+        return {"run_id": f"r{i}", "pool": "shared", "class": "shared", "slot": f"slurm job {i}", "host": host,
+                "outcome": "passed", "waited_s": 1.0,
+                "phases": {"submitted": 99.0 + i, "slot": 100.0 + i, "started": 100.0 + i, "ended": 100.5 + i}}
+
+    fake = [("a", [job(1, "a"), job(2, "a")]), ("b", [job(3, "b")])]
+    monkeypatch.setattr(cli_history, "remote_runs", lambda opts, filters: (fake, []))
+    runs, unreachable = cli_report._remote(Namespace({"host": "a,b"}), 0.0, 1000.0)
+    data = report.build(runs, 0, 1000, "a, b")
+    assert unreachable == [] and data["lanes"] == ["a (Slurm) #0", "b (Slurm) #0"], data["lanes"]
+    assert [p["pool"] for p in data["summary"]] == ["a:shared", "b:shared"]  # type: ignore[attr-defined]
+
+
 @pytest.mark.timeout(30)
 def test_bad_report_arguments_are_one_line_exit_2(state_dir: Path, tmp_path: Path) -> None:
     proc = subprocess.run(slotq_cmd() + ["report"], capture_output=True, text=True, timeout=30)

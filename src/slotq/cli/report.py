@@ -55,7 +55,8 @@ def main(args: list[str]) -> int:
 
 def _remote(opts: Namespace, since: float, until: float) -> tuple[list[dict[str, object]], list[str]]:
     """The runs of each host in --host, oldest first; with several, each
-    slot and pool named after its host (`ci1:shared#0`): a lane each."""
+    slot and pool named after its host (`ci1:shared#0`): a lane each. (A
+    Slurm job's slot is not: its lanes are named after its host already.)"""
     from slotq.cli.history import ended, remote_runs
 
     by_host, unreachable = remote_runs(opts, ["--since", repr(since), "--until", repr(until)])
@@ -65,6 +66,7 @@ def _remote(opts: Namespace, since: float, until: float) -> tuple[list[dict[str,
         for r in host_runs:
             if several:
                 for key in ("slot", "pool", "class"):
-                    r[key] = f"{host}:{r[key]}" if r[key] else r[key]
+                    if r[key] and not (key == "slot" and str(r[key]).startswith("slurm job ")):
+                        r[key] = f"{host}:{r[key]}"
             runs.append(r)
     return sorted(runs, key=ended), unreachable
