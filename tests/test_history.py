@@ -227,6 +227,29 @@ def test_the_runs_of_an_emptied_spool_stay_listed_from_the_segment_they_moved_to
 
 
 @pytest.mark.timeout(60)
+def test_an_index_an_older_slotq_kept_is_rebuilt_not_a_crash(state_dir: Path, tmp_path: Path) -> None:
+    # Schema 2 had no `src` column: making today's index over it failed
+    # ("no such column: src") before the version was even looked at.
+    import sqlite3
+
+    state_dir.mkdir()
+    history.append(str(state_dir), record(1, time.time() - 10))
+    old = sqlite3.connect(tmp_path / "idx.sqlite")
+    old.executescript("""
+        CREATE TABLE runs (key TEXT PRIMARY KEY, run_id TEXT, ended REAL NOT NULL, first REAL NOT NULL);
+        CREATE TABLE files (name TEXT PRIMARY KEY, ino INTEGER, off INTEGER, head BLOB);
+        CREATE TABLE meta (k TEXT PRIMARY KEY, v TEXT);
+        INSERT INTO meta VALUES ('schema', '2');
+        INSERT INTO runs VALUES ('stale', 'stale', 1.0, 1.0);""")
+    old.commit()
+    old.close()
+    index = Index(str(state_dir), 180 * DAY, path=str(tmp_path / "idx.sqlite"))
+    index.catch_up()
+    assert [r["run_id"] for r in index.query()] == ["run0000001"]
+    index.close()
+
+
+@pytest.mark.timeout(60)
 def test_readers_never_miss_a_run_while_writers_move_the_spool(
         state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The index drops the rows of a spool found emptied and reads them back
