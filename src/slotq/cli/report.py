@@ -27,6 +27,7 @@ def main(args: list[str]) -> int:
     from slotq.cli.args import JsonResult
     from slotq.cli.history import query
     from slotq.config import HostConfig, state_dir_from_env
+    from slotq.errors import HostUnavailable
     from slotq.report import build, render_html
 
     since, until = parse_window(opts)
@@ -41,8 +42,6 @@ def main(args: list[str]) -> int:
             runs, _ = query(state_dir, HostConfig.load(state_dir=state_dir).retention, since=since, until=until)
             name = os.uname().nodename
         if unreachable and not runs:
-            from slotq.errors import HostUnavailable
-
             raise HostUnavailable("; ".join(unreachable), host=opts.host)  # no page of nothing
         page = render_html(build(runs, since, until, name))
         out.write(lambda: page)
@@ -50,7 +49,7 @@ def main(args: list[str]) -> int:
         out.discard()
     for line in unreachable:
         sys.stderr.write(f"slotq report: error: {line} (the page shows the other hosts)\n")
-    return 121 if unreachable else 0
+    return HostUnavailable.exit_code if unreachable else 0
 
 
 def _remote(opts: Namespace, since: float, until: float) -> tuple[list[dict[str, object]], list[str]]:
