@@ -429,3 +429,4 @@ def second_user_slotq() -> list[str]:
 
 
 from remote_host import remote, ssh_config  # noqa: E402,F401  (fixtures of the ssh tests, for every test file)
+from slurm_world import slurm_env  # noqa: E402,F401  (the Slurm tests' fixture)
