@@ -149,11 +149,12 @@ def _user_state_root() -> str:
 _USER_STATE = _user_state_root()
 
 
-def _user_state() -> set[str]:
-    """Every path under the user's own slotq state, with its modification
-    time: a file the suite made or changed there shows up as new."""
-    out = {_USER_STATE} if os.path.lexists(_USER_STATE) else set()
-    for top, dirs, files in os.walk(_USER_STATE):
+def _user_state(root: str = _USER_STATE) -> set[str]:
+    """Every path under a user's slotq state (ours by default), with its
+    modification time: a file the suite made or changed there shows up as
+    new."""
+    out = {root} if os.path.lexists(root) else set()
+    for top, dirs, files in os.walk(root):
         for name in dirs + files:
             path = os.path.join(top, name)
             try:
@@ -174,6 +175,7 @@ def _leftovers() -> set[str]:
             out |= {os.path.join(home, n) for n in os.listdir(home) if n.startswith(("st-", "state-"))}
         except OSError:
             pass
+        out |= _user_state(os.path.join(home, ".local", "state", "slotq"))  # the remote user's index, ledger
     return out
 
 

@@ -16,7 +16,14 @@ from remote_host import Remote
 from test_report import browse, console_lines
 
 
+# The host's `slotq history` keeps its index beside its user's wait ledger:
+# in the test's state dir there (removed afterwards), not in the user's home.
+REMOTE = ["--remote-slotq", 'SLOTQ_LEDGER="$SLOTQ_STATE_DIR/ledger/l.sqlite" slotq']
+
+
 def _slotq(*args: str, cwd: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    if args[0] in ("history", "report"):
+        args += tuple(REMOTE)
     return subprocess.run(slotq_cmd() + list(args), capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL, cwd=cwd)
 
