@@ -132,6 +132,15 @@ class Index:
         except (OSError, StateFileError):
             return 0
         try:
+            if path == history.history_path(self.state_dir):
+                # The spool is emptied when its lines move to a segment: read
+                # it under the writers' shared lock, so that its size, first
+                # bytes and lines are of one file (a move waits, or is left to
+                # the next writer), never a resume offset of the old one
+                # applied to the new.
+                import fcntl
+
+                fcntl.flock(fd, fcntl.LOCK_SH)
             st = os.fstat(fd)
             head = os.pread(fd, HEAD, 0)
             row = self.db.execute("SELECT ino, off, head FROM files WHERE name = ?", (name,)).fetchone()
