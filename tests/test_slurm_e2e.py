@@ -51,6 +51,25 @@ def test_seed_scenario_waits_in_slurm_then_passes_with_the_wait_on_record(slurm_
 
 
 @pytest.mark.timeout(60)
+def test_a_slotq_run_holding_the_node_is_named_by_its_label_in_waiting_lines_and_status(slurm_env: Path) -> None:
+    # It was named by its job name, `slotq-<run id>`: who held the node said
+    # nothing of what it ran (a host's line names the holder's label).
+    tmp = slurm_env
+    marker = tmp / "holding"
+    holder = start(tmp, "holder", "--label", "pr-9|x: the holder", "--slurm-option=--cpus-per-task=2", "--",
+                   "sh", "-c", f"touch {marker}; sleep 30")
+    wait_for(marker.exists, timeout=20, what="the holder running")
+    waiter = start(tmp, "waiter", "--report-every", "1", "--", "true")
+    wait_for(lambda: "pr-9|x: the holder (user " in err(tmp, "waiter"), timeout=20, what="the holder named")
+    status = subprocess.run(slotq_cmd() + ["status", "--slurm"], capture_output=True, text=True, timeout=30)
+    assert status.returncode == 0 and re.search(r"slotq-\w+ \(pr-9\|x: the holder\)  for", status.stdout), \
+        status.stdout
+    for caller in (waiter, holder):
+        caller.send_signal(signal.SIGINT)
+        assert caller.wait(timeout=20) == 130
+
+
+@pytest.mark.timeout(60)
 def test_another_users_job_named_in_bytes_that_are_not_utf8_breaks_neither_a_wait_nor_status(
         slurm_env: Path) -> None:
     # Slurm passes job names (and work dirs) on as bytes; anyone may submit
@@ -388,7 +407,8 @@ def test_status_slurm_shows_each_configured_partitions_queue(slurm_env: Path,
     assert mine["reason"] in ("Resources", "Priority") and mine["name"].startswith("slotq-")
     text = subprocess.run(slotq_cmd() + ["status", "--slurm"], capture_output=True, text=True, timeout=30).stdout
     assert f"running   job {holder}  root  placeholder-{tmp.name}" in text, text
-    assert re.search(rf"pending +\d+\. job {job}  root  slotq-\w+  reason (Resources|Priority)", text), text
+    assert re.search(rf"pending +\d+\. job {job}  root  slotq-\w+ \(root: true\)  reason (Resources|Priority)",
+                     text), text  # its run id (for slotq cancel --slurm), then its label
     code, out = watch_snapshots(["--slurm", "--every", "0.2"], count=2)
     snaps = [s for s in out.split("--- ")[1:] if s.strip()]
     assert code == 0 and len(snaps) >= 2 and all(f"job {job}" in s for s in snaps[:2]), out

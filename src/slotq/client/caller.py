@@ -208,7 +208,8 @@ def format_pending(waited: float, view: dict[str, object]) -> str:
     holders = [h for h in view.get("holders") or [] if isinstance(h, dict)]  # type: ignore[attr-defined]
     if holders:
         parts.append("held by " + ", ".join(
-            f"job {printable(h.get('job_id'))} {printable(h.get('name'), 60)} (user {printable(h.get('user'))}) "
+            f"job {printable(h.get('job_id'))} {printable(h.get('label') or h.get('name'), 60)} "
+            f"(user {printable(h.get('user'))}) "
             f"for {printable(h.get('elapsed'))}" for h in holders[:5]) + (
             f" and {len(holders) - 5} more" if len(holders) > 5 else ""))
     if view.get("expected_start"):

@@ -78,6 +78,7 @@ def pending_view(job_id: str, partition: str | None, env: dict[str, str] | None 
         partition = rows[0][0] if rows else "?"
     pending = _squeue(["-p", partition, "-t", "PD", "--sort=-p,i", "--format=%i|%r|%S|%u|%j"], env)
     running = _squeue(["-p", partition, "-t", "R", "--format=%i|%u|%M|%j"], env)
+    labels = _labels(["-p", partition, "-t", "R"], running, 3, env)
     ids = [row[0] for row in pending]
     mine = pending[ids.index(job_id)] if job_id in ids else None
     start = mine[2] if mine else ""
@@ -86,7 +87,8 @@ def pending_view(job_id: str, partition: str | None, env: dict[str, str] | None 
         "position": ids.index(job_id) + 1 if mine else None, "pending": len(ids),
         "reason": mine[1] if mine else None,
         "expected_start": start if start and start not in ("N/A", "Unknown") else None,
-        "holders": [{"job_id": r[0], "user": r[1], "elapsed": r[2], "name": r[3]} for r in running],
+        "holders": [{"job_id": r[0], "user": r[1], "elapsed": r[2], "name": r[3], "label": labels.get(r[0])}
+                    for r in running],
     }
 
 
@@ -105,14 +107,35 @@ def partition_view(partition: str | None, env: dict[str, str] | None = None) -> 
         return {"partition": partition, "missing": True, "running": [], "pending": []}
     pending = _squeue([*where, "-t", "PD", "--sort=-p,i", "--format=%i|%r|%S|%u|%M|%j"], env)
     running = _squeue([*where, "-t", "R,CG", "--format=%i|%T|%u|%M|%N|%j"], env)
+    labels = {**_labels([*where, "-t", "PD"], pending, 5, env), **_labels([*where, "-t", "R,CG"], running, 5, env)}
     return {
         "partition": partition or (where[1] if where else None),
-        "running": [{"job_id": r[0], "state": r[1], "user": r[2], "elapsed": r[3], "nodes": r[4], "name": r[5]}
-                    for r in running],
+        "running": [{"job_id": r[0], "state": r[1], "user": r[2], "elapsed": r[3], "nodes": r[4], "name": r[5],
+                     "label": labels.get(r[0])} for r in running],
         "pending": [{"position": i + 1, "job_id": r[0], "reason": r[1],
                      "expected_start": r[2] if r[2] not in ("N/A", "Unknown", "") else None, "user": r[3],
-                     "name": r[5]} for i, r in enumerate(pending)],
+                     "name": r[5], "label": labels.get(r[0])} for i, r in enumerate(pending)],
     }
+
+
+def _labels(where: list[str], rows: list[list[str]], name_at: int, env: dict[str, str] | None) -> dict[str, str]:
+    """job id -> label, for slotq's jobs among `rows` (named `slotq-<run
+    id>`; the name in field `name_at`): their comment, where `run --slurm`
+    puts the label. Asked on its own (`%i|%k`: the comment gets the rest of
+    the line), as a name and a comment on one line could each hold a `|`."""
+    ours = {r[0] for r in rows if r[name_at].startswith("slotq-")}
+    if not ours:
+        return {}
+    return {job: comment for job, comment in _squeue([*where, "--format=%i|%k"], env)
+            if job in ours and comment != "(null)"}
+
+
+def _named(job: dict[str, object]) -> str:
+    """A job as status shows it: its name (a slotq run's, `slotq-<run id>`,
+    is what `slotq cancel --slurm` takes), then its label if it is ours."""
+    from ..records import printable
+
+    return printable(job["name"], 60) + (f" ({printable(job['label'], 60)})" if job.get("label") else "")
 
 
 def _default_partition(env: dict[str, str] | None) -> str:
@@ -136,10 +159,11 @@ def format_partitions(views: list[dict[str, object]]) -> str:
                       else f": {len(running)} running, {len(pending)} pending"))
         for r in running:
             out.append(f"  running   job {printable(r['job_id'])}  {printable(r['user'])}  "
-                       f"{printable(r['name'], 60)}  for {printable(r['elapsed'])}  on {printable(r['nodes'])}")
+                       f"{_named(r)}  for {printable(r['elapsed'])}  "
+                       f"on {printable(r['nodes'])}")
         for p in pending:
             out.append(f"  pending {p['position']:>2}. job {printable(p['job_id'])}  {printable(p['user'])}  "
-                       f"{printable(p['name'], 60)}  reason {printable(p['reason'])}"
+                       f"{_named(p)}  reason {printable(p['reason'])}"
                        + (f"  expected {printable(p['expected_start'])}" if p["expected_start"] else ""))
     return "\n".join(out) + "\n"
 
