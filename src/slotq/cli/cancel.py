@@ -219,15 +219,14 @@ def _slurm(ids: list[str], label: str | None, mine: bool) -> int:
     from fnmatch import fnmatchcase
 
     from slotq.host.orphans import user_name
-    from slotq.records import printable, valid_text
-    from slotq.transports.slurmctl import cancel_jobs, slotq_jobs
+    from slotq.transports.slurmctl import as_comment, cancel_jobs, slotq_jobs
 
     jobs = slotq_jobs()
     me = os.getuid()
     targets: dict[str, str] = {}
     code = 0
     if label is not None:
-        pattern = printable(valid_text(label), 1000)  # as the comment was written
+        pattern = as_comment(label)
         ids = ids + [run_id for run_id, (_, uid, comment) in jobs.items()
                      if comment is not None and fnmatchcase(comment, pattern) and run_id not in ids
                      and (not mine or uid == me)]

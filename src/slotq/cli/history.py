@@ -136,9 +136,10 @@ def remote_runs(opts: Namespace, filters: list[str]) -> tuple[list[tuple[str, li
 
 
 def ended(run: dict[str, object]) -> float:
+    """When a run ended (0 if unknown): the order of a list of hosts' runs."""
     phases = run["phases"]
-    ended = phases.get("ended") if isinstance(phases, dict) else None
-    return float(ended) if isinstance(ended, (int, float)) else 0.0
+    at = phases.get("ended") if isinstance(phases, dict) else None
+    return float(at) if isinstance(at, (int, float)) else 0.0
 
 
 def query(state_dir: str, retention: float, **filters: object) -> tuple[list[dict[str, object]], int]:

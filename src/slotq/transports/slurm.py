@@ -34,11 +34,11 @@ from ..clock import INF
 from ..config import HostConfig
 from ..durations import format_duration
 from ..errors import HostUnavailable, ProtocolError, UsageError
-from ..records import load_scanner, printable, to_json
+from ..records import load_scanner, to_json
 from ..spec import RunSpec
 from .base import Transport
 from .sentinel import Sentinel
-from .slurmctl import job_info, pending_view
+from .slurmctl import as_comment, job_info, pending_view
 
 _SRUN_QUEUED = "srun: job "  # "srun: job 12 queued and waiting for resources"
 # srun's refusals that are the infrastructure's, not the request's.
@@ -48,7 +48,6 @@ _INFRA = ("Unable to contact slurm controller", "Socket timed out", "Connection 
 _NO_CONFIG = ("_establish_config_source", "fetch_config", "Could not establish a configuration source")
 _LAST_LINES = 50  # srun / node stderr lines kept for diagnostics
 TIME_MARGIN = 120.0  # Slurm's --time covers prepare + budget + grace + this
-COMMENT_BYTES = 1024  # the longest --comment Slurm takes (23.02: "Pathname ... too long")
 
 
 def never_starts(reason: str) -> str | None:
@@ -110,11 +109,9 @@ class SlurmTransport(Transport):
             argv.append(f"--partition={self.partition}")
         if self.qos:
             argv.append(f"--qos={self.qos}")
-        # The label, for `slotq cancel --slurm --label` (Slurm keeps no other
-        # text of ours); one line of printable text, as squeue shows it, in
-        # the 1024 bytes Slurm takes (more, and it refuses the job).
-        comment = printable(spec.label, 1000).encode()[:COMMENT_BYTES].decode("utf-8", "ignore")
-        argv.append(f"--comment={comment}")
+        # The label, for `slotq cancel --slurm --label` and the waiting lines
+        # of others (Slurm keeps no other text of ours).
+        argv.append(f"--comment={as_comment(spec.label)}")
         if not any(o == "-t" or o.startswith(("--time", "-t")) for o in self.options):
             # Slurm's limit is the backstop, never the budget: it covers the
             # prepare step, the budget, the grace and a margin.

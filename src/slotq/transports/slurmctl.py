@@ -40,6 +40,22 @@ MAX_LINES = 10_000  # squeue output read at most this far (a huge queue is cut, 
 QUERY_TIMEOUT = 30.0  # seconds a query tool (squeue, sinfo, scancel) may take
 
 
+COMMENT_BYTES = 1024  # the longest --comment Slurm takes (23.02: "Pathname ... too long")
+
+
+def as_comment(label: str) -> str:
+    """A run's label as its job's comment, where `run --slurm` puts it and
+    `cancel --slurm --label` looks for it (the pattern made the same way):
+    one line of printable text, in the bytes Slurm keeps, whole characters."""
+    from ..records import printable, valid_text
+
+    return printable(valid_text(label), 1000).encode()[:COMMENT_BYTES].decode("utf-8", "ignore")
+
+
+def _comment(raw: str) -> str | None:
+    return None if raw == "(null)" else raw  # squeue's word for none
+
+
 def _squeue(args: list[str], env: dict[str, str] | None) -> list[list[str]]:
     """Rows of `squeue -h ARGS`, fields split on '|' (the last field, a job
     name or comment, may itself contain '|': it gets the rest of the line)."""
@@ -126,8 +142,8 @@ def _labels(where: list[str], rows: list[list[str]], name_at: int, env: dict[str
     ours = {r[0] for r in rows if r[name_at].startswith("slotq-")}
     if not ours:
         return {}
-    return {job: comment for job, comment in _squeue([*where, "--format=%i|%k"], env)
-            if job in ours and comment != "(null)"}
+    labels = {job: _comment(raw) for job, raw in _squeue([*where, "--format=%i|%k"], env) if job in ours}
+    return {job: label for job, label in labels.items() if label is not None}
 
 
 def _named(job: dict[str, object]) -> str:
@@ -179,7 +195,7 @@ def slotq_jobs(env: dict[str, str] | None = None) -> dict[str, tuple[str, int, s
     for job, uid, name, comment in rows:
         run_id = name.removeprefix("slotq-")
         if name.startswith("slotq-") and is_run_id(run_id) and uid.isdigit():
-            out[run_id] = (job, int(uid), None if comment == "(null)" else comment)
+            out[run_id] = (job, int(uid), _comment(comment))
     return out
 
 
