@@ -123,14 +123,15 @@ class HostConfig:
         self.warnings: list[str] = []  # e.g. a config file ignored as untrusted
         self.slurm = slurm or SlurmConfig()
         self.retention = retention  # how long the run history is kept, seconds
+        where = f"host config {path}: " if path else ""
         for cls, pool in self.classes.items():
             if pool not in self.pools:
-                raise ConfigError(f"class {cls!r} maps to unknown pool {pool!r}", path)
+                raise ConfigError(f"{where}class {cls!r} maps to unknown pool {pool!r}", path)
         for pool in self.pools:
             if pool not in self.classes.values():
                 # `[classes] shared = "landing"`: pool shared's own class taken
                 # away, its slots would wait for runs that can never come.
-                raise ConfigError(f"pool {pool!r} is reached by no class (class {pool!r} maps to pool "
+                raise ConfigError(f"{where}pool {pool!r} is reached by no class (class {pool!r} maps to pool "
                                   f"{self.classes[pool]!r}): map a class to it, or remove the pool", path)
 
     @property

@@ -321,12 +321,13 @@ RUN_OPTIONS = [
 _HOW_TO_REACH = ("--host", "says how to reach --host")  # given alone, the run would be here, not there
 
 
-def host_options(several: str = "several: the one with the shortest expected wait") -> list[Opt]:
-    """--host and how to reach it; `several` says what several hosts mean
-    to this command."""
+def host_options(what: str = "run on HOST", several: str = "several: the one with the shortest expected wait"
+                 ) -> list[Opt]:
+    """--host and how to reach it; `what` says what this command does with
+    HOST, `several` what several hosts mean to it."""
     return [
         Opt("--host", metavar="HOST[,HOST...]", convert=host_names,
-            help=f"run on HOST over ssh (an alias from your ssh config, or user@host); {several}"),
+            help=f"{what} over ssh (an alias from your ssh config, or user@host); {several}"),
         Opt("--ssh-config", metavar="FILE", default=os.environ.get("SLOTQ_SSH_CONFIG"), needs=_HOW_TO_REACH,
             help="ssh config file (default: $SLOTQ_SSH_CONFIG, else ssh's own)"),
         Opt("--ssh-option", kind=APPEND, metavar="OPT", needs=_HOW_TO_REACH,

@@ -28,7 +28,7 @@ PARSER = Parser(
     options=[
         Opt("--label", metavar="PATTERN", help="cancel the runs whose label matches PATTERN (shell-style: * ?)"),
         Opt("--mine", kind=FLAG, help="cancel all of your runs on this host"),
-        *host_options("several: on each of them"),
+        *host_options("cancel runs on HOST", "several: on each of them"),
         Opt("--slurm", kind=FLAG,
             help="cancel your runs on the Slurm cluster: their jobs (named slotq-RUN_ID), pending or running, "
                  "through scancel; RUN_ID..., --label PATTERN (the job's comment) or --mine (default: "

@@ -57,7 +57,7 @@ PARSER = Parser(
         Opt("--class", dest="cls", metavar="C[,C...]", convert=_names("class"), help="only runs of these classes"),
         Opt("--limit", metavar="N", convert=_at_least_one, help="only the newest N of them"),
         Opt("--json", kind=FLAG, help="machine-readable output (a list of runs, the fields of `run --json`)"),
-        *host_options("several: their runs in one list, with a HOST column"),
+        *host_options("HOST's history", "several: their runs in one list, with a HOST column"),
     ],
 )
 

@@ -17,7 +17,7 @@ PARSER = Parser(
     options=[
         Opt("--html", metavar="FILE", required=True, help="where to write the page"),
         *window_options(),
-        *host_options("several: one page, a lane per host and slot"),
+        *host_options("HOST's runs", "several: one page, a lane per host and slot"),
     ],
 )
 

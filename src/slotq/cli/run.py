@@ -39,7 +39,8 @@ environment: SLOTQ_STATE_DIR (host state), SLOTQ_CONFIG (host config TOML),
 PARSER = Parser(
     prog="slotq run", usage="slotq run [options] -- CMD [ARGS...]", command="required",
     description="Run CMD on the test host when a slot is free. Queued callers keep their place; the "
-                "budget starts when the command starts.",
+                "budget starts when the command starts. CMD's stdout and stderr are passed through as they "
+                "are; its stdin is /dev/null (it may run on another machine, after a wait).",
     epilog=EPILOG,
     options=[
         *RUN_OPTIONS,

@@ -24,7 +24,7 @@ PARSER = Parser(
         Opt("--watch", kind=FLAG, help="keep showing the status until Ctrl-C"),
         Opt("--every", metavar="D", convert=duration(minimum=0.1), needs=("--watch", "is how often --watch redraws"),
             help="with --watch: how often (default 2s)"),
-        *host_options("several: each one's status, in turn (with --json, a list)"),
+        *host_options("HOST's queue", "several: each one's status, in turn (with --json, a list)"),
         Opt("--slurm", kind=FLAG, help="the Slurm partitions the host config's [slurm.classes] name: running "
                                        "jobs, and pending ones in Slurm's priority order with its reasons "
                                        "(default: $SLOTQ_BACKEND=slurm)"),
