@@ -28,7 +28,7 @@ import time
 from . import history
 from .client.ledger import ledger_path_from_env
 from .records import valid_text
-from .statefile import StateFileError, open_state
+from .statefile import StateFileError, make_private_dirs, open_state
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -71,7 +71,7 @@ class Index:
         # afresh, reads the same history. `unkept` says why, for a note.
         self.unkept: str | None = None
         try:
-            os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
+            make_private_dirs(os.path.dirname(self.path))
             self.db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
             self.db.execute("PRAGMA journal_mode=WAL")
         except (OSError, sqlite3.OperationalError) as e:

@@ -115,6 +115,24 @@ def read_limited(fd: int, limit: int, path: str) -> bytes:
     return data
 
 
+def make_private_dirs(path: str) -> None:
+    """Make directory `path` and its missing parents with mode 0700, as the
+    XDG Base Directory spec asks of state directories: a per-user queue's
+    history and wait ledger (commands, labels, work dirs) are no one else's
+    to read. Directories that exist are left as they are. OSError as
+    os.mkdir raises it."""
+    if os.path.isdir(path):
+        return
+    parent = os.path.dirname(path)
+    if parent and parent != path:
+        make_private_dirs(parent)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        if not os.path.isdir(path):
+            raise
+
+
 def make_dirs(path: str, top: str) -> None:
     """Make `path` and its missing parents up to `top` (the state dir),
     refusing a link or a non-directory on the way. A directory created in

@@ -197,8 +197,10 @@ class Ledger:
     def __init__(self, path: str | None = None, *, busy_timeout: float = 10.0) -> None:
         import sqlite3
 
+        from ..statefile import make_private_dirs
+
         self.path = path or ledger_path_from_env()
-        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        make_private_dirs(os.path.dirname(self.path) or ".")
         # Autocommit (isolation_level=None): each statement is its own short
         # transaction, so concurrent writers hold the write lock for
         # microseconds; the busy timeout makes them queue instead of failing.
@@ -431,7 +433,9 @@ class WaitRecorder:
         spool = spool_path(self.path)
         try:
             if not self._made_dir:
-                os.makedirs(os.path.dirname(spool) or ".", exist_ok=True)
+                from ..statefile import make_private_dirs
+
+                make_private_dirs(os.path.dirname(spool) or ".")
                 self._made_dir = True
             lock_fd = os.open(spool + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
             try:

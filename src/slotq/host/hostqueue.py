@@ -49,10 +49,10 @@ RECHECKS = (0.002, 0.02, 0.2)
 
 def ensure_state_dir(state_dir: str) -> None:
     """Create the state directory tree, or raise StateDirError naming it."""
-    from ..statefile import make_dirs
+    from ..statefile import make_dirs, make_private_dirs
 
     try:
-        os.makedirs(state_dir, exist_ok=True)
+        make_private_dirs(state_dir)
         make_dirs(os.path.join(state_dir, "slots"), state_dir)
         make_dirs(os.path.join(state_dir, "tickets"), state_dir)
     except StateDirError:
