@@ -318,12 +318,23 @@ def test_status_of_several_hosts_is_one_json_list_and_a_host_that_is_down_hides_
         snaps = json.loads(proc.stdout)
         assert isinstance(snaps, list) and len(snaps) == 2
         assert [len(snap["history"]) for snap in snaps] == [1, 0]
+        assert [snap["reached_as"] for snap in snaps] == ["slotq-a", "slotq-b"]  # which is which
         assert len(proc.stderr.splitlines()) == 1
         assert proc.stderr.startswith("slotq status: error: cannot connect to host slotq-down:"), proc.stderr
         assert "Connection refused" in proc.stderr
-        proc = subprocess.run(slotq_cmd() + ["status", "--host", "slotq-down,slotq-a", *common],
+        proc = subprocess.run(slotq_cmd() + ["status", "--host", "slotq-down,slotq-a,slotq-b", *common],
                               capture_output=True, text=True, timeout=60)
-        assert proc.returncode == 121 and proc.stdout.count("pool shared") == 1, proc.stdout
+        assert proc.returncode == 121 and proc.stdout.count("pool shared") == 2, proc.stdout
+        # Each headed by the name it was reached by (both are this machine: "host vm" twice said nothing).
+        heads = [line.split("  ")[0] for line in proc.stdout.splitlines() if line.startswith("host ")]
+        assert heads == [f"host slotq-a ({os.uname().nodename})", f"host slotq-b ({os.uname().nodename})"], heads
+        # Another slotq's JSON: one line naming the host, not a traceback.
+        odd = subprocess.run(slotq_cmd() + ["status", "--host", "slotq-a", *common, "--remote-slotq",
+                                            'echo \'{"pools": [1]}\'; :'],
+                             capture_output=True, text=True, timeout=60)
+        assert odd.returncode == 121 and odd.stdout == "", odd.stdout
+        assert odd.stderr == ("slotq status: error: host slotq-a: unreadable status (not a slotq status this "
+                              "client can show; --json gives it as it came)\n"), odd.stderr
     finally:
         a.ssh('rm -rf "$SLOTQ_STATE_DIR"')
         Remote(ssh_config, "slotq-b").ssh('rm -rf "$SLOTQ_STATE_DIR"')

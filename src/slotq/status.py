@@ -304,7 +304,10 @@ def format_snapshot(snap: dict[str, object], bars: bool = False, color: bool = F
     """The status as text. `bars`: each holder's time against its budget
     as a bar (the live view); `color`: outcomes in colour (a terminal,
     without NO_COLOR)."""
-    lines = [f"host {snap['host']}  load {snap['load1']}/{snap['cores']} cores  state {snap['state_dir']}"]
+    name, reached_as = printable(snap["host"], 200), snap.get("reached_as")
+    if isinstance(reached_as, str) and reached_as != name:  # a remote host: the name you gave, and its own
+        name = f"{printable(reached_as, 200)} ({name})"
+    lines = [f"host {name}  load {snap['load1']}/{snap['cores']} cores  state {printable(snap['state_dir'], 4096)}"]
     for p in snap["pools"]:  # type: ignore[attr-defined]
         lines.append(f"pool {p['pool']} ({len(p['slots'])} slot(s); classes: {', '.join(p['classes'])})")
         for s in p["slots"]:

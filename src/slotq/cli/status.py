@@ -166,16 +166,20 @@ class _Remote:
         self.unreachable = []
         for remote in self.hosts:
             try:
-                remote.ensure_master()
-                if len(self.hosts) > 1 and self.as_json and not watching:
-                    snaps.append(remote.status_snapshot(self.history))
-                elif not watching:
-                    out.append(remote.status(as_json=self.as_json, history=self.history))
+                snap = remote.status_snapshot(self.history)
+                if self.as_json and len(self.hosts) > 1 and not watching:
+                    snaps.append(snap)
                 elif self.as_json:
-                    out.append(json.dumps(remote.status_snapshot(self.history)) + "\n")
-                else:  # drawn here, like a local one
-                    out.append(format_snapshot(remote.status_snapshot(self.history), bars=tty,
-                                               color=tty and not os.environ.get("NO_COLOR")) + "\n")
+                    out.append(json.dumps(snap, indent=None if watching else 2) + "\n")
+                else:  # drawn here, like a local one, headed by the name it was reached by
+                    try:
+                        out.append(format_snapshot(snap, bars=tty, color=tty and not os.environ.get("NO_COLOR"))
+                                   + "\n")
+                    except (KeyError, TypeError, ValueError, AttributeError, IndexError):
+                        # Another slotq's JSON, or none at all: one line, not a traceback.
+                        raise HostUnavailable(f"host {remote.host}: unreadable status (not a slotq status "
+                                              "this client can show; --json gives it as it came)",
+                                              host=remote.host) from None
             except HostUnavailable as e:
                 if not watching:
                     self.unreachable.append(str(e))

@@ -240,11 +240,11 @@ class SshHost:
             raise HostUnavailable(f"host {self.host} answered the handshake with a malformed work root", host=self.host)
         return info
 
-    def status(self, as_json: bool = True, history: int | None = None) -> str:
-        """The host's `slotq status` output (with `--history N` if given).
-        Raises HostUnavailable, also for a host that does not answer within
-        STATUS_TIMEOUT or answers more than STATUS_LIMIT bytes."""
-        args = (" --json" if as_json else "") + ("" if history is None else f" --history {int(history)}")
+    def status(self, history: int | None = None) -> str:
+        """The host's `slotq status --json` output (with `--history N` if
+        given). Raises HostUnavailable, also for a host that does not answer
+        within STATUS_TIMEOUT or answers more than STATUS_LIMIT bytes."""
+        args = " --json" + ("" if history is None else f" --history {int(history)}")
         return self._answer("status", args, STATUS_TIMEOUT, STATUS_LIMIT,
                             " (ask for fewer runs: --history N)" if history and history > 10 else "")
 
@@ -284,8 +284,10 @@ class SshHost:
         return [dict(clean_record(r), host=self.host) for r in data]
 
     def status_snapshot(self, history: int | None = None) -> dict[str, object]:
+        """The host's status as `status --json` gives it, and `reached_as`:
+        the name it was reached by (the host's own name is `host`)."""
         self.ensure_master()
-        text = self.status(as_json=True, history=history)
+        text = self.status(history=history)
         start = text.find("{")
         try:
             import json  # status: not a run's path
@@ -295,6 +297,7 @@ class SshHost:
             data = None
         if not isinstance(data, dict):
             raise HostUnavailable(f"host {self.host}: unreadable status", host=self.host)
+        data["reached_as"] = self.host
         return data
 
     def rsync(self, src: str, dest: str) -> None:
