@@ -252,23 +252,26 @@ def test_the_per_user_default_state_is_made_private_as_the_xdg_spec_asks(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, runs: Start) -> None:
     # The history and the wait ledger name commands, labels and work dirs:
     # made 0755 (the umask's), every user of the machine could read them.
-    for name in ("SLOTQ_STATE_DIR", "SLOTQ_LEDGER", "XDG_STATE_HOME", "SLOTQ_CONFIG"):
+    for name in ("SLOTQ_STATE_DIR", "XDG_STATE_HOME", "SLOTQ_CONFIG"):
         monkeypatch.delenv(name, raising=False)
     home = tmp_path / "home"
     home.mkdir(mode=0o755)
     monkeypatch.setenv("HOME", str(home))
+    ledger = tmp_path / "waits" / "mine" / "l.sqlite"  # its directories made by the ledger itself
+    monkeypatch.setenv("SLOTQ_LEDGER", str(ledger))
     state = home / ".local" / "state" / "slotq" / "host"
     gate = tmp_path / "gate"
     holder = runs("--", *gate_cmd(gate), name="holder")
     wait_for(lambda: (slot_holder(state) or {}).get("phase") == "running", what="the holder runs")
-    waiter = runs("--", "true", name="waiter")  # it waits: its wait goes to the ledger
-    wait_for(lambda: len(live_tickets(state)) == 1, what="the waiter in line")
+    waiter = runs("--", "true", name="waiter")
+    wait_for(lambda: list(ledger.parent.glob("l.sqlite*")) if ledger.parent.exists() else False,
+             what="the waiter's wait in the ledger")
     gate.touch()
     assert holder.wait() == 0 and waiter.wait() == 0
     proc = subprocess.run(slotq_cmd() + ["history"], capture_output=True, text=True, timeout=30)  # its index
     assert proc.returncode == 0 and proc.stdout.count("passed") == 2, proc.stdout + proc.stderr
-    made = [home / ".local", home / ".local" / "state", home / ".local" / "state" / "slotq", state]
+    assert list((ledger.parent / "history-index").glob("*.sqlite"))
+    made = [home / ".local", home / ".local" / "state", home / ".local" / "state" / "slotq", state,
+            tmp_path / "waits", ledger.parent, ledger.parent / "history-index"]
     assert {str(d): oct(d.stat().st_mode & 0o777) for d in made} == {str(d): "0o700" for d in made}
-    assert (home / ".local" / "state" / "slotq" / "ledger.sqlite.spool").exists()
-    assert list((home / ".local" / "state" / "slotq" / "history-index").glob("*.sqlite"))
     assert oct(home.stat().st_mode & 0o777) == "0o755"  # what was there is left as it was
