@@ -69,3 +69,16 @@ def test_rank_prefers_shorter_waits_then_less_crowd_then_given_order() -> None:
     assert [h for _, h, _ in ranked] == ["free", "free-but-queued", "busy", "down"]
     line = describe_choice(ranked)
     assert line.startswith("slotq: chose host free: expected wait 0ms") and "down: unavailable (unreachable)" in line
+
+
+@pytest.mark.parametrize("odd", [
+    {"pools": [{"pool": "shared", "classes": ["shared"], "slots": [{"held": False}], "waiting": 5}]},
+    {"pools": [{"pool": "shared", "classes": ["shared"], "slots": [{"held": False}]}], "history": 7},
+    {"pools": [{"pool": "shared", "classes": 5, "slots": [{"held": False}]}]},
+])
+@pytest.mark.timeout(10)
+def test_a_host_whose_status_cannot_be_read_is_passed_over_not_a_traceback(odd: dict[str, object]) -> None:
+    # JSON from another slotq (or something else answering as it): a field
+    # of another type made the choice raise, and the run ended in a traceback.
+    ranked = rank_hosts(["odd", "free"], "shared", lambda h: odd if h == "odd" else snap([(False, 0)]))
+    assert ranked[0][1] == "free" and ranked[1] == (float("inf"), "odd", "host odd: unreadable status")

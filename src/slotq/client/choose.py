@@ -56,8 +56,11 @@ def rank_hosts(hosts: list[str], cls: str, fetch: "Fetch") -> list[tuple[float, 
             snap = fetch(host)
         except Exception as e:  # unreachable, no slotq, bad answer
             return float("inf"), 0, host, str(e)
-        wait, why = expected_wait(snap, cls)
-        return wait, _crowd(snap, cls), host, why
+        try:
+            wait, why = expected_wait(snap, cls)
+            return wait, _crowd(snap, cls), host, why
+        except (TypeError, ValueError, AttributeError, KeyError):  # JSON, but not a status we can read
+            return float("inf"), 0, host, f"host {host}: unreadable status"
 
     with ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
         results = list(pool.map(one, hosts))
