@@ -107,6 +107,10 @@ def test_history_lists_real_runs_with_phases_and_filters_including_a_run_cancell
     assert res["run_id"] == bad["run_id"] and set(res["phases"]) >= set(bad["phases"])
     assert "class" in res and "class" in bad
     for args, labels in ((["--outcome", "failed"], {"bad one"}), (["--label", "gave"], {"gave up"}),
+                         # A pattern, as cancel --label takes: the whole label.
+                         (["--label", "*one"], {"bad one"}), (["--label", "gav*"], {"gave up"}),
+                         (["--label", "?lace*"], {"placeholder"}), (["--label", "gave?"], set()),
+                         (["--label", "[bg]a*"], {"bad one", "gave up"}),
                          (["--class", "landing"], {"bad one"}), (["--user", "nobody-such"], set()),
                          (["--user", str(bad["user"])], {"placeholder", "gave up", "bad one"}),
                          (["--limit", "1"], {"bad one"}),

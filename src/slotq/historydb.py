@@ -78,6 +78,7 @@ class Index:
             self.unkept = f"{self.path}: {getattr(e, 'strerror', None) or e}"
             self.db = sqlite3.connect(":memory:", isolation_level=None)
         self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.create_function("label_matches", 2, _label_matches, deterministic=True)
         self.db.execute("CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT)")
         row = self.db.execute("SELECT v FROM meta WHERE k = 'schema'").fetchone()
         if row is None or row[0] != SCHEMA_VERSION:  # (an older one's tables may lack today's columns)
@@ -257,13 +258,26 @@ class Index:
                 where.append(f"{_q(col)} IN ({', '.join('?' * len(values))})")
                 args += [valid_text(v) for v in values]
         if label is not None:
-            where.append("instr(label, ?) > 0")
+            # A shell-style pattern (as `slotq cancel --label` takes) is matched
+            # against the whole label; plain text anywhere in it.
+            where.append("label_matches(label, ?)" if is_pattern(label) else "instr(label, ?) > 0")
             args.append(valid_text(label))
         sql = f"SELECT {', '.join(_q(c) for c in COLUMNS)} FROM runs WHERE {' AND '.join(where)} ORDER BY ended DESC"
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
         rows = self.db.execute(sql, args).fetchall()
         return [_run(dict(zip(COLUMNS, r))) for r in reversed(rows)]
+
+
+def is_pattern(label: str) -> bool:
+    """Whether --label is a shell-style pattern (* ? [...]) rather than text."""
+    return any(c in label for c in "*?[")
+
+
+def _label_matches(label: object, pattern: str) -> bool:
+    from fnmatch import fnmatchcase
+
+    return isinstance(label, str) and fnmatchcase(label, pattern)
 
 
 def _q(col: str) -> str:

@@ -51,7 +51,8 @@ PARSER = Parser(
         Opt("--user", metavar="U[,U...]", convert=_names("user"), help="only these users' runs"),
         # --label "$L" with L unset must not list every run
         Opt("--label", metavar="TEXT", convert=bounded_text(MAX_TEXT["label"], blank="label"),
-            help="only runs whose label contains TEXT"),
+            help="only runs whose label contains TEXT; with * ? or [...] a shell-style pattern the whole label "
+                 "matches (as cancel --label)"),
         Opt("--outcome", metavar="O[,O...]", convert=_names("outcome"), suggest=tuple(sorted(Outcome._members)),
             help="only runs that ended so (passed, failed, exec_timeout, ...)"),
         Opt("--class", dest="cls", metavar="C[,C...]", convert=_names("class"), help="only runs of these classes"),
