@@ -244,6 +244,22 @@ def test_a_closed_stdout_reaches_the_command_as_in_a_pipeline(state_dir: Path, t
 
 
 @pytest.mark.timeout(60)
+def test_output_that_cannot_be_written_is_a_warning_not_silence(state_dir: Path, tmp_path: Path) -> None:
+    # `slotq run -- make > /dev/full` (a full disk): the output was dropped
+    # without a word, as if the reader had gone. It is said, once.
+    proc = subprocess.run(["sh", "-c", 'exec "$@" > /dev/full', "sh", *slotq_cmd(), "run", "-q", "--json",
+                           str(tmp_path / "r.json"), "--", "sh", "-c", "echo out; echo err >&2"],
+                          capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "slotq: warning: cannot write the command's stdout (No space left on device): the rest of it is dropped, "
+        "and the command's stdout is closed", "err"] or proc.stderr.splitlines() == [
+        "err", "slotq: warning: cannot write the command's stdout (No space left on device): the rest of it is "
+        "dropped, and the command's stdout is closed"], proc.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["outcome"] == "passed"  # the command's own ending
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("closed, out, err", [(">&-", b"", True), ("2>&-", b"out\n", False), ("<&-", b"out\n", True)])
 def test_a_run_started_with_a_standard_stream_closed_runs_and_keeps_the_state_files_clean(
         state_dir: Path, tmp_path: Path, closed: str, out: bytes, err: bool) -> None:

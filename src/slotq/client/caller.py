@@ -383,11 +383,17 @@ def run(
                         _write_all(fd, payload)  # type: ignore[arg-type]
                         if kind == protocol.STDOUT and payload:
                             result.open_line = not payload.endswith(b"\n")  # type: ignore[union-attr]
-                    except OSError:
+                    except OSError as e:
                         # Our reader went away (`slotq run ... | head`): as in
                         # a pipeline, the command's own stream closes (it gets
                         # SIGPIPE/EPIPE and ends its own way); drop the rest.
+                        # Any other failure (a full disk) is not silent.
                         sinks[kind] = -1
+                        if not isinstance(e, BrokenPipeError):
+                            name = "stdout" if kind == protocol.STDOUT else "stderr"
+                            _write_line(stderr_fd, f"slotq: warning: cannot write the command's {name} "
+                                                   f"({e.strerror or e}): the rest of it is dropped, and the "
+                                                   f"command's {name} is closed")
                         try:
                             os.write(to_fd, b"close stdout\n" if kind == protocol.STDOUT else b"close stderr\n")
                         except OSError:
