@@ -204,6 +204,22 @@ def test_a_reader_that_goes_away_is_a_quiet_exit(state_dir: Path, args: list[str
     assert proc.stderr == "" and "Traceback" not in proc.stdout
 
 
+@pytest.mark.parametrize("args", [["status"], ["status", "--json"], ["waits"], ["history"], ["history", "--json"],
+                                  ["--help"], ["--version"], ["run", "--help"], ["status", "--help"],
+                                  ["completion", "bash"], ["report", "--html", "/dev/full"]])
+@pytest.mark.timeout(30)
+def test_output_that_cannot_be_written_is_one_line_and_exit_74(state_dir: Path, args: list[str]) -> None:
+    # A full disk under `slotq status > out`: it was "error: No space left
+    # on device" and exit 73, the code of an unusable state dir; `--help`
+    # and `--version` were tracebacks, `report --html` exit 0.
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(slotq_cmd() + args, stdout=full, stderr=subprocess.PIPE, text=True, timeout=30)
+    assert proc.returncode == 74, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and "No space left on device" in lines[0], proc.stderr
+    assert "/dev/full" in lines[0] if args[0] == "report" else "cannot write the output (stdout)" in lines[0]
+
+
 @pytest.mark.timeout(30)
 def test_the_exec_timeout_message_does_not_restate_a_different_wait(state_dir: Path) -> None:
     proc = cli("run", "--budget", "0.3", "--kill-grace", "0.1", "--", "sleep", "5")

@@ -45,6 +45,14 @@ class StateDirError(SlotqError):
         self.path = path
 
 
+class OutputError(SlotqError):
+    """What a command prints, or the file it writes, cannot be written (a
+    full disk, an I/O error): its whole result is lost. Not a reader that
+    went away (`| head`): that ends quietly."""
+
+    exit_code = 74  # EX_IOERR
+
+
 class AdmissionRefused(SlotqError):
     """The host's admission policy turned a run away (a named policy, never
     a timeout). A run reports it as `not_admitted`."""

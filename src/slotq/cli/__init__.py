@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import sys
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import TextIO
+
 USAGE = """\
 usage: slotq <command> [options]
 
@@ -40,13 +44,11 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(USAGE)  # a mistake, not a request: usage on stderr, exit 2
         return 2
     if args[0] in ("-h", "--help", "help"):
-        sys.stdout.write(USAGE)
-        return 0
+        return _print(USAGE)
     if args[0] == "--version":
         from slotq import __version__
 
-        print(f"slotq {__version__}")
-        return 0
+        return _print(f"slotq {__version__}\n")
     module = COMMANDS.get(args[0])
     if module is None:
         from slotq.cli.args import cut, did_you_mean
@@ -66,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         if reconfigure is not None:
             reconfigure(errors="replace")
         load_scanner()  # the C JSON scanner: `run` loads it only once it waits (records.py)
+        sys.stdout = _Stdout(sys.stdout)
     from slotq.errors import SlotqError
 
     try:
@@ -74,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except SlotqError as e:
         sys.stderr.write(f"slotq {args[0]}: error: {e}\n")
+        if e.exit_code == 74:
+            _reader_gone()  # what is still buffered cannot be written either: nowhere, not at exit
         return e.exit_code
     except KeyboardInterrupt:
         return 130
@@ -87,6 +92,57 @@ def main(argv: list[str] | None = None) -> int:
         where = f" ({e.filename})" if e.filename else ""
         sys.stderr.write(f"slotq {args[0]}: error: {e.strerror or e}{where}\n")
         return 73 if e.errno in (errno.ENOSPC, errno.EROFS, errno.EDQUOT) else 71
+
+
+def _print(text: str) -> int:
+    """`text` on stdout: 0, or the exit code of a failure, said."""
+    from slotq.cli.args import write_out
+    from slotq.errors import OutputError
+
+    try:
+        write_out(text)
+        return 0
+    except BrokenPipeError:
+        return _reader_gone()
+    except OutputError as e:
+        sys.stderr.write(f"slotq: error: {e}\n")
+        _reader_gone()
+        return e.exit_code
+
+
+class _Stdout:
+    """sys.stdout of the commands that print (status, history, waits...),
+    whose failures to write (a full disk) say so: OutputError, exit 74 --
+    they were read as the state dir's (73). A reader gone stays
+    BrokenPipeError: quiet."""
+
+    def __init__(self, inner: "TextIO") -> None:
+        self._inner = inner
+
+    def write(self, text: str) -> int:
+        try:
+            return self._inner.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise _output_error(e) from None
+
+    def flush(self) -> None:
+        try:
+            self._inner.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise _output_error(e) from None
+
+    def __getattr__(self, name: str) -> object:  # isatty, fileno, encoding...
+        return getattr(self._inner, name)
+
+
+def _output_error(e: OSError) -> Exception:
+    from slotq.errors import OutputError
+
+    return OutputError(f"cannot write the output (stdout): {e.strerror or e}")
 
 
 def _standard_streams() -> None:

@@ -93,7 +93,7 @@ class Parser:
                 command = args[i + 1 :]
                 break
             if arg in ("-h", "--help"):
-                sys.stdout.write(self.help())
+                write_out(self.help())
                 raise SystemExit(0)
             if not arg.startswith("-") or arg == "-":
                 if self.command == "none":
@@ -423,13 +423,13 @@ class JsonResult:
         except OSError as e:
             raise UsageError(f"cannot write {option} file {dest}: {e.strerror}") from None
 
-    def write(self, render: Callable[[], str], open_line: bool = False) -> None:
+    def write(self, render: Callable[[], str], open_line: bool = False) -> bool:
         """Write `render()` if --json was given. A callable, so a run without
         --json never renders (rendering imports `json`, which imports `re`:
         about 6 ms, a third of a run's own cost). A result that cannot be
-        written is one line on stderr; no partial file is left."""
+        written is one line on stderr, and False; no partial file is left."""
         if not self.dest:
-            return
+            return True
         data = (render() + "\n").encode()
         if self.dest == "-":
             if open_line:  # the command's output on stdout ended mid-line: the JSON starts on its own
@@ -440,7 +440,8 @@ class JsonResult:
                 pass  # its reader is gone (`| jq` and no jq): quiet, as a pipeline would be
             except OSError as e:
                 _warn(f"slotq: could not write the {self.option} result to stdout: {e.strerror}")
-            return
+                return False
+            return True
         try:
             view = memoryview(data)
             while view:
@@ -454,8 +455,10 @@ class JsonResult:
                 self._tmp = None
         except OSError as e:
             _warn(f"slotq: could not write the {self.option} result to {self.dest}: {e.strerror}")
+            return False
         finally:
             self.discard()
+        return True
 
     def discard(self) -> None:
         """Drop the temporary file (a run that ended before its result)."""
@@ -468,6 +471,20 @@ class JsonResult:
             except OSError:
                 pass
             self._tmp = None
+
+
+def write_out(text: str) -> None:
+    """`text` on stdout, now. A reader gone stays BrokenPipeError (quiet);
+    any other failure (a full disk) is OutputError (exit 74)."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        from slotq.errors import OutputError
+
+        raise OutputError(f"cannot write the output (stdout): {e.strerror or e}") from None
 
 
 def _warn(line: str) -> None:

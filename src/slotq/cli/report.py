@@ -44,7 +44,10 @@ def main(args: list[str]) -> int:
         if unreachable and not runs:
             raise HostUnavailable("; ".join(unreachable), host=opts.host)  # no page of nothing
         page = render_html(build(runs, since, until, name))
-        out.write(lambda: page)
+        if not out.write(lambda: page):
+            from slotq.errors import OutputError
+
+            return OutputError.exit_code  # (said, naming the file)
     finally:
         out.discard()
     for line in unreachable:
