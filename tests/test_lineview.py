@@ -186,3 +186,18 @@ def test_far_back_a_report_takes_its_eta_basis_from_the_view_not_the_history(
         for fd in (in_r, in_w, out_r):
             os.close(fd)
 
+
+
+@pytest.mark.timeout(10)
+def test_a_waiting_runs_eta_counts_a_run_with_two_history_lines_once(tmp_path: Path) -> None:
+    # A Slurm run can have two lines (its node's, then the relay's word):
+    # the typical run is the median of runs, not of lines. Counted twice,
+    # one slow run made the typical run 55 s here instead of 10 s.
+    from slotq import eta, history
+
+    now = time.time()
+    for run_id, ran in (("slow", 100.0), ("slow", 100.0), ("a", 10.0), ("b", 10.0)):
+        history.append(str(tmp_path), {"run_id": run_id, "pool": "shared", "outcome": "passed", "ran_s": ran,
+                                       "phases": {"ended": now}})
+    typical, runs, _ = eta.basis(str(tmp_path), "shared", now, None, None)
+    assert (typical, runs) == (10.0, 3)

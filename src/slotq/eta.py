@@ -47,7 +47,7 @@ def basis(state_dir: str, pool: str, now: float, kept: Basis | None, shared: Bas
         return shared
     from . import history
 
-    return (*typical_run(history.recent(state_dir, 2 * RECENT), pool), now)
+    return (*typical_run(history.once_each(history.recent(state_dir, 2 * RECENT)), pool), now)
 
 
 def report_fields(slots: list[dict[str, object]], ahead: int, basis: Basis) -> dict[str, object]:

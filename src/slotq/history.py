@@ -177,6 +177,13 @@ def recent(state_dir: str, n: int = 10) -> list[dict[str, object]]:
     return out
 
 
+def once_each(records: list[dict[str, object]]) -> list[dict[str, object]]:
+    """Each run once, as its later line says (a Slurm relay's word after its
+    node's): what `slotq history` shows. Lines without a run id are kept."""
+    later = {r.get("run_id"): i for i, r in enumerate(records) if r.get("run_id") is not None}
+    return [r for i, r in enumerate(records) if r.get("run_id") is None or later[r.get("run_id")] == i]
+
+
 def _tail_lines(fd: int, n: int, chunk: int = 64 * 1024) -> list[bytes]:
     """The last `n` lines of a file, reading backwards."""
     end = os.fstat(fd).st_size

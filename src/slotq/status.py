@@ -159,10 +159,7 @@ def snapshot(state_dir: str, config: HostConfig, now: float, history_n: int = 10
     warnings += problems(state_dir, config, pools, table)
     from .eta import RECENT, pool_etas
 
-    records = history.recent(state_dir, max(history_n, RECENT * len(pools)))
-    # A run's later line is its word (a Slurm relay's, after its node's): once each, as `slotq history` shows it.
-    later = {r["run_id"]: i for i, r in enumerate(records) if r["run_id"] is not None}
-    records = [r for i, r in enumerate(records) if r["run_id"] is None or later[r["run_id"]] == i]
+    records = history.once_each(history.recent(state_dir, max(history_n, RECENT * len(pools))))
     for p in pools:
         p["eta"] = pool_etas(p, records)
     return {
