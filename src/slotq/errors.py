@@ -52,6 +52,10 @@ class OutputError(SlotqError):
 
     exit_code = 74  # EX_IOERR
 
+    @classmethod
+    def on_stdout(cls, e: OSError) -> "OutputError":
+        return cls(f"cannot write the output (stdout): {e.strerror or e}")
+
 
 class AdmissionRefused(SlotqError):
     """The host's admission policy turned a run away (a named policy, never

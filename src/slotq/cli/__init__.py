@@ -125,7 +125,9 @@ class _Stdout:
         except BrokenPipeError:
             raise
         except OSError as e:
-            raise _output_error(e) from None
+            from slotq.errors import OutputError
+
+            raise OutputError.on_stdout(e) from None
 
     def flush(self) -> None:
         try:
@@ -133,16 +135,12 @@ class _Stdout:
         except BrokenPipeError:
             raise
         except OSError as e:
-            raise _output_error(e) from None
+            from slotq.errors import OutputError
+
+            raise OutputError.on_stdout(e) from None
 
     def __getattr__(self, name: str) -> object:  # isatty, fileno, encoding...
         return getattr(self._inner, name)
-
-
-def _output_error(e: OSError) -> Exception:
-    from slotq.errors import OutputError
-
-    return OutputError(f"cannot write the output (stdout): {e.strerror or e}")
 
 
 def _standard_streams() -> None:

@@ -484,7 +484,7 @@ def write_out(text: str) -> None:
     except OSError as e:
         from slotq.errors import OutputError
 
-        raise OutputError(f"cannot write the output (stdout): {e.strerror or e}") from None
+        raise OutputError.on_stdout(e) from None
 
 
 def _warn(line: str) -> None:
