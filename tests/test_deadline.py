@@ -139,9 +139,23 @@ def test_relative_limits_become_absolute_deadlines_once(tmp_path: Path) -> None:
     assert d.remaining() == 30 and d.budget_left() == 30
 
 
-@pytest.mark.parametrize("bad", [dict(budget=0), dict(budget=5, credit="max")])
-def test_bad_deadline_arguments_are_rejected(bad: dict[str, object]) -> None:
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("bad, error, needle", [
+    (dict(budget=0), ValueError, "budget must be a finite number of seconds above zero, got 0"),
+    (dict(budget=5, credit="max"), ValueError, "credit must be one of"),
+    # A NaN budget never ran out; a string failed as a comparison, deep inside.
+    (dict(budget=float("nan")), ValueError, "budget must be a finite number of seconds above zero, got nan"),
+    (dict(budget=float("inf")), ValueError, "budget must be a finite"),
+    (dict(budget="10m"), TypeError, "budget must be seconds .an int or float., not str '10m'"),
+    (dict(budget=True), TypeError, "budget must be seconds"),
+    (dict(budget=5, deadline=-1), ValueError, "deadline must be a finite number of seconds above zero, got -1"),
+    (dict(budget=5, deadline=0), ValueError, "deadline must be"),  # it meant "no deadline"; None says that
+    (dict(budget=5, recheck=0), ValueError, "recheck must be"),  # looked again at once, for ever
+    # Refused as `slotq task --credit-dir` refuses it: no wait would ever count.
+    (dict(budget=5, credit_dir="/nonexistent-credit-dir"), ValueError,
+     "credit_dir '/nonexistent-credit-dir' is not a directory"),
+])
+def test_bad_deadline_arguments_are_rejected(bad: dict[str, object], error: type[Exception], needle: str) -> None:
+    with pytest.raises(error, match=needle):
         Deadline(**bad)  # type: ignore[arg-type]
 
 

@@ -44,6 +44,15 @@ class Extension:
                 "new_budget_s": round(self.new_budget, 3)}
 
 
+def _seconds(name: str, value: object) -> None:
+    """A duration argument: seconds, a finite number above zero (a NaN
+    budget never ran out; a string failed deep inside, as a comparison)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be seconds (an int or float), not {type(value).__name__} {value!r}")
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{name} must be a finite number of seconds above zero, got {value!r}")
+
+
 class Deadline:
     """A budget that waits recorded in the ledger extend, and an optional
     delivery deadline that nothing extends.
@@ -68,14 +77,19 @@ class Deadline:
         ledger: Ledger | Callable[[], Ledger] | None = None,
         on_extend: Callable[[Extension], None] | None = None,
     ) -> None:
-        if budget <= 0:
-            raise ValueError("budget must be more than zero")
+        _seconds("budget", budget)
+        if deadline is not None:
+            _seconds("deadline", deadline)
+        _seconds("recheck", recheck)
+        if credit_dir is not None and not os.path.isdir(credit_dir):
+            # As `slotq task --credit-dir` refuses it: no wait could ever be credited.
+            raise ValueError(f"credit_dir {os.fspath(credit_dir)!r} is not a directory")
         if credit not in CREDIT_MODES:
             raise ValueError(f"credit must be one of {CREDIT_MODES}, got {credit!r}")
         self.clock = clock or Clock()
         self.started_wall = self.clock.wall()
         self.budget = self.clock.timer("budget", budget)
-        self.delivery: Timer | None = self.clock.timer("deadline", deadline) if deadline else None
+        self.delivery: Timer | None = self.clock.timer("deadline", deadline) if deadline is not None else None
         # Absolute (resolved once): a relative dir in a result means nothing elsewhere.
         self.credit_dir = os.path.realpath(os.fspath(credit_dir)) if credit_dir is not None else None
         self.credit_mode = credit
