@@ -275,3 +275,22 @@ def test_the_per_user_default_state_is_made_private_as_the_xdg_spec_asks(
             tmp_path / "waits", ledger.parent, ledger.parent / "history-index"]
     assert {str(d): oct(d.stat().st_mode & 0o777) for d in made} == {str(d): "0o700" for d in made}
     assert oct(home.stat().st_mode & 0o777) == "0o755"  # what was there is left as it was
+
+
+@pytest.mark.timeout(120)
+def test_a_run_short_of_file_descriptors_is_unavailable_in_one_line_saying_why(state_dir: Path) -> None:
+    # `ulimit -n` too low for the host runner: it printed its exception's
+    # repr (OSError(24, 'Too many open files')) and then "ended without a
+    # result", two lines of which the second did not say why.
+    seen = []
+    for n in range(6, 33):
+        proc = subprocess.run(["sh", "-c", f'ulimit -n {n} && exec "$@"', "sh", *slotq_cmd(), "run", "-q", "--",
+                               "true"], capture_output=True, text=True, timeout=30)
+        # Wherever the limit bites (start-up, state files, the runner, the command's spawn): one line saying so.
+        lines = proc.stderr.splitlines()
+        assert (proc.returncode, lines) == (0, []) or (
+            len(lines) == 1 and "Too many open files" in lines[0] and "OSError(" not in lines[0]), (n, proc.stderr)
+        seen.append(proc.stderr)
+    assert any("ended without a result: it failed: Too many open files" in err for err in seen), seen
+    assert any("cannot start the command: Too many open files" in err for err in seen), seen
+    assert seen[-1] == ""  # and with enough of them, it runs

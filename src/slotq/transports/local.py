@@ -61,6 +61,7 @@ class LocalTransport(Transport):
         self.pid = 0
         self._done: Any = None  # the thread's lock, released when it has finished
         self._killed = False
+        self._failure = ""  # why the in-process runner failed, if it did
         self._ticket: Ticket | None = None  # taken early (reserve), for the runner to adopt
 
     def reserve(self, spec: RunSpec) -> None:
@@ -128,11 +129,15 @@ class LocalTransport(Transport):
                                 ticket=ticket)
             runner.run()
         except BaseException as e:
-            try:
-                sys.stderr.write(f"slotq: host runner failed: {e!r}\n")
-                sys.stderr.flush()
-            except BaseException:
-                pass
+            why = (f"{e.strerror}" + (f" ({e.filename})" if e.filename else "") if isinstance(e, OSError)
+                   and e.strerror else f"{type(e).__name__}: {e}")
+            self._failure = f"it failed: {why}"
+            if done is None:  # a child: the caller cannot read our memory; our stderr is its
+                try:
+                    sys.stderr.write(f"slotq: host runner failed: {why}\n")
+                    sys.stderr.flush()
+                except BaseException:
+                    pass
         finally:
             if runner is not None:
                 runner.close_stream()
@@ -164,7 +169,7 @@ class LocalTransport(Transport):
             done, self._done = self._done, None
             if not self._killed and not done.acquire(timeout=10):
                 return "the host runner did not finish its bookkeeping within 10 s"
-            return ""
+            return self._failure
         # A child may still be tidying up: reap it now if it is done, else
         # at the next start (a CLI process simply exits; init reaps).
         if self.pid:
