@@ -118,6 +118,24 @@ def test_an_unusable_state_directory_is_one_line_and_exit_73(tmp_path: Path,
     _one_line_error(proc, str(blocker / "state"))
 
 
+@pytest.mark.parametrize("args", [["run", "--", "true"], ["status"], ["history"], ["report", "--html", "r.html"]])
+@pytest.mark.timeout(30)
+def test_a_state_directory_that_is_a_file_is_named_so_and_exit_73(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str]) -> None:
+    # SLOTQ_STATE_DIR naming a file: status said "Not a directory" of a slot
+    # file (exit 71), history and report showed no runs (exit 0), run said
+    # "cannot create state directory ...: File exists".
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("SLOTQ_STATE_DIR", str(blocker))
+    monkeypatch.setenv("SLOTQ_LEDGER", str(tmp_path / "ledger.sqlite"))
+    proc = subprocess.run(slotq_cmd() + args, capture_output=True, text=True, timeout=20, cwd=tmp_path)
+    assert proc.returncode == 73, proc.stderr
+    _one_line_error(proc, f"state directory {blocker}")
+    assert "not a directory" in proc.stderr and proc.stdout == "", proc.stderr
+    assert blocker.read_text() == "" and not (tmp_path / "r.html").exists()
+
+
 def test_a_bad_host_config_is_one_line_and_exit_78(state_dir: Path, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = tmp_path / "host.toml"

@@ -220,6 +220,18 @@ def test_output_that_cannot_be_written_is_one_line_and_exit_74(state_dir: Path, 
     assert "/dev/full" in lines[0] if args[0] == "report" else "cannot write the output (stdout)" in lines[0]
 
 
+@pytest.mark.parametrize("command, codes", [("status", ("73 ", "74 ", "78 ", "121 ")),
+                                             ("history", ("73 ", "74 ", "78 ", "121 ")),
+                                             ("report", ("73 ", "74 ", "78 ", "121 ")),
+                                             ("waits", ("73 ", "74 ", "78 "))])
+def test_the_help_of_every_command_that_shows_names_its_exit_codes(command: str, codes: tuple[str, ...]) -> None:
+    # run, task and cancel listed theirs; status, history, waits and report none.
+    text = cli(command, "--help").stdout
+    tail = text[text.index("exit codes:"):]
+    assert all(code in tail for code in codes), tail
+    assert max(len(line) for line in tail.splitlines()) <= 80, tail
+
+
 @pytest.mark.timeout(30)
 def test_the_exec_timeout_message_does_not_restate_a_different_wait(state_dir: Path) -> None:
     proc = cli("run", "--budget", "0.3", "--kill-grace", "0.1", "--", "sleep", "5")

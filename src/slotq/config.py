@@ -35,7 +35,7 @@ import errno
 import os
 
 from .durations import parse_duration
-from .errors import ConfigError
+from .errors import ConfigError, StateDirError
 
 DEFAULT_POOLS = {"shared": 1, "landing": 1}
 DEFAULT_BUDGET = 3600.0
@@ -56,6 +56,17 @@ def state_dir_from_env(env: dict[str, str] | os._Environ[str] | None = None) -> 
     if explicit:
         return explicit
     return os.path.join(xdg_state_home(env), "slotq", "host")
+
+
+def state_dir_to_read() -> str:
+    """state_dir_from_env(), for the commands that only read it (status,
+    history, report): StateDirError if it names something that is not a
+    directory -- they showed an empty history, or "Not a directory" of a
+    slot file. One that does not exist yet is an empty queue."""
+    path = state_dir_from_env()
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise StateDirError(f"state directory {path} is not a directory", path)
+    return path
 
 
 def env_path(name: str, what: str, env: dict[str, str] | os._Environ[str] | None = None) -> str | None:

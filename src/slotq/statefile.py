@@ -130,7 +130,9 @@ def make_private_dirs(path: str) -> None:
         os.mkdir(path, 0o700)
     except FileExistsError:
         if not os.path.isdir(path):
-            raise
+            import errno
+
+            raise NotADirectoryError(errno.ENOTDIR, "it is not a directory", path) from None
 
 
 def make_dirs(path: str, top: str) -> None:

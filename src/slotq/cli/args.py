@@ -473,6 +473,13 @@ class JsonResult:
             self._tmp = None
 
 
+def reader_exits(unreachable: str) -> str:
+    """The exit codes of a command that shows what it reads (status,
+    history, report); `unreachable`: what 121 means to it."""
+    return ("exit codes: 0 shown, 2 bad arguments, 73 unusable state directory, 74 the output\n"
+            f"cannot be written, 78 bad host config, 121 {unreachable}")
+
+
 def write_out(text: str) -> None:
     """`text` on stdout, now. A reader gone stays BrokenPipeError (quiet);
     any other failure (a full disk) is OutputError (exit 74)."""

@@ -8,7 +8,7 @@ import time
 from typing import Callable
 
 from slotq.cli.args import FLAG, Namespace, Opt, Parser, bounded_text, host_options, parse_window, positive_int, \
-    window_options
+    reader_exits, window_options
 from slotq.outcome import Outcome
 from slotq.spec import MAX_TEXT
 from slotq.errors import UsageError
@@ -46,6 +46,7 @@ PARSER = Parser(
                 "label. Runs cancelled or gone while waiting in line are included, with their wait. Kept for "
                 "the host config's [history] retention (default 180d). With --host, the hosts' own histories, "
                 "over ssh.",
+    epilog=reader_exits("a host (--host) could not\nbe asked (the others are still listed)"),
     options=[
         *window_options(),
         Opt("--user", metavar="U[,U...]", convert=_names("user"), help="only these users' runs"),
@@ -65,7 +66,7 @@ PARSER = Parser(
 
 def main(args: list[str]) -> int:
     opts, _ = PARSER.parse(args)
-    from slotq.config import HostConfig, state_dir_from_env
+    from slotq.config import HostConfig, state_dir_to_read
 
     since, until = parse_window(opts)
     for name in opts.outcome or ():
@@ -76,7 +77,7 @@ def main(args: list[str]) -> int:
                              f"({', '.join(sorted(Outcome._members))})") from None
     if opts.host:
         return _remote(opts, since, until)
-    state_dir = state_dir_from_env()
+    state_dir = state_dir_to_read()
     config = HostConfig.load(state_dir=state_dir)
     runs, skipped = query(state_dir, config.retention, since=since, until=until, user=opts.user,
                           label=opts.label, outcome=opts.outcome, cls=opts.cls, limit=opts.limit)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from slotq.cli.args import Namespace, Opt, Parser, host_options, parse_window, window_options
+from slotq.cli.args import Namespace, Opt, Parser, host_options, parse_window, reader_exits, window_options
 
 PARSER = Parser(
     prog="slotq report", usage="slotq report --html FILE [--since T] [--until T] [--host HOST,...]",
@@ -14,6 +14,7 @@ PARSER = Parser(
                 "label, user, waited, ran, exit), each run's wait before it, the queue length over time, and "
                 "per pool the p50/p95 wait, utilisation per slot and runs per outcome. With --host, the hosts' own "
                 "runs, over ssh.",
+    epilog=reader_exits("a host (--host) could not\nbe asked (the page shows the others)"),
     options=[
         Opt("--html", metavar="FILE", required=True, help="where to write the page"),
         *window_options(),
@@ -26,7 +27,7 @@ def main(args: list[str]) -> int:
     opts, _ = PARSER.parse(args)
     from slotq.cli.args import JsonResult
     from slotq.cli.history import query
-    from slotq.config import HostConfig, state_dir_from_env
+    from slotq.config import HostConfig, state_dir_to_read
     from slotq.errors import HostUnavailable
     from slotq.report import build, render_html
 
@@ -38,7 +39,7 @@ def main(args: list[str]) -> int:
             runs, unreachable = _remote(opts, since, until)
             name = opts.host.replace(",", ", ")
         else:
-            state_dir = state_dir_from_env()
+            state_dir = state_dir_to_read()
             runs, _ = query(state_dir, HostConfig.load(state_dir=state_dir).retention, since=since, until=until)
             name = os.uname().nodename
         if unreachable and not runs:

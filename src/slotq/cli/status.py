@@ -9,7 +9,8 @@ import sys
 import time
 from collections.abc import Callable
 
-from slotq.cli.args import FLAG, Namespace, Opt, Parser, duration, host_options, positive_int, use_slurm
+from slotq.cli.args import (FLAG, Namespace, Opt, Parser, duration, host_options, positive_int, reader_exits,
+                            use_slurm)
 from slotq.errors import SlotqError
 
 PARSER = Parser(
@@ -18,6 +19,7 @@ PARSER = Parser(
                 "tickets in order with their wait so far and expected wait, machine load and recent runs. "
                 "--watch keeps showing it: on a terminal a full-screen view redrawn in place (Ctrl-C leaves "
                 "the terminal as it was); in a pipe a plain snapshot every --every.",
+    epilog=reader_exits("a host (--host) or Slurm (--slurm)\ncould not be asked (the other hosts are still shown)"),
     options=[
         Opt("--json", kind=FLAG, help="machine-readable output (with --watch: one JSON object per line)"),
         Opt("--history", metavar="N", convert=positive_int, default=10, help="recent runs to show (default 10)"),
@@ -127,10 +129,10 @@ def fit(line: str, columns: int) -> str:
 
 
 def _local(history_n: int, as_json: bool) -> Render:
-    from slotq.config import HostConfig, state_dir_from_env
+    from slotq.config import HostConfig, state_dir_to_read
     from slotq.status import format_snapshot, snapshot
 
-    state_dir = state_dir_from_env()
+    state_dir = state_dir_to_read()
 
     def render(watching: bool, tty: bool) -> str:
         config = HostConfig.load(state_dir=state_dir)
