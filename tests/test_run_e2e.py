@@ -368,6 +368,27 @@ def test_a_command_that_does_not_exist_fails_127_with_a_clear_message(state_dir:
     assert "command not found" in proc.stderr
 
 
+@pytest.mark.timeout(60)
+def test_a_script_without_a_shebang_runs_with_sh_as_execvp_runs_it(state_dir: Path, tmp_path: Path) -> None:
+    # `timeout 60 ./check.sh`, env, xargs and the shells run a script with
+    # no #! line with /bin/sh (execvp); slotq's posix_spawnp did not: exit
+    # 126, "Exec format error". By path, and found in PATH, with arguments.
+    script = tmp_path / "bin" / "check.sh"
+    script.parent.mkdir()
+    script.write_text('echo "ran with $# args: $1|$2"; exit 3\n')
+    script.chmod(0o755)
+    env = dict(os.environ, PATH=f"{script.parent}:{os.environ['PATH']}")
+    for argv in (["./bin/check.sh"], ["check.sh"]):
+        proc = subprocess.run(slotq_cmd() + ["run", "-q", "--", *argv, "a b", "c"], capture_output=True, text=True,
+                              timeout=20, cwd=tmp_path, env=env)
+        assert (proc.returncode, proc.stdout, proc.stderr) == (3, "ran with 2 args: a b|c\n", ""), argv
+    # One not executable at all is still 126.
+    script.chmod(0o644)
+    proc = subprocess.run(slotq_cmd() + ["run", "-q", "--", "./bin/check.sh"], capture_output=True, text=True,
+                          timeout=20, cwd=tmp_path)
+    assert proc.returncode == 126 and "cannot execute: './bin/check.sh' (Permission denied)" in proc.stderr
+
+
 def test_status_shows_holder_and_waiting_line_as_json(state_dir: Path, runs: Start, tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     start_holder(runs, state_dir, gate, "--budget", "5m")

@@ -95,6 +95,18 @@ def _raise_stop(signum: int, frame: object) -> None:
     raise _Stop()
 
 
+def _script(name: bytes) -> bytes | None:
+    """The file posix_spawnp found for `name` (a path, or searched in
+    PATH, as it searches), for a retry through /bin/sh; None if none."""
+    if b"/" in name:
+        return name
+    for d in os.environ.get("PATH", "/usr/bin:/bin").split(":"):
+        path = os.path.join(os.fsencode(d or "."), name)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
 def spawn(
     argv: list[str],
     *,
@@ -338,7 +350,18 @@ def _keeper(
         leader = os.posix_spawnp(spawn_argv[0], spawn_argv, spawn_env, file_actions=actions,
                                  setsid=True, setsigmask=(), setsigdef=_DEFAULT_SIGNALS)
     except OSError as e:
-        exec_errno = e.errno or errno.ENOENT
+        exec_errno = e.errno or errno.ENOEXEC
+        script = _script(spawn_argv[0]) if exec_errno == errno.ENOEXEC else None
+        if script is not None:
+            # A file of no executable format (a script without `#!`): as
+            # execvp(3) does -- and so timeout, env, xargs and the shells --
+            # run it with /bin/sh. (posix_spawnp stopped doing so in glibc.)
+            try:
+                leader = os.posix_spawn(b"/bin/sh", [b"/bin/sh", script, *spawn_argv[1:]], spawn_env,
+                                        file_actions=actions, setsid=True, setsigmask=(), setsigdef=_DEFAULT_SIGNALS)
+                exec_errno = None
+            except OSError as e2:
+                exec_errno = e2.errno or errno.ENOEXEC
     _told()
     started = b"started=%r,%r,%d\n" % (time.time(), time.monotonic(), leader)
     if record is not None and slot_path is not None and inherit_fds and exec_errno is None:
