@@ -389,6 +389,26 @@ def test_a_script_without_a_shebang_runs_with_sh_as_execvp_runs_it(state_dir: Pa
     assert proc.returncode == 126 and "cannot execute: './bin/check.sh' (Permission denied)" in proc.stderr
 
 
+@pytest.mark.timeout(60)
+def test_a_script_whose_interpreter_is_missing_says_so_not_command_not_found(
+        state_dir: Path, tmp_path: Path) -> None:
+    # It said "command not found: './check.sh'" of a file that is there.
+    script = tmp_path / "bin" / "check.sh"
+    script.parent.mkdir()
+    script.write_text("#!/nonexistent/python9\nprint('x')\n")
+    script.chmod(0o755)
+    env = dict(os.environ, PATH=f"{script.parent}:{os.environ['PATH']}")
+    for argv, shown in ((["./bin/check.sh"], "'./bin/check.sh'"), (["check.sh"], "'check.sh'")):
+        proc = subprocess.run(slotq_cmd() + ["run", "-q", "--", *argv], capture_output=True, text=True, timeout=20,
+                              cwd=tmp_path, env=env)
+        assert proc.returncode == 127, proc.stderr
+        assert proc.stderr.endswith(f"cannot execute: {shown}: the interpreter its #! line names is not found\n"), \
+            proc.stderr
+    proc = subprocess.run(slotq_cmd() + ["run", "-q", "--", "./bin/gone.sh"], capture_output=True, text=True,
+                          timeout=20, cwd=tmp_path)
+    assert proc.returncode == 127 and "command not found: './bin/gone.sh'" in proc.stderr  # not there at all
+
+
 def test_status_shows_holder_and_waiting_line_as_json(state_dir: Path, runs: Start, tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     start_holder(runs, state_dir, gate, "--budget", "5m")

@@ -4,7 +4,8 @@ keeper's done pipe, and what it makes of it.
 A standby keeper asked to (`tell_head`) writes `head` once no ticket has
 been ahead of its own for a while. The keeper writes
 `started=<wall>,<monotonic>,<command pid>` once the command runs, then one
-report and end-of-file: `status=<wait status>`, `execfail=<errno>`, or
+report and end-of-file: `status=<wait status>`, `execfail=<errno>` (with
+` interpreter=missing` for a file whose #! interpreter is not there), or
 `setup=<hex message>` (it could not set the command up); ` stopped=1` when
 it ended the command on request. End-of-file with no
 report means the keeper itself was killed (`ChildEnd.lost`).
@@ -23,12 +24,13 @@ class ChildEnd:
     is set when it could not be started at all, or `lost`: the keeper died
     without a word (killed), and how the command ended is unknown."""
 
-    __slots__ = ("status", "exec_errno", "stopped", "lost", "setup_error")
+    __slots__ = ("status", "exec_errno", "stopped", "lost", "setup_error", "no_interpreter")
 
     def __init__(self, status: int | None, exec_errno: int | None, stopped: bool, lost: bool = False,
-                 setup_error: str | None = None) -> None:
+                 setup_error: str | None = None, no_interpreter: bool = False) -> None:
         self.status = status
         self.exec_errno = exec_errno
+        self.no_interpreter = no_interpreter  # the file is there; the interpreter its #! line names is not
         self.stopped = stopped  # ended by terminate_group on request
         self.lost = lost
         # The keeper could not set the command up (work dir, slot file):
@@ -56,6 +58,8 @@ class ChildEnd:
         """How the command `program` ended, in words (`slotq run` and
         `slotq task` say it alike)."""
         if self.exec_errno is not None:
+            if self.no_interpreter:  # (127, as bash: "cannot execute: required file not found")
+                return f"cannot execute: {program!r}: the interpreter its #! line names is not found"
             what = "command not found" if self.exit_code == 127 else "cannot execute"
             return f"{what}: {program!r} ({os.strerror(self.exec_errno)})"
         sig = self.signal
@@ -148,7 +152,8 @@ def _parse_report(raw: bytes) -> ChildEnd:
             why = "the keeper could not set the command up"
         return ChildEnd(None, None, stopped, setup_error=why)
     if b"execfail" in fields:
-        return ChildEnd(None, int(fields[b"execfail"]), stopped)
+        return ChildEnd(None, int(fields[b"execfail"]), stopped,
+                        no_interpreter=fields.get(b"interpreter") == b"missing")
     if b"status" in fields:
         return ChildEnd(int(fields[b"status"]), None, stopped)
     # The keeper died without a word (killed): how the command ended, if

@@ -384,7 +384,11 @@ def _keeper(
     for fd in inherit_fds:
         os.close(fd)  # only the command keeps the slot lock beyond us
     if exec_errno is not None:
-        _tell(done_w, b"execfail=%d" % exec_errno)
+        # ENOENT for a file that is there: its #! line names an interpreter
+        # that is not (the runner then says so, not "command not found").
+        there = exec_errno == errno.ENOENT and (os.path.isfile(spawn_argv[0]) if b"/" in spawn_argv[0]
+                                                else _script(spawn_argv[0]) is not None)
+        _tell(done_w, b"execfail=%d" % exec_errno + (b" interpreter=missing" if there else b""))
         return 0
 
     report = b""
