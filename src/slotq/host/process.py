@@ -95,16 +95,13 @@ def _raise_stop(signum: int, frame: object) -> None:
     raise _Stop()
 
 
-def _script(name: bytes) -> bytes | None:
-    """The file posix_spawnp found for `name` (a path, or searched in
-    PATH, as it searches), for a retry through /bin/sh; None if none."""
-    if b"/" in name:
-        return name
-    for d in os.environ.get("PATH", "/usr/bin:/bin").split(":"):
-        path = os.path.join(os.fsencode(d or "."), name)
-        if os.path.isfile(path) and os.access(path, os.X_OK):
-            return path
-    return None
+def _located(name: bytes) -> bytes | None:
+    """The executable file posix_spawnp took for `name` (a path, or
+    searched in PATH as it searches), None if there is none: the script to
+    retry through /bin/sh, or the file whose #! interpreter is missing."""
+    candidates = [name] if b"/" in name else [os.path.join(os.fsencode(d or "."), name)
+                                               for d in os.environ.get("PATH", "/usr/bin:/bin").split(":")]
+    return next((path for path in candidates if os.path.isfile(path) and os.access(path, os.X_OK)), None)
 
 
 def spawn(
@@ -351,7 +348,7 @@ def _keeper(
                                  setsid=True, setsigmask=(), setsigdef=_DEFAULT_SIGNALS)
     except OSError as e:
         exec_errno = e.errno or errno.ENOEXEC
-        script = _script(spawn_argv[0]) if exec_errno == errno.ENOEXEC else None
+        script = _located(spawn_argv[0]) if exec_errno == errno.ENOEXEC else None
         if script is not None:
             # A file of no executable format (a script without `#!`): as
             # execvp(3) does -- and so timeout, env, xargs and the shells --
@@ -386,8 +383,7 @@ def _keeper(
     if exec_errno is not None:
         # ENOENT for a file that is there: its #! line names an interpreter
         # that is not (the runner then says so, not "command not found").
-        there = exec_errno == errno.ENOENT and (os.path.isfile(spawn_argv[0]) if b"/" in spawn_argv[0]
-                                                else _script(spawn_argv[0]) is not None)
+        there = exec_errno == errno.ENOENT and _located(spawn_argv[0]) is not None
         _tell(done_w, b"execfail=%d" % exec_errno + (b" interpreter=missing" if there else b""))
         return 0
 
