@@ -28,7 +28,8 @@ def snap(slots: Sequence[Slot], waiting: int = 0,
     ([(False, 0)], 0, [], 0),                    # free slot, nobody waiting
     ([(True, 10)], 0, [40], 30),                 # holder 10 s into a typical 40 s run
     ([(True, 10)], 2, [40], 110),                # then two full runs ahead of us
-    ([(True, 50)], 0, [40], 20),                 # past typical: half a run more, never 0
+    ([(True, 50)], 0, [40], 25),                 # past typical: half as long again as it ran, never 0
+    ([(True, 1.0)], 0, [0.005], 0.5),            # far past a typical run of 5 ms: not "free now"
     ([(True, 540, 600)], 0, [1800], 60),         # its budget ends it sooner than a typical run would
     ([(True, 10), (False, 0)], 1, [40], 30),     # the waiter takes the free slot
     ([(True, 0)], 0, [], 60),                    # no history: 60 s assumed

@@ -3,8 +3,10 @@
 Deliberately simple and explainable. Every run is assumed to take the
 pool's typical run time: the median `ran_s` of its recent runs in the
 history (a default of 60 s when there are none). A held slot frees when its
-holder reaches that time; a holder already past it gets half a typical run
-more (never "free now"), and never more than its budget allows. The line
+holder reaches that time; a holder already past it is expected to run
+half as long again as it has so far (never "free now": a run that outlived
+the typical one tends to be a long one), and never more than its budget
+allows. The line
 ahead takes the slots in order, each for a typical run; we get the first
 slot that frees after them.
 """
@@ -65,7 +67,7 @@ def _median(xs: list[float]) -> float:
 
 def slot_free_in(held_s: float, typical: float, budget: float | None = None) -> float:
     """Seconds until a slot held for `held_s` frees."""
-    left = typical - held_s if held_s < typical else typical / 2
+    left = typical - held_s if held_s < typical else held_s / 2
     if budget is not None and budget > 0:
         left = min(left, max(0.0, budget - held_s))
     return max(0.0, left)
