@@ -150,6 +150,31 @@ def test_an_early_ticket_is_never_waited_for(state_dir: Path, tmp_path: Path) ->
 
 
 @pytest.mark.timeout(30)
+def test_a_waiter_behind_others_on_a_new_state_dir_waits_for_a_slot_file_nobody_made_yet(
+        state_dir: Path, runs: Start) -> None:
+    # Slot files are made on first use, by the head. On a new state dir a
+    # run queued behind a ticket whose run never reached the head yet (a
+    # burst of first runs) has its keeper wait on a slot file that is not
+    # there: it must make it, not end the run `unavailable`.
+    from slotq.host.hostqueue import ensure_state_dir
+    from slotq.host.ticket import take_ticket
+
+    ensure_state_dir(str(state_dir))
+    ahead = take_ticket(str(state_dir), "shared", {"run_id": "ahead", "label": "ahead"})
+    slot_file = state_dir / "slots" / "shared.0"
+    try:
+        assert not slot_file.exists()
+        waiter = runs("-q", "--", "true")
+        wait_for(lambda: waiter.proc.poll() is not None or any(blocked_in_flock(p) for p in children(waiter.proc.pid)),
+                 what="the waiter's keeper blocked in flock, or the waiter ended")
+        assert waiter.proc.poll() is None, waiter.err
+    finally:
+        ahead.withdraw()
+    assert waiter.wait() == 0, waiter.err
+    assert slot_file.exists()
+
+
+@pytest.mark.timeout(30)
 def test_every_waiter_of_a_one_slot_line_waits_in_its_keeper_in_flock(
         state_dir: Path, runs: Start, tmp_path: Path) -> None:
     # Like flock(1): the kernel keeps the line. Each waiter's keeper is

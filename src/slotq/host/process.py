@@ -297,11 +297,12 @@ def _keeper(
     if lock_path is not None:
         from .ticket import wait_turn
 
-        from ..statefile import open_state
-        from .slot import still_at_path
+        from .slot import open_slot_file, still_at_path
 
         try:
-            lock_fd, _ = open_state(lock_path, os.O_RDWR)
+            # Made if it is not there yet: a keeper behind others can start
+            # before any run of the pool has been at the head.
+            lock_fd = open_slot_file(lock_path)
         except (OSError, SlotqError) as e:
             return _setup_failed(done_w, ticket, f"cannot open the slot file: {e}")
         # We are a fork of the runner: every page we write first is copied
@@ -322,7 +323,7 @@ def _keeper(
                 # we got is on a file nobody else will look at. Wait again,
                 # on the slot's file now.
                 os.close(lock_fd)
-                lock_fd, _ = open_state(lock_path, os.O_RDWR)
+                lock_fd = open_slot_file(lock_path)
                 fcntl.flock(lock_fd, fcntl.LOCK_EX)
             signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
             if tell_head is not None:

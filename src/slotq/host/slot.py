@@ -109,10 +109,10 @@ class SlotProbe:
         try:
             for p in self.paths:
                 try:
-                    self._fds.append(_open_slot(p))
+                    self._fds.append(open_slot_file(p))
                 except FileNotFoundError:  # no slots dir yet (the runner makes it first)
                     make_dirs(os.path.join(state_dir, "slots"), state_dir)
-                    self._fds.append(_open_slot(p))
+                    self._fds.append(open_slot_file(p))
         except StateDirError:
             self.close()
             raise
@@ -146,7 +146,7 @@ class SlotProbe:
             os.close(self._fds[i])
             self._fds[i] = -1
             try:
-                self._fds[i] = _open_slot(self.paths[i])
+                self._fds[i] = open_slot_file(self.paths[i])
             except OSError:
                 return False
         return False
@@ -158,9 +158,10 @@ class SlotProbe:
         self._fds = [-1] * len(self._fds)
 
 
-def _open_slot(path: str) -> int:
+def open_slot_file(path: str) -> int:
     """A slot file, read-write (created if missing: then, and only then,
-    made usable by the other users of a shared directory)."""
+    made usable by the other users of a shared directory). Whoever waits
+    for a slot may be the first to: slot files are made on first use."""
     try:
         fd, created = open_state(path, os.O_RDWR, create=True)
     except PermissionError:
