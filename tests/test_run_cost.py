@@ -34,6 +34,24 @@ def test_the_launcher_scripts_install_writes_starts_slotq_without_site(state_dir
     assert out.stdout.split()[:3] == [os.path.abspath(sys.executable), "-S", str(launcher)], out.stdout
 
 
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("how", [["bin/slotq"], ["-m", "slotq"]])
+def test_ctrl_c_while_slotq_starts_is_a_cancel_without_a_traceback(tmp_path: Path, how: list[str]) -> None:
+    # A Ctrl-C (or a harness's SIGINT) that comes while the launcher still
+    # imports slotq: there is nothing to clean up yet, so exit 130 as a
+    # cancel does. A stand-in for the package on PYTHONPATH (ahead of the
+    # launcher's own path) makes the signal come during that import.
+    fake = tmp_path / "fake" / "slotq" / "cli"
+    fake.mkdir(parents=True)
+    (fake.parent / "__init__.py").write_text("")
+    (fake.parent / "__main__.py").write_text((ROOT / "src" / "slotq" / "__main__.py").read_text())
+    (fake / "__init__.py").write_text("import os\nos.kill(os.getpid(), 2)\nimport time\ntime.sleep(10)\n")
+    argv = [sys.executable, "-S", *([str(ROOT / how[0])] if how[0] == "bin/slotq" else how), "run", "--", "true"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=20, cwd=tmp_path,
+                         env=dict(os.environ, PYTHONPATH=str(tmp_path / "fake")))
+    assert (out.returncode, out.stderr) == (130, "")
+
+
 def test_an_uncontended_run_imports_no_heavy_module_in_the_caller(state_dir: Path, tmp_path: Path) -> None:
     # Each of these costs milliseconds per run (json and enum pull in re);
     # the run path must not need them. A regression here showed up as a

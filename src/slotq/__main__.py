@@ -3,9 +3,12 @@
 import os
 import sys
 
-from slotq.cli import main
+try:
+    from slotq.cli import main
 
-code = main()
+    code = main()
+except KeyboardInterrupt:  # Ctrl-C while slotq starts (bin/slotq)
+    code = 130
 # Like bin/slotq: skip interpreter teardown. A run's host runner is a daemon
 # thread of this process (the local transport); finalizing the interpreter
 # under it can crash (seen: SIGSEGV in Debian's python3.11 when the result
