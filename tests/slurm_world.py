@@ -86,13 +86,18 @@ def pending_job(tmp: Path, name: str) -> str:
     return str(found.group(1))
 
 
-def history_line(run_id: str) -> dict[str, Any]:
-    """The run's record in `slotq history` (of the test's state dir)."""
+def history_lines(run_id: str) -> list[dict[str, Any]]:
+    """The run's records in `slotq history` (of the test's state dir)."""
     proc = subprocess.run(slotq_cmd() + ["history", "--json", "--since", "1h"], capture_output=True, text=True,
                           timeout=30, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr
-    [line] = [r for r in json.loads(proc.stdout) if r["run_id"] == run_id]
-    return dict(line)
+    return [dict(r) for r in json.loads(proc.stdout) if r["run_id"] == run_id]
+
+
+def history_line(run_id: str) -> dict[str, Any]:
+    """The run's one record in `slotq history`."""
+    [line] = history_lines(run_id)
+    return line
 
 
 def pending_run(tmp: Path, name: str) -> tuple[subprocess.Popen[bytes], str]:

@@ -22,8 +22,8 @@ import pytest
 
 from conftest import alive, group_alive, one_line, slotq_cmd, wait_for, watch_snapshots
 from slotq.client.ledger import Ledger
-from slurm_world import (CONF, MAGIC_LOOKALIKE, err, history_line, jobs_named, pending_job, pending_run,
-                         placeholder, requires_cluster, result, squeue, start)
+from slurm_world import (CONF, MAGIC_LOOKALIKE, err, history_line, history_lines, jobs_named, pending_job,
+                         pending_run, placeholder, requires_cluster, result, squeue, start)
 
 pytestmark = requires_cluster
 
@@ -115,10 +115,12 @@ def test_the_idle_watchdog_counts_only_after_the_command_started(slurm_env: Path
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("how", ["pid", "group"])
-def test_a_sigkilled_pending_caller_has_its_job_cancelled_within_2s(slurm_env: Path, how: str) -> None:
+def test_a_sigkilled_pending_caller_has_its_job_cancelled_within_2s_and_its_wait_in_the_history(
+        slurm_env: Path, how: str) -> None:
     tmp = slurm_env
     caller, job = pending_run(tmp, "victim")
     assert "PENDING" in squeue("-j", job, "-o", "%T")
+    run_id = squeue("-j", job, "-o", "%j").strip().removeprefix("slotq-")
     t0 = time.monotonic()
     if how == "pid":
         caller.kill()
@@ -127,6 +129,13 @@ def test_a_sigkilled_pending_caller_has_its_job_cancelled_within_2s(slurm_env: P
     caller.wait()
     wait_for(lambda: squeue("-j", job, "-t", "PD,R,CF", "-o", "%i") == "", timeout=5, what="the job cancelled")
     assert time.monotonic() - t0 <= 2.0
+    # No node's runner ever ran it: the sentinel says how it ended, as a
+    # waiter killed in a local line has its keeper say it.
+    wait_for(lambda: history_lines(run_id), timeout=10, what="the run's history line")
+    line = history_line(run_id)
+    assert (line["outcome"], line["slot"], line["phases"]["started"]) == ("caller_gone", None, None), line
+    assert f"pending in Slurm's line; its sentinel cancelled Slurm job {job}" in line["message"], line
+    assert line["waited_s"] > 0
 
 
 @pytest.mark.timeout(60)

@@ -33,7 +33,7 @@ from .. import signals as signal
 from ..clock import INF
 from ..config import HostConfig
 from ..durations import format_duration
-from ..errors import HostUnavailable, ProtocolError, UsageError
+from ..errors import HostUnavailable, ProtocolError, SlotqError, UsageError
 from ..records import load_scanner, to_json
 from ..spec import RunSpec
 from .base import Transport
@@ -145,8 +145,18 @@ class SlurmTransport(Transport):
         ev_r, ev_w = os.pipe()
         argv = self.srun_argv(spec)
         user = _user_name()
-        # Before srun: the job cannot exist without its sentinel.
-        self._sentinel = Sentinel(["--name", self.name, "--user", user], self.env)
+        # Before srun: the job cannot exist without its sentinel. Should the
+        # caller die while the job is pending, the sentinel writes the run's
+        # history line too (no node's runner will).
+        from ..config import state_dir_from_env
+
+        try:
+            gone: dict[str, object] | None = {
+                "run_id": spec.run_id, "label": spec.label, "cls": spec.cls, "submitted": spec.submitted,
+                "state_dir": state_dir_from_env(), "name": self.name, "user": user}
+        except SlotqError:  # no state dir to write to (the run's own line is lost the same way)
+            gone = None
+        self._sentinel = Sentinel(["--name", self.name, "--user", user], self.env, gone)
         try:
             self._srun = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, env=self.env, process_group=0)

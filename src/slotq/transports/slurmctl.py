@@ -199,6 +199,12 @@ def slotq_jobs(env: dict[str, str] | None = None) -> dict[str, tuple[str, int, s
     return out
 
 
+def jobs_named(name: str, user: str, env: dict[str, str] | None = None) -> list[tuple[str, str]]:
+    """(job id, node list) of `user`'s jobs named `name` that Slurm still
+    knows, ended ones too; the node list is '' for a job that never ran."""
+    return [(r[0], r[1]) for r in _squeue(["--states=all", "--name", name, "--user", user, "--format=%i|%N"], env)]
+
+
 def cancel_jobs(jobs: list[str], env: dict[str, str] | None = None) -> None:
     """scancel these jobs; HostUnavailable with scancel's last line if it fails."""
     _query(["scancel", "--quiet", *jobs], env)
