@@ -437,6 +437,57 @@ def test_a_run_after_the_hosts_state_dir_was_cleaned_up_makes_its_work_dir_again
 
 
 @pytest.mark.timeout(90)
+def test_a_full_disk_on_the_host_is_unavailable_naming_the_cause(remote: Remote, tmp_path: Path) -> None:
+    # rsync's last line only says "error in file IO (code 11)"; its cause
+    # is on the line before. The host's state dir: a 64 KiB tmpfs of the
+    # test user's (the host is this machine).
+    home = remote.ssh("echo $HOME").strip()
+    mnt = Path(home) / f"st-{remote.tag}"
+    mnt.mkdir()
+    owner = os.stat(home)
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size=64k,uid={owner.st_uid},gid={owner.st_gid}", "tmpfs",
+                           str(mnt)], capture_output=True, text=True)
+    try:
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+        (tmp_path / "big.bin").write_bytes(os.urandom(256 * 1024))
+        run = _runs_in(tmp_path, remote, "--", "true")
+        assert run.returncode == 121, run.stderr
+        [line] = run.stderr.splitlines()
+        assert "work tree transfer to host slotq-test failed (rsync exit 11): rsync: " in line, line
+        assert "big.bin" in line and "No space left on device" in line, line
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+@pytest.mark.timeout(90)
+def test_a_file_removed_from_the_work_tree_while_it_is_sent_is_a_warning_not_unavailable(
+        remote: Remote, tmp_path: Path) -> None:
+    # rsync's code 24 ("some files vanished"): a build or an editor removed
+    # a file while the tree was sent. The rest is there; the run goes on.
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    with open(tree / "aa_big.bin", "wb") as f:
+        f.truncate(200 * 1024 * 1024)  # sparse here; sent in full (rsync -a has no --sparse)
+    (tree / "zz.txt").write_text("soon gone")
+    home = Path(remote.ssh("echo $HOME").strip())
+    proc = subprocess.Popen(slotq_cmd() + ["run", "--json", "-", *remote.args, "--", "ls"], cwd=tree,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    # The big file is on its way (its temporary copy is on the host, which
+    # is this machine): the file list, zz.txt in it, was sent before it.
+    wait_for(lambda: proc.poll() is not None or list(home.glob(f"st-{remote.tag}/**/.aa_big.bin.*")), timeout=60,
+             interval=0.002, what="the big file's transfer under way")
+    (tree / "zz.txt").unlink()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "slotq: warning: 1 file(s) vanished from the work tree while it was sent to host slotq-test" in err, err
+    assert "zz.txt" in err
+    listing, result = out.split("{", 1)
+    assert listing.split() == ["aa_big.bin"]
+    assert "vanished" in json.loads("{" + result)["transport"]["sync_warning"]
+
+
+@pytest.mark.timeout(90)
 def test_the_handshake_is_once_per_master_connection(remote: Remote, tmp_path: Path) -> None:
     # The remote slotq, through a shell function that logs each call.
     log = f"$HOME/st-{remote.tag}/calls"

@@ -313,6 +313,10 @@ def run(
         result.phases["transferred"] = clock.wall()
         result.transfer_s = clock.monotonic() - queue_start
         result.transport = transport.describe()
+        for note in transport.notes():
+            from ..records import printable
+
+            say(f"slotq: warning: {printable(note, 1000)}")
         queue_start = clock.monotonic()
         waits().close(clock.wall())
     # The queue wait is recorded from its start, but written only once the

@@ -33,6 +33,11 @@ class Transport:
         """Connect, check the host's slotq, transfer the work tree. Raises
         HostUnavailable. A local host needs none of it."""
 
+    def notes(self) -> list[str]:
+        """Warnings from `prepare` that did not stop the run, one line each
+        (shown as `slotq: warning: ...`)."""
+        return []
+
     def reserve(self, spec: RunSpec) -> None:
         """Join the host's line now, before the client is loaded, if this
         transport can (local: LocalTransport.reserve); its runner adopts

@@ -300,9 +300,12 @@ class SshHost:
         data["reached_as"] = self.host
         return data
 
-    def rsync(self, src: str, dest: str) -> None:
+    def rsync(self, src: str, dest: str) -> str | None:
         """Mirror the work tree `src` to `dest` on the host: .gitignore'd
-        files stay home, deletions propagate."""
+        files stay home, deletions propagate. Returns a warning when files
+        vanished from the tree while it was sent (rsync's code 24: a
+        build or an editor removed them): the rest was sent, and the run
+        goes on, as it would have had they gone a moment earlier."""
         # --modify-window=-1: compare modification times to the nanosecond.
         # rsync's default is whole seconds, so a file changed twice within a
         # second, its size unchanged (here, or by a command on the host),
@@ -317,9 +320,17 @@ class SshHost:
         except TimeoutError:
             raise HostUnavailable(f"work tree transfer to host {self.host} took over an hour: stopped",
                                   host=self.host) from None
+        text = err.decode(errors="replace")
+        if rc == RSYNC_VANISHED:
+            gone = [line.split("file has vanished: ", 1)[1] for line in text.splitlines()
+                    if "file has vanished: " in line]
+            return (f"{len(gone) or 'some'} file(s) vanished from the work tree while it was sent to host "
+                    f"{self.host}{' (' + gone[0] + (', ...' if len(gone) > 1 else '') + ')' if gone else ''}: "
+                    "the run goes on without them")
         if rc != 0:
             raise HostUnavailable(f"work tree transfer to host {self.host} failed (rsync exit {rc}): "
-                                  f"{_last(err.decode(errors='replace'))}", host=self.host)
+                                  f"{_rsync_cause(text)}", host=self.host)
+        return None
 
 
 def check_work_tree(path: str) -> None:
@@ -350,6 +361,18 @@ def work_id(workdir: str) -> str:
 def _last(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1].strip() if lines else ""
+
+
+RSYNC_VANISHED = 24  # "Partial transfer due to vanished source files"
+
+
+def _rsync_cause(text: str) -> str:
+    """What rsync says went wrong: its last `rsync: ...` line, which names
+    the cause ('write failed on "...": No space left on device (28)'), else
+    its last line (`rsync error: error in file IO (code 11) at ...`, which
+    does not)."""
+    causes = [line.strip() for line in text.splitlines() if line.startswith("rsync: ")]
+    return causes[-1] if causes else _last(text)
 
 
 def _last_line(path: str) -> str:
@@ -383,6 +406,10 @@ class SshTransport(Transport):
         self._err = -1  # ssh's stderr: an unnamed temporary file
         self._fds: tuple[int, int] = (-1, -1)  # to the runner, from it
         self.transfer_s = 0.0
+        self.sync_note: str | None = None  # files vanished while the tree was sent
+
+    def notes(self) -> list[str]:
+        return [self.sync_note] if self.sync_note else []
 
     def prepare(self, spec: RunSpec) -> None:
         """Master, handshake (once per master), work tree. The host runner
@@ -400,7 +427,7 @@ class SshTransport(Transport):
             self._launch(spec, await_sync=True)
             try:
                 try:
-                    self.ssh.rsync(src, os.path.join(str(self.info["work_root"]), spec.work_id))
+                    self.sync_note = self.ssh.rsync(src, os.path.join(str(self.info["work_root"]), spec.work_id))
                 except HostUnavailable:
                     if not self.ssh.hello_kept:
                         raise
@@ -409,7 +436,7 @@ class SshTransport(Transport):
                     # makes it again. Once; any other failure stays one.
                     self.ssh.forget_handshake()
                     self.info = self.ssh.handshake()
-                    self.ssh.rsync(src, os.path.join(str(self.info["work_root"]), spec.work_id))
+                    self.sync_note = self.ssh.rsync(src, os.path.join(str(self.info["work_root"]), spec.work_id))
             except HostUnavailable:
                 self.abandon()
                 raise
@@ -421,7 +448,7 @@ class SshTransport(Transport):
         return {"kind": "ssh", "host": self.host, "master_reused": self.ssh.reused,
                 "connect_s": round(self.ssh.connect_s, 4), "sync": self.sync,
                 "rsync_s": round(self.transfer_s, 4), "remote_slotq": self.info.get("slotq"),
-                "remote_host": self.info.get("host")}
+                "remote_host": self.info.get("host"), **({"sync_warning": self.sync_note} if self.sync_note else {})}
 
     def start(self, spec: RunSpec) -> tuple[int, int]:
         if self.proc is None:
