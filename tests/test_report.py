@@ -139,6 +139,92 @@ def test_the_console_check_sees_an_error_in_a_broken_page(tmp_path: Path) -> Non
     assert any("notDefined" in ln for ln in console_lines(log)), log[-2000:]
 
 
+def png_pixels(data: bytes) -> tuple[int, int, list[bytes]]:
+    """(width, height, rows of RGB bytes) of an 8-bit, non-interlaced PNG,
+    as chromium writes its screenshots (the standard library has no PNG
+    reader; this is the format's five row filters, nothing more)."""
+    import struct
+    import zlib
+
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, header = 8, b"", b""
+    while pos < len(data):
+        size, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + size]
+        header, idat = (body, idat) if kind == b"IHDR" else (header, idat + body if kind == b"IDAT" else idat)
+        pos += 12 + size
+    width, height, depth, color, _, _, interlace = struct.unpack(">IIBBBBB", header)
+    assert depth == 8 and color in (2, 6) and interlace == 0, (depth, color, interlace)
+    bpp = 3 if color == 2 else 4
+    raw, stride, prev = zlib.decompress(idat), width * bpp, bytearray(width * bpp)
+    rows: list[bytes] = []
+    for y in range(height):
+        kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            a = line[i - bpp] if i >= bpp else 0
+            b, c = prev[i], prev[i - bpp] if i >= bpp else 0
+            if kind == 1:
+                line[i] = (line[i] + a) & 255
+            elif kind == 2:
+                line[i] = (line[i] + b) & 255
+            elif kind == 3:
+                line[i] = (line[i] + (a + b) // 2) & 255
+            elif kind == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        rows.append(bytes(line))
+        prev = line
+    if bpp == 4:  # RGB only
+        rows = [b"".join(r[i:i + 3] for i in range(0, stride, 4)) for r in rows]
+    return width, height, rows
+
+
+@pytest.mark.timeout(180)
+def test_a_busy_slots_lane_is_a_band_of_its_runs_colour_not_white(tmp_path: Path) -> None:
+    # A day of 15 s runs back to back: each bar is a fraction of a pixel
+    # wide, drawn 2 px wide. Their white outlines (which part bars of a few
+    # pixels or more) painted over one another and left the lane white.
+    now = time.time()
+    runs = [{"run_id": f"r{i}", "user": "ci", "label": "pytest", "class": "shared", "pool": "shared",
+             "slot": "shared#0", "outcome": "passed", "exit_code": 0, "waited_s": 1.0, "ran_s": 15.0,
+             "phases": {"submitted": now - 86400 + i * 16, "slot": now - 86400 + i * 16 + 1, "prepared": None,
+                        "started": now - 86400 + i * 16 + 1, "ended": now - 86400 + i * 16 + 16}}
+            for i in range(5000)]
+    page = tmp_path / "busy.html"
+    page.write_text(report.render_html(report.build(runs, now - 86400, now, "vm")))
+    shot = tmp_path / "busy.png"
+    browse(page, tmp_path, f"--screenshot={shot}")
+    width, _, rows = png_pixels(shot.read_bytes())
+    green = sum(1 for row in rows for i in range(0, len(row), 3)
+                if abs(row[i] - 0x2e) + abs(row[i + 1] - 0x7d) + abs(row[i + 2] - 0x32) < 60)
+    # The lane is 1100 px long and 17 px high: most of it is the runs' green
+    # (the legend's swatch is 100 pixels).
+    assert green > 0.8 * 1100 * 17, green
+
+
+@pytest.mark.timeout(120)
+def test_the_time_axis_of_more_than_half_a_day_gives_dates(tmp_path: Path) -> None:
+    now = time.time()
+
+    def run(at: float) -> dict[str, object]:
+        return {"run_id": f"r{at}", "user": "ci", "label": "pytest", "class": "shared", "pool": "shared",
+                "slot": "shared#0", "outcome": "passed", "exit_code": 0, "waited_s": 1.0, "ran_s": 15.0,
+                "phases": {"submitted": at, "slot": at + 1, "prepared": None, "started": at + 1, "ended": at + 16}}
+
+    ticks = {}
+    for days in (0.1, 1, 7, 30):  # runs from the window's start to its end: the axis spans it all
+        runs = [run(now - days * 86400 + 100), run(now - 100)]
+        page = tmp_path / f"{days}d.html"
+        page.write_text(report.render_html(report.build(runs, now - days * 86400, now, "vm")))
+        dom, _ = browse(page, tmp_path, "--dump-dom")
+        ticks[days] = re.findall(r'<text x="[^"]*" y="14" text-anchor="middle">([^<]*)</text>', dom)
+        assert len(ticks[days]) == 11 and len(set(ticks[days])) == 11, ticks  # each tick its own moment
+    assert all(re.fullmatch(r"\d\d:\d\d:\d\d", t) for t in ticks[0.1]), ticks[0.1]
+    for days in (1, 7, 30):  # past half a day: the day too, as the page's title gives it
+        assert all(re.fullmatch(r"\d\d-\d\d \d\d:\d\d", t) for t in ticks[days]), ticks[days]
+
+
 @pytest.mark.timeout(180)
 def test_ten_thousand_runs_make_a_few_hundred_kb_and_all_their_bars(tmp_path: Path) -> None:
     now = time.time()

@@ -187,6 +187,7 @@ th {{ background: #f5f5f5; }}
 svg text {{ font-size: 11px; fill: #444; }}
 rect.wait {{ fill: #90caf9; }}
 rect.run {{ stroke: #fff; stroke-width: 0.6; }}
+rect.run[data-thin] {{ stroke: none; }}
 rect.run:hover {{ stroke: #000; stroke-width: 1; }}
 #tip {{ position: fixed; pointer-events: none; background: #fff; border: 1px solid #999; padding: 4px 6px;
         box-shadow: 0 1px 4px rgba(0,0,0,.2); display: none; white-space: pre; }}
@@ -215,6 +216,7 @@ wait (submitted → slot), drawn under the lane. Hover a bar for details. Below 
     for (var k in attrs) e.setAttribute(k, attrs[k]);
     (parent || svg).appendChild(e); return e;
   }}
+  function two(v) {{ return String(v).padStart(2, "0"); }}
   function fmt(s) {{
     if (s === null || s === undefined) return "-";
     if (s < 1) return Math.round(s * 1000) + "ms";
@@ -227,8 +229,9 @@ wait (submitted → slot), drawn under the lane. Hover a bar for details. Below 
     el("line", {{x1: tx, x2: tx, y1: top - 4, y2: height - 20, stroke: "#eee"}});
     var lt = el("text", {{x: tx, y: 14, "text-anchor": "middle"}});
     var at = new Date((d.since + span * i / 100) * 1000);
-    lt.textContent = [at.getHours(), at.getMinutes(), at.getSeconds()].map(function (v) {{
-      return String(v).padStart(2, "0"); }}).join(":");
+    // Past half a day, the day too (MM-DD HH:MM): a day's ticks would repeat.
+    lt.textContent = span > 432000 ? two(at.getMonth() + 1) + "-" + two(at.getDate()) + " " + two(at.getHours()) +
+      ":" + two(at.getMinutes()) : [at.getHours(), at.getMinutes(), at.getSeconds()].map(two).join(":");
   }}
   d.lanes.forEach(function (name, i) {{
     var t = el("text", {{x: 4, y: top + i * laneH + 15}}); t.textContent = name;
@@ -249,6 +252,9 @@ wait (submitted → slot), drawn under the lane. Hover a bar for details. Below 
     }}
     var b = el("rect", {{"class": "run", x: x(from), y: y + 2, height: laneH - 9,
                         width: Math.max(2, x(end) - x(from)), fill: d.colors[r[5]], "data-i": n}}, bars);
+    // A bar of a few pixels or less has no white outline: the outlines of
+    // a busy slot's many short runs would paint its lane white.
+    if (x(end) - x(from) < 4) b.setAttribute("data-thin", "");
     if (got === null) b.setAttribute("opacity", "0.5");
   }});
   var qTop = top + d.lanes.length * laneH + 20, qMax = 1;
