@@ -460,23 +460,62 @@ def test_a_full_disk_on_the_host_is_unavailable_naming_the_cause(remote: Remote,
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
+def _big_tree(tmp_path: Path) -> Path:
+    """A work tree whose transfer takes a while: a 200 MB file (sparse here;
+    sent in full, rsync -a has no --sparse)."""
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    with open(tree / "aa_big.bin", "wb") as f:
+        f.truncate(200 * 1024 * 1024)
+    return tree
+
+
+def _big_file_on_the_host(remote: Remote) -> list[Path]:
+    """The big file's temporary copy on the host (this machine), while rsync sends it."""
+    return list(Path(remote.ssh("echo $HOME").strip()).glob(f"st-{remote.tag}/**/.aa_big.bin.*"))
+
+
+def _wait_for_the_big_file_on_its_way(remote: Remote, proc: subprocess.Popen[str]) -> None:
+    home = Path(remote.ssh("echo $HOME").strip())
+    wait_for(lambda: proc.poll() is not None or list(home.glob(f"st-{remote.tag}/**/.aa_big.bin.*")), timeout=60,
+             interval=0.002, what="the big file's transfer under way")
+    assert proc.poll() is None, proc.communicate()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_during_the_transfer_is_cancelled_with_a_result_and_ends_rsync(
+        remote: Remote, tmp_path: Path, sig: int) -> None:
+    # A harness's SIGTERM (to slotq alone) or a Ctrl-C while the work tree
+    # is on its way: slotq died of it, without a word or a result, and the
+    # rsync it had started went on sending.
+    tree = _big_tree(tmp_path)
+    proc = subprocess.Popen(slotq_cmd() + ["run", "--json", "-", *remote.args, "--", "ls"], cwd=tree,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    _wait_for_the_big_file_on_its_way(remote, proc)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    name = "SIGTERM" if sig == signal.SIGTERM else "Ctrl-C"
+    assert proc.returncode == 130, err
+    assert err.splitlines() == [f"slotq: cancelled, waited -, ran - — cancelled ({name}) during the work tree "
+                                "transfer to host slotq-test; nothing ran"], err
+    assert json.loads(out)["outcome"] == "cancelled"
+    rsyncs = subprocess.run(["pgrep", "-f", f"rsync .*{tree}"], capture_output=True, text=True).stdout
+    assert rsyncs == "", "rsync went on sending"
+    wait_for(lambda: not _big_file_on_the_host(remote), timeout=10, what="the host's partial copy removed")
+
+
 @pytest.mark.timeout(90)
 def test_a_file_removed_from_the_work_tree_while_it_is_sent_is_a_warning_not_unavailable(
         remote: Remote, tmp_path: Path) -> None:
     # rsync's code 24 ("some files vanished"): a build or an editor removed
     # a file while the tree was sent. The rest is there; the run goes on.
-    tree = tmp_path / "tree"
-    tree.mkdir()
-    with open(tree / "aa_big.bin", "wb") as f:
-        f.truncate(200 * 1024 * 1024)  # sparse here; sent in full (rsync -a has no --sparse)
+    tree = _big_tree(tmp_path)
     (tree / "zz.txt").write_text("soon gone")
-    home = Path(remote.ssh("echo $HOME").strip())
     proc = subprocess.Popen(slotq_cmd() + ["run", "--json", "-", *remote.args, "--", "ls"], cwd=tree,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
-    # The big file is on its way (its temporary copy is on the host, which
-    # is this machine): the file list, zz.txt in it, was sent before it.
-    wait_for(lambda: proc.poll() is not None or list(home.glob(f"st-{remote.tag}/**/.aa_big.bin.*")), timeout=60,
-             interval=0.002, what="the big file's transfer under way")
+    _wait_for_the_big_file_on_its_way(remote, proc)  # the file list, zz.txt in it, was sent before it
     (tree / "zz.txt").unlink()
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err

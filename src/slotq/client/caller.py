@@ -296,20 +296,42 @@ def run(
         return made[0]
 
     queue_start = clock.monotonic()
+    stops: list[int] = []  # stop signals that came before the run's own handlers
     if transport.remote:
         # Connection, handshake and work tree transfer: a wait of its own
-        # kind, never counted as execution.
+        # kind, never counted as execution. A stop signal meanwhile (Ctrl-C,
+        # a harness's SIGTERM) ends the transfer (its rsync is killed) and
+        # the run: cancelled, with its result, as later.
         waits().open("transfer", result.phases["submitted"] or clock.wall())
+        preparing = [True]
+
+        def stop_transfer(signum: int, frame: object) -> None:
+            stops.append(signum)
+            if preparing[0]:
+                preparing[0] = False
+                raise _Stopped
+
+        held = signal.catch_stops(stop_transfer) if handle_sigint else {}
         try:
             transport.prepare(spec)
-        except HostUnavailable as e:
-            result.message = str(e)
+            preparing[0] = False
+        except (HostUnavailable, _Stopped) as e:
+            preparing[0] = False
+            if isinstance(e, _Stopped):
+                result.outcome = Outcome.CANCELLED
+                result.message = (f"cancelled ({_STOP_NAMES.get(stops[0], 'a signal')}) during the work tree "
+                                  f"transfer to host {transport.host}; nothing ran")
+            else:
+                result.message = str(e)
             result.phases["ended"] = clock.wall()
             result.transfer_s = clock.monotonic() - queue_start
             result.transport = transport.describe()
             waits().finish(clock.wall())
             say(summary_line(result))
             return result
+        finally:
+            for sig, handler in held.items():
+                signal.signal(sig, handler)  # type: ignore[arg-type]
         result.phases["transferred"] = clock.wall()
         result.transfer_s = clock.monotonic() - queue_start
         result.transport = transport.describe()
@@ -340,6 +362,8 @@ def run(
         # terminal closed) cancel the run and still deliver its result; the
         # runner ends the command.
         old_handlers = signal.catch_stops(lambda s, f: cancel(Outcome.CANCELLED))
+        if stops:  # one came between the transfer's end and now: the run it meant to stop is this one
+            cancel(Outcome.CANCELLED)
     sinks = {protocol.STDOUT: stdout_fd, protocol.STDERR: stderr_fd}
     beat_at = INF  # when a quiet run refreshes its open queue wait
     try:
@@ -476,6 +500,13 @@ def collect_from_now_on() -> None:
     if not gc.isenabled():
         gc.freeze()
         gc.enable()
+
+
+class _Stopped(Exception):
+    """A stop signal during a remote run's transfer (raised by its handler)."""
+
+
+_STOP_NAMES: dict[int, str] = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}
 
 
 def _silent(line: str) -> None:

@@ -84,8 +84,6 @@ def run(argv: list[str], timeout: float, limit: int = 1 << 20) -> tuple[int, byt
         while streams:
             left = end - time.monotonic()
             if left <= 0:
-                proc.kill()
-                proc.wait()
                 raise TimeoutError(f"{argv[0]} did not finish within {timeout:g}s")
             for fd in select.select(list(streams), [], [], left)[0]:
                 chunk = os.read(fd, 65536)
@@ -97,6 +95,10 @@ def run(argv: list[str], timeout: float, limit: int = 1 << 20) -> tuple[int, byt
                 else:
                     os.close(fd)
                     del streams[fd]
+    except BaseException:  # our timeout, or a stop signal's exception (caller.py): the program goes too
+        proc.kill()
+        proc.wait()
+        raise
     finally:
         for fd in streams:
             os.close(fd)
