@@ -36,7 +36,7 @@ MAX_VIEW = 4 * 1024 * 1024  # a line of ~200,000 tickets
 _DIGITS = b"0123456789"
 
 # What a report says of each slot: what a waiting run's status line shows
-# (client.format_queued, status.describe_orphan) and its ETA uses. The
+# (client.waitlines.format_queued, status.describe_orphan) and its ETA uses. The
 # rest of a holder record stays in `slotq status`: every field here is
 # written, read and parsed again by each report of a long line.
 REPORTED = frozenset(("slot", "held", "error", "label", "user", "held_s", "budget", "phase", "lock_holders",
