@@ -482,6 +482,38 @@ def _wait_for_the_big_file_on_its_way(remote: Remote, proc: subprocess.Popen[str
     assert proc.poll() is None, proc.communicate()
 
 
+@pytest.mark.timeout(60)
+def test_a_stop_signal_while_connecting_is_cancelled_and_leaves_no_ssh(state_dir: Path, tmp_path: Path) -> None:
+    # A host that accepts the connection and never answers (ssh waits up to
+    # its ConnectTimeout, 10 s): a SIGTERM meanwhile ends the run and the
+    # ssh that was connecting.
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    try:
+        proc = subprocess.Popen(slotq_cmd() + ["run", "--host", "nobody@127.0.0.1", "--ssh-config", "/dev/null",
+                                               "--ssh-option", f"Port={port}", "--", "true"],
+                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        conn, _ = server.accept()  # ssh is connecting (the test's timeout bounds this)
+        try:
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=20)
+            # (The connection still open: an ssh left would wait on.)
+            left = subprocess.run(["pgrep", "-f", f"Port={port}"], capture_output=True, text=True).stdout
+        finally:
+            conn.close()
+    finally:
+        server.close()
+    assert proc.returncode == 130, err
+    assert "cancelled (SIGTERM) before the run reached host nobody@127.0.0.1 (connecting, or sending the work " \
+        "tree); nothing ran" in err, err
+    assert left == "", "the connecting ssh was left"
+
+
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_stop_signal_during_the_transfer_is_cancelled_with_a_result_and_ends_rsync(
@@ -498,8 +530,8 @@ def test_a_stop_signal_during_the_transfer_is_cancelled_with_a_result_and_ends_r
     out, err = proc.communicate(timeout=60)
     name = "SIGTERM" if sig == signal.SIGTERM else "Ctrl-C"
     assert proc.returncode == 130, err
-    assert err.splitlines() == [f"slotq: cancelled, waited -, ran - — cancelled ({name}) during the work tree "
-                                "transfer to host slotq-test; nothing ran"], err
+    assert err.splitlines() == [f"slotq: cancelled, waited -, ran - — cancelled ({name}) before the run reached "
+                                "host slotq-test (connecting, or sending the work tree); nothing ran"], err
     assert json.loads(out)["outcome"] == "cancelled"
     rsyncs = subprocess.run(["pgrep", "-f", f"rsync .*{tree}"], capture_output=True, text=True).stdout
     assert rsyncs == "", "rsync went on sending"

@@ -245,8 +245,8 @@ def run(
             preparing[0] = False
             if isinstance(e, _Stopped):
                 result.outcome = Outcome.CANCELLED
-                result.message = (f"cancelled ({_STOP_NAMES.get(stops[0], 'a signal')}) during the work tree "
-                                  f"transfer to host {transport.host}; nothing ran")
+                result.message = (f"cancelled ({_STOP_NAMES.get(stops[0], 'a signal')}) before the run reached "
+                                  f"host {transport.host} (connecting, or sending the work tree); nothing ran")
             else:
                 result.message = str(e)
             result.phases["ended"] = clock.wall()
