@@ -138,6 +138,8 @@ def test_history_lists_real_runs_with_phases_and_filters_including_a_run_cancell
     (["--class", " , "], "option --class: no class named"),
     (["--label", " "], "option --label: an empty label"),  # `--label "$L"` with L unset listed every run
     (["--outcome", "passed,nope"], "--outcome 'nope' is not an outcome"),
+    # As `status --slurm` and `cancel --slurm` take it: say where Slurm runs are.
+    (["--slurm"], "unknown option --slurm: a run through Slurm is in the history like any other"),
 ])
 @pytest.mark.timeout(30)
 def test_bad_history_arguments_are_one_line_exit_2(state_dir: Path, args: list[str], what: str) -> None:

@@ -314,3 +314,6 @@ def test_bad_report_arguments_are_one_line_exit_2(state_dir: Path, tmp_path: Pat
                                          "--until", "2h"], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2 and "--until is not after --since" in one_line(proc)
     assert not (tmp_path / "x.html").exists() and not list(tmp_path.glob(".x.html*"))
+    proc = subprocess.run(slotq_cmd() + ["report", "--html", str(tmp_path / "x.html"), "--slurm"],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and "a run through Slurm is in the history like any other" in one_line(proc)

@@ -70,9 +70,12 @@ class Namespace:
 
 class Parser:
     def __init__(self, prog: str, usage: str, description: str, options: list[Opt], epilog: str = "",
-                 command: str = "none") -> None:
-        """command: "none" (no trailing command), "optional" or "required"."""
+                 command: str = "none", hints: dict[str, str] | None = None) -> None:
+        """command: "none" (no trailing command), "optional" or "required".
+        hints: what to say of an option this command does not take but a
+        user may try (another command's)."""
         self.prog = prog
+        self.hints = hints or {}
         self.usage = usage
         self.description = description
         self.options = options
@@ -103,7 +106,8 @@ class Parser:
             name, eq, inline = arg.partition("=")
             opt = self._by_name.get(name)
             if opt is None:
-                raise self.error(f"unknown option {cut(name)}{did_you_mean(name, self._by_name)}")
+                hint = self.hints.get(name) or did_you_mean(name, self._by_name)
+                raise self.error(f"unknown option {cut(name)}{hint}")
             seen.add(opt.dest)
             if opt.kind == FLAG:
                 if eq:
@@ -212,6 +216,12 @@ def cut(text: str, limit: int = 40) -> str:
     from slotq.records import printable
 
     return printable(text, limit)
+
+
+# `status --slurm` and `cancel --slurm` look at Slurm; the runs' lines are
+# where every run's are.
+SLURM_RUNS_HERE = (": a run through Slurm is in the history like any other (its line is written into your state "
+                   "dir): leave --slurm out")
 
 
 def did_you_mean(name: str, known: Iterable[str]) -> str:

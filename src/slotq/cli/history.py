@@ -7,8 +7,8 @@ import sys
 import time
 from typing import Callable
 
-from slotq.cli.args import FLAG, Namespace, Opt, Parser, bounded_text, host_options, parse_window, positive_int, \
-    reader_exits, window_options
+from slotq.cli.args import SLURM_RUNS_HERE, FLAG, Namespace, Opt, Parser, bounded_text, host_options, parse_window, \
+    positive_int, reader_exits, window_options
 from slotq.outcome import Outcome
 from slotq.spec import MAX_TEXT
 from slotq.errors import UsageError
@@ -47,6 +47,7 @@ PARSER = Parser(
                 "the host config's [history] retention (default 180d). With --host, the hosts' own histories, "
                 "over ssh.",
     epilog=reader_exits("a host (--host) could not\nbe asked (the others are still listed)"),
+    hints={"--slurm": SLURM_RUNS_HERE},
     options=[
         *window_options(),
         Opt("--user", metavar="U[,U...]", convert=_names("user"), help="only these users' runs"),

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import sys
 
-from slotq.cli.args import Namespace, Opt, Parser, host_options, parse_window, reader_exits, window_options
+from slotq.cli.args import (SLURM_RUNS_HERE, Namespace, Opt, Parser, host_options, parse_window, reader_exits,
+                            window_options)
 
 PARSER = Parser(
     prog="slotq report", usage="slotq report --html FILE [--since T] [--until T] [--host HOST,...]",
@@ -15,6 +16,7 @@ PARSER = Parser(
                 "per pool the p50/p95 wait, utilisation per slot and runs per outcome. With --host, the hosts' own "
                 "runs, over ssh.",
     epilog=reader_exits("a host (--host) could not\nbe asked (the page shows the others)"),
+    hints={"--slurm": SLURM_RUNS_HERE},
     options=[
         Opt("--html", metavar="FILE", required=True, help="where to write the page"),
         *window_options(),
