@@ -514,6 +514,44 @@ def test_a_stop_signal_while_connecting_is_cancelled_and_leaves_no_ssh(state_dir
     assert left == "", "the connecting ssh was left"
 
 
+@pytest.mark.timeout(60)
+def test_a_stop_signal_while_several_hosts_are_asked_is_cancelled_with_a_result(state_dir: Path,
+                                                                               tmp_path: Path) -> None:
+    # `--host a,b` asks each host for its status first; two hosts that
+    # accept and never answer keep that going (ssh's ConnectTimeout, 10 s).
+    # A SIGTERM then: slotq died of it, with no result, and left the ssh.
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    server.settimeout(20)
+    port = server.getsockname()[1]
+    out = tmp_path / "result.json"
+    conns = []
+    try:
+        proc = subprocess.Popen(slotq_cmd() + ["run", "--json", str(out), "--host", "a@127.0.0.1,b@127.0.0.1",
+                                               "--ssh-config", "/dev/null", "--ssh-option", f"Port={port}", "--",
+                                               "true"],
+                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        conns = [server.accept()[0] for _ in range(2)]  # both hosts are being asked
+        try:
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=20)
+            left = subprocess.run(["pgrep", "-f", f"Port={port}"], capture_output=True, text=True).stdout
+        finally:
+            for conn in conns:
+                conn.close()
+    finally:
+        server.close()
+    assert proc.returncode == 130, err
+    assert err.splitlines() == ["slotq: cancelled, waited -, ran - — cancelled (SIGTERM) while choosing among hosts "
+                                "a@127.0.0.1,b@127.0.0.1; nothing ran"], err
+    assert json.loads(out.read_text())["outcome"] == "cancelled"
+    assert left == "", "the hosts' ssh were left"
+
+
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_stop_signal_during_the_transfer_is_cancelled_with_a_result_and_ends_rsync(

@@ -10,6 +10,7 @@ from slotq.errors import UsageError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from slotq.spec import RunSpec
     from slotq.transports.ssh import SshTransport
 
 EPILOG = """\
@@ -76,7 +77,6 @@ def main(args: list[str]) -> int:
 
     ledger_env_path()  # the ledger is read only if the run waits: a bad value is said now, not mid-line
     from slotq.transports.base import Transport
-    from slotq.spec import RunSpec
 
     say = None if opts.quiet else _stderr_line
     live = None
@@ -100,7 +100,10 @@ def main(args: list[str]) -> int:
             from slotq.transports.ssh import check_work_tree
 
             check_work_tree(current_dir())  # before any host is asked
-        transport = _remote(opts)
+        try:
+            transport = _remote(opts)
+        except _ChoiceStopped as stop:
+            return _cancelled_while_choosing(opts, _spec(opts, command, report_every), stop.signum)
     else:
         from slotq.transports.local import LocalTransport
 
@@ -112,11 +115,8 @@ def main(args: list[str]) -> int:
                                  f"--class ({known})")
             raise UsageError(f"unknown class {opts.cls!r} (this host knows: {known})")
         transport = local
-    cwd = current_dir()
-    spec = RunSpec(command, cls=opts.cls, budget=opts.budget, prepare=opts.prepare,
-                   prepare_timeout=opts.prepare_timeout, label=opts.label,
-                   report_every=report_every, kill_grace=opts.kill_grace, cwd=cwd, max_wait=opts.max_wait,
-                   quiet=opts.quiet)
+    spec = _spec(opts, command, report_every)
+    cwd = str(spec.cwd)
     json_result = JsonResult(opts.json)  # a bad --json path is a usage error before the run joins the line
     transport.reserve(spec)  # join the host's line before the rest of slotq loads, where a transport can
     from slotq.client.caller import run
@@ -134,6 +134,44 @@ def main(args: list[str]) -> int:
     return result.exit_code
 
 
+def _spec(opts: Namespace, command: list[str], report_every: float) -> "RunSpec":
+    from slotq.spec import RunSpec
+
+    return RunSpec(command, cls=opts.cls, budget=opts.budget, prepare=opts.prepare,
+                   prepare_timeout=opts.prepare_timeout, label=opts.label, report_every=report_every,
+                   kill_grace=opts.kill_grace, cwd=current_dir(), max_wait=opts.max_wait, quiet=opts.quiet)
+
+
+class _ChoiceStopped(Exception):
+    """A stop signal while the hosts were asked for their status."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _cancelled_while_choosing(opts: Namespace, spec: "RunSpec", signum: int) -> int:
+    """The run's ending when a stop signal came while several hosts were
+    asked which has the shortest wait: cancelled, its line and its result."""
+    import time
+
+    from slotq.client.caller import STOP_NAMES, RunResult, summary_line
+    from slotq.outcome import Outcome
+
+    json_result = JsonResult(opts.json)
+    result = RunResult(spec, opts.host)
+    result.outcome = Outcome.CANCELLED
+    result.message = f"cancelled ({STOP_NAMES.get(signum, 'a signal')}) while choosing among hosts {opts.host}; " \
+                     "nothing ran"
+    result.phases["ended"] = time.time()
+    _stderr_line(summary_line(result))
+    try:
+        json_result.write(result.to_json, open_line=result.open_line)
+    finally:
+        json_result.discard()
+    return result.exit_code
+
+
 def _remote(opts: Namespace) -> "SshTransport":
     hosts = opts.host.split(",")  # names checked as the options were read (args.host_names)
     host = hosts[0]
@@ -145,7 +183,25 @@ def _remote(opts: Namespace) -> "SshTransport":
             return SshHost(h, config=opts.ssh_config, options=opts.ssh_option,
                            remote_slotq=opts.remote_slotq).status_snapshot()
 
-        ranked = rank_hosts(hosts, opts.cls, fetch)
+        from slotq import signals
+        from slotq.transports.proc import end_all
+
+        stops: list[int] = []
+
+        def stop(signum: int, frame: object) -> None:
+            # The hosts' ssh end now; their threads return, and the run is
+            # cancelled once they have (not from inside a thread's wait).
+            stops.append(signum)
+            end_all()
+
+        held = signals.catch_stops(stop)
+        try:
+            ranked = rank_hosts(hosts, opts.cls, fetch)
+        finally:
+            for sig, handler in held.items():
+                signals.signal(sig, handler)  # type: ignore[arg-type]
+        if stops:
+            raise _ChoiceStopped(stops[0])
         host = ranked[0][1]
         _stderr_line(describe_choice(ranked))  # the choice is always said, even with -q
     return ssh_transport(opts, host, sync=opts.sync)

@@ -14,6 +14,22 @@ import select
 import time
 
 
+# The programs started here and not yet waited for (end_all: a stop signal
+# while threads wait for them).
+_running: set["Proc"] = set()
+_ended = False
+
+
+def end_all() -> None:
+    """Kill every program started here that is still running, and refuse
+    to start more: the threads waiting for them (the status of several
+    hosts, asked at once) then return at once. For a process about to end."""
+    global _ended
+    _ended = True
+    for proc in list(_running):
+        proc.kill()
+
+
 class Proc:
     """A started program. `stdin`/`stdout`/`stderr`: descriptors to give
     it (None: /dev/null). Ours are close-on-exec, so it inherits nothing
@@ -21,6 +37,8 @@ class Proc:
 
     def __init__(self, argv: list[str], stdin: int | None = None, stdout: int | None = None,
                  stderr: int | None = None) -> None:
+        if _ended:
+            raise InterruptedError(f"not starting {argv[0]}: slotq is being stopped")
         devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         try:
             actions = [(os.POSIX_SPAWN_DUP2, devnull if fd is None else fd, target)
@@ -29,12 +47,13 @@ class Proc:
         finally:
             os.close(devnull)
         self.returncode: int | None = None
+        _running.add(self)
 
     def poll(self) -> int | None:
         if self.returncode is None:
             pid, status = os.waitpid(self.pid, os.WNOHANG)
             if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
+                self._reaped(status)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -42,17 +61,18 @@ class Proc:
         if self.returncode is not None:
             return self.returncode
         if timeout is None:
-            _, status = os.waitpid(self.pid, 0)
-            self.returncode = os.waitstatus_to_exitcode(status)
-            return self.returncode
+            return self._reaped(os.waitpid(self.pid, 0)[1])
         fd = os.pidfd_open(self.pid)
         try:
             if not select.select([fd], [], [], max(0.0, timeout))[0]:
                 raise TimeoutError(f"{self.pid} still running after {timeout:g}s")
         finally:
             os.close(fd)
-        _, status = os.waitpid(self.pid, 0)
+        return self._reaped(os.waitpid(self.pid, 0)[1])
+
+    def _reaped(self, status: int) -> int:
         self.returncode = os.waitstatus_to_exitcode(status)
+        _running.discard(self)
         return self.returncode
 
     def kill(self) -> None:
