@@ -179,6 +179,23 @@ def _leftovers() -> set[str]:
     return out
 
 
+def running_with(*parts: str) -> list[str]:
+    """Command lines of live processes that contain every one of `parts`
+    (as `pgrep -f`, without needing procps)."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                line = f.read(1 << 16).replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        if line and all(p in line for p in parts):
+            out.append(line)
+    return out
+
+
 def _commands_running() -> set[int]:
     """Pids of processes started by a slotq run (SLOTQ_RUN_ID in their
     environment), whoever's."""

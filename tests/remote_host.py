@@ -101,3 +101,11 @@ def remote(ssh_config: str, state_dir: Path) -> Iterator[Remote]:
     # The runs are ended by now (the `runs` fixture, torn down first); open
     # the gate for any remote holder still polling it, then leave nothing.
     r.cleanup()
+
+
+def runs_in(tmp: Path, remote: Remote, *args: str, env: dict[str, str] | None = None
+            ) -> subprocess.CompletedProcess[str]:
+    """`slotq run -q --json - ARGS` on the remote host from work tree `tmp`."""
+    return subprocess.run(slotq_cmd() + ["run", "-q", "--json", "-", *remote.args, *args], capture_output=True,
+                          text=True, timeout=60, cwd=tmp, env=env, stdin=subprocess.DEVNULL)
+
