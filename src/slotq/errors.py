@@ -6,6 +6,12 @@ Every exception slotq raises derives from `SlotqError` and carries the facts
 
 from __future__ import annotations
 
+TYPE_CHECKING = False  # not `from typing import ...`: errors.py is on every run's path
+if TYPE_CHECKING:
+    from typing import Callable, TypeVar
+
+    T = TypeVar("T")
+
 
 def shown(text: str, limit: int = 40) -> str:
     """A value the user gave, quoted for a one-line error, cut at `limit`
@@ -53,8 +59,15 @@ class OutputError(SlotqError):
     exit_code = 74  # EX_IOERR
 
     @classmethod
-    def on_stdout(cls, e: OSError) -> "OutputError":
-        return cls(f"cannot write the output (stdout): {e.strerror or e}")
+    def guard(cls, call: Callable[..., T], *args: object) -> T:
+        """`call(*args)`, a write to stdout: a reader gone stays
+        BrokenPipeError (quiet), any other failure is OutputError."""
+        try:
+            return call(*args)
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise cls(f"cannot write the output (stdout): {e.strerror or e}") from None
 
 
 class AdmissionRefused(SlotqError):

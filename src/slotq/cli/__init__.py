@@ -120,24 +120,14 @@ class _Stdout:
         self._inner = inner
 
     def write(self, text: str) -> int:
-        try:
-            return self._inner.write(text)
-        except BrokenPipeError:
-            raise
-        except OSError as e:
-            from slotq.errors import OutputError
+        from slotq.errors import OutputError
 
-            raise OutputError.on_stdout(e) from None
+        return OutputError.guard(self._inner.write, text)
 
     def flush(self) -> None:
-        try:
-            self._inner.flush()
-        except BrokenPipeError:
-            raise
-        except OSError as e:
-            from slotq.errors import OutputError
+        from slotq.errors import OutputError
 
-            raise OutputError.on_stdout(e) from None
+        OutputError.guard(self._inner.flush)
 
     def __getattr__(self, name: str) -> object:  # isatty, fileno, encoding...
         return getattr(self._inner, name)

@@ -493,15 +493,10 @@ def reader_exits(unreachable: str) -> str:
 def write_out(text: str) -> None:
     """`text` on stdout, now. A reader gone stays BrokenPipeError (quiet);
     any other failure (a full disk) is OutputError (exit 74)."""
-    try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        raise
-    except OSError as e:
-        from slotq.errors import OutputError
+    from slotq.errors import OutputError
 
-        raise OutputError.on_stdout(e) from None
+    OutputError.guard(sys.stdout.write, text)
+    OutputError.guard(sys.stdout.flush)
 
 
 def _warn(line: str) -> None:
