@@ -204,6 +204,38 @@ def test_a_busy_slots_lane_is_a_band_of_its_runs_colour_not_white(tmp_path: Path
 
 
 @pytest.mark.timeout(120)
+def test_a_line_that_changes_within_a_pixel_is_drawn_at_its_peaks_not_as_a_band(tmp_path: Path) -> None:
+    # A day in which one run waits a second every 16 s (about five waits in
+    # each pixel of the axis), and three wait at once near its middle. The
+    # line of waiting runs went up and down within every pixel: a solid
+    # blue band from 0 to 1 across the whole chart, the peak lost in it.
+    now = time.time()
+
+    def run(i: int, sub: float, waited: float) -> dict[str, object]:
+        return {"run_id": f"r{i}", "user": "ci", "label": "pytest", "class": "shared", "pool": "shared",
+                "slot": "shared#0", "outcome": "passed", "exit_code": 0, "waited_s": waited, "ran_s": 10.0,
+                "phases": {"submitted": sub, "slot": sub + waited, "prepared": None, "started": sub + waited,
+                           "ended": sub + waited + 10}}
+
+    runs = [run(i, now - 86400 + i * 16, 1.0) for i in range(5000)]
+    runs += [run(5000 + k, now - 43200 + k, 600.0) for k in range(2)]  # with the one due then: three at once
+    page = tmp_path / "line.html"
+    page.write_text(report.render_html(report.build(runs, now - 86400, now, "vm")))
+    shot = tmp_path / "line.png"
+    browse(page, tmp_path, f"--screenshot={shot}")
+    _, _, rows = png_pixels(shot.read_bytes())
+    blue = [(y, i // 3) for y, row in enumerate(rows) for i in range(0, len(row), 3)
+            if abs(row[i] - 0x15) + abs(row[i + 1] - 0x65) + abs(row[i + 2] - 0xc0) < 60]
+    # The chart is 1100 px wide and the line's area 80 px high (3 at the
+    # top, 1 a third of the way up): the band was 1100 x 27 pixels (about
+    # 28,000); a line at each pixel's peak is a pixel or two per column,
+    # and still reaches up to the three.
+    assert 1000 < len(blue) < 8000, len(blue)
+    ys = [y for y, _ in blue]
+    assert max(ys) - min(ys) >= 50, (min(ys), max(ys))
+
+
+@pytest.mark.timeout(120)
 def test_the_time_axis_of_more_than_half_a_day_gives_dates(tmp_path: Path) -> None:
     now = time.time()
 

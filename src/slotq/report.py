@@ -260,10 +260,22 @@ wait (submitted → slot), drawn under the lane. Hover a bar for details. Below 
   var qTop = top + d.lanes.length * laneH + 20, qMax = 1;
   d.queue.forEach(function (p) {{ qMax = Math.max(qMax, p[1]); }});
   var qy = function (v) {{ return qTop + qH - v / qMax * qH; }};
-  var path = "M" + left + "," + qy(0);
-  d.queue.forEach(function (p) {{ path += " H" + x(p[0]) + " V" + qy(p[1]); }});
+  // One pixel column at a time, at the most that waited in it: a line that
+  // changes many times within a pixel (a busy day) reads as its peaks,
+  // not as a solid band between its lowest and highest.
+  var path = "M" + left + "," + qy(0), level = 0, col = null, high = 0;
+  function column(next) {{  // up to this column's peak; down to where it ended only if a quiet stretch follows
+    path += " H" + col + " V" + qy(high);
+    if (next > col + 1) path += " H" + (col + 1) + " V" + qy(level);
+  }}
+  d.queue.forEach(function (p) {{
+    var c = Math.floor(x(p[0]));
+    if (c !== col) {{ if (col !== null) column(c); col = c; high = level; }}
+    level = p[1]; high = Math.max(high, level);
+  }});
+  if (col !== null) column(Infinity);
   path += " H" + (left + width);
-  el("path", {{d: path, fill: "none", stroke: "#1565c0", "class": "queue"}});
+  el("path", {{d: path, fill: "none", stroke: "#1565c0", "class": "queue", "shape-rendering": "crispEdges"}});
   el("line", {{x1: left, x2: left + width, y1: qy(0), y2: qy(0), stroke: "#999"}});
   var ql = el("text", {{x: 4, y: qTop + 12}}); ql.textContent = "waiting (max " + qMax + ")";
   document.getElementById("chart").appendChild(svg);
