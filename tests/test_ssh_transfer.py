@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -18,6 +19,7 @@ import pytest
 
 from conftest import running_with, slotq_cmd, wait_for
 from remote_host import Remote, runs_in
+from shared_world import USERS, World, world  # noqa: F401  (world: the fixture)
 from slotq.client.ledger import Ledger
 
 
@@ -281,4 +283,47 @@ def test_a_failed_transfer_leaves_no_runner_and_no_ticket_on_the_host(remote: Re
     wait_for(lambda: not running_with(f"st-{remote.tag} slotq host run"), what="the waiting runner gone")
     shared = remote.shared()
     assert shared["waiting"] == [] and not shared["slots"][0]["held"]
+    assert remote.status()["history"] == []
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.skipif(not USERS, reason="needs the test users (scripts/test makes them)")
+def test_a_file_of_the_work_tree_its_user_cannot_read_is_that_users_error_not_unavailable(
+        remote: Remote, world: World) -> None:
+    # A root-owned build artefact (after `sudo make`, or a container) in
+    # the tree of an ordinary user: rsync cannot send it (exit 23). That is
+    # the tree's fault -- the host was never at fault -- so not
+    # `unavailable` (121, which a harness retries as the infrastructure's).
+    user = world.a
+    uid, gid = world.uid(user), pwd.getpwnam(user).pw_gid
+    home = world.home(user)
+    keys = home / "ssh"  # the test sshd's key and config, as this user's own (ssh insists)
+    keys.mkdir()
+    cfg_text = Path(remote.cfg).read_text()
+    key = next(line.split()[1] for line in cfg_text.splitlines() if line.strip().startswith("IdentityFile"))
+    shutil.copy(key, keys / "id")
+    shutil.copy(Path(remote.cfg).parent / "known_hosts", keys / "known_hosts")
+    (keys / "config").write_text(cfg_text.replace(key, str(keys / "id")).replace(
+        str(Path(remote.cfg).parent / "known_hosts"), str(keys / "known_hosts")))
+    runtime = home / "runtime"
+    runtime.mkdir(mode=0o700)
+    work = home / "work"
+    (work / "build").mkdir(parents=True)
+    (work / "main.py").write_text("print('hi')\n")
+    (work / "build" / "artefact.o").write_text("root's")  # stays root's, 0600
+    os.chmod(work / "build" / "artefact.o", 0o600)
+    for p in [keys, *keys.iterdir(), runtime, work, work / "main.py", work / "build"]:
+        os.chown(p, uid, gid)
+        if p.parent == keys:
+            os.chmod(p, 0o600)
+    args = ["--host", "slotq-test", "--ssh-config", str(keys / "config"), "--remote-slotq", remote.remote_slotq]
+    proc = subprocess.run(world.cmd("run", "--json", str(home / "r.json"), *args, "--", "echo", "RAN"),
+                          capture_output=True, text=True, timeout=60, cwd=work, stdin=subprocess.DEVNULL,
+                          env=world.env(user, XDG_RUNTIME_DIR=str(runtime)), user=uid, group=gid)
+    assert proc.returncode == 66, proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("slotq run: error: cannot read 1 path(s) of "
+                                                                   f"the work tree {work} to send it to host "
+                                                                   "slotq-test: "), proc.stderr
+    assert f'"{work}/build/artefact.o": Permission denied' in proc.stderr and "nothing ran" in proc.stderr
+    assert "RAN" not in proc.stdout and not (home / "r.json").exists()
     assert remote.status()["history"] == []

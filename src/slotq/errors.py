@@ -70,6 +70,14 @@ class OutputError(SlotqError):
             raise cls(f"cannot write the output (stdout): {e.strerror or e}") from None
 
 
+class WorkTreeError(SlotqError):
+    """A file of the caller's own work tree cannot be read, so a remote run
+    cannot send it (a root-owned build artefact, a private directory): the
+    caller's to fix, never the host's fault."""
+
+    exit_code = 66  # EX_NOINPUT: an input file did not exist or was not readable
+
+
 class AdmissionRefused(SlotqError):
     """The host's admission policy turned a run away (a named policy, never
     a timeout). A run reports it as `not_admitted`."""

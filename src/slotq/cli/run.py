@@ -29,7 +29,8 @@ outcomes and exit codes:
   not_admitted    an admission policy turned it away         117
                   (--max-wait, the host's [admission] limits, or a run
                   started inside a run that holds its pool's slot)
-  bad arguments 2, bad host config 78, unusable state directory 73
+  bad arguments 2, bad host config 78, unusable state directory 73,
+  a remote run's work tree with a file you cannot read 66
 
 environment: SLOTQ_STATE_DIR (host state), SLOTQ_CONFIG (host config TOML),
              SLOTQ_LEDGER (the wait ledger, SQLite), SLOTQ_SSH_CONFIG, SLOTQ_REMOTE_SLOTQ,

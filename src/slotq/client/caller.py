@@ -18,7 +18,7 @@ from .. import protocol
 from .. import signals as signal
 from ..clock import INF, Clock, Timer
 from ..durations import format_duration
-from ..errors import HostUnavailable, ProtocolError, UsageError
+from ..errors import HostUnavailable, ProtocolError, UsageError, WorkTreeError
 from ..outcome import Outcome, exit_code_for
 from ..spec import RunSpec
 from ..transports.base import Transport
@@ -241,6 +241,10 @@ def run(
         try:
             transport.prepare(spec)
             preparing[0] = False
+        except WorkTreeError:
+            preparing[0] = False
+            waits().finish(clock.wall())  # the transfer's wait ends here: the caller's error, said as one
+            raise
         except (HostUnavailable, _Stopped) as e:
             preparing[0] = False
             if isinstance(e, _Stopped):

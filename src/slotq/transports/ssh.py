@@ -333,6 +333,13 @@ class SshHost:
             return (f"{len(gone) or 'some'} file(s) vanished from the work tree while it was sent to host "
                     f"{self.host}{' (' + gone[0] + (', ...' if len(gone) > 1 else '') + ')' if gone else ''}: "
                     "the run goes on without them")
+        unreadable = _unreadable(rc, text)
+        if unreadable:
+            from ..errors import WorkTreeError
+
+            raise WorkTreeError(f"cannot read {len(unreadable)} path(s) of the work tree {src} to send it to host "
+                                f"{self.host}: {unreadable[0]}{', ...' if len(unreadable) > 1 else ''}; make "
+                                "them readable, add them to .gitignore, or use --sync none; nothing ran")
         if rc != 0:
             raise HostUnavailable(f"work tree transfer to host {self.host} failed (rsync exit {rc}): "
                                   f"{_rsync_cause(text)}", host=self.host)
@@ -369,6 +376,7 @@ def _last(text: str) -> str:
     return lines[-1].strip() if lines else ""
 
 
+RSYNC_PARTIAL = 23  # "Partial transfer due to error"
 RSYNC_VANISHED = 24  # "Partial transfer due to vanished source files"
 
 
@@ -379,6 +387,19 @@ def _rsync_cause(text: str) -> str:
     does not)."""
     causes = [line.strip() for line in text.splitlines() if line.startswith("rsync: ")]
     return causes[-1] if causes else _last(text)
+
+
+def _unreadable(rc: int, text: str) -> list[str]:
+    """What rsync could not read on our side (`rsync: [sender] send_files
+    failed to open "/w/build/x": Permission denied (13)`), when that is
+    its only failure (exit 23, a partial transfer): the work tree's
+    fault, not the host's. [] when anything failed on the host's side."""
+    if rc != RSYNC_PARTIAL:
+        return []
+    causes = [line.strip()[len("rsync: "):] for line in text.splitlines() if line.startswith("rsync: ")]
+    if not causes or not all(c.startswith("[sender] ") for c in causes):
+        return []
+    return [c[len("[sender] "):] for c in causes]
 
 
 def _last_line(path: str) -> str:
