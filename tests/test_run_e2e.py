@@ -438,6 +438,43 @@ def test_ctrl_c_sigterm_or_sighup_cancels_the_run_and_still_reports(
     assert not group_alive(int(pidf.read_text()))
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["ctrl-c", "sigterm", "sighup"])
+@pytest.mark.timeout(60)
+def test_a_stop_signal_while_slotq_starts_is_a_cancel_with_its_line_and_result(
+        state_dir: Path, tmp_path: Path, sig: signal.Signals) -> None:
+    # A harness stops a slotq it has just started, before the run's own
+    # handlers are set (they come with the runner, 20-40 ms in). That
+    # killed it (143, no result; a Ctrl-C: 130, no result), seen in
+    # stress runs of 60 callers at once. Held here: the ticket counter is
+    # locked by hand, so the run stays in its first try for a ticket,
+    # with the counter open, long enough to be signalled there.
+    assert subprocess.run(slotq_cmd() + ["run", "-q", "--", "true"], timeout=30).returncode == 0  # the counter
+    counter = os.open(state_dir / "seq", os.O_RDWR)
+    try:
+        import fcntl
+
+        fcntl.flock(counter, fcntl.LOCK_EX)
+        result = tmp_path / "r.json"
+        proc = subprocess.Popen(slotq_cmd() + ["run", "--json", str(result), "--", "echo", "RAN"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+
+        def counter_open() -> bool:
+            fds = f"/proc/{proc.pid}/fd"
+            try:
+                return any(os.readlink(f"{fds}/{fd}") == str(state_dir / "seq") for fd in os.listdir(fds))
+            except OSError:
+                return False
+
+        wait_for(counter_open, what="slotq trying for its ticket")
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        os.close(counter)
+    assert proc.returncode == 130, err
+    assert "RAN" not in out and err.count("\n") == 1 and err.startswith("slotq: cancelled"), err
+    assert json.loads(result.read_text())["outcome"] == "cancelled"
+
+
 def _ignore_hup_and_int() -> None:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as nohup does
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a shell does for its background jobs

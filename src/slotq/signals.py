@@ -26,7 +26,8 @@ else:
 
 __all__ = ["SIG_BLOCK", "SIG_DFL", "SIG_IGN", "SIG_SETMASK", "SIG_UNBLOCK", "SIGALRM", "SIGCHLD", "SIGCONT",
            "SIGHUP", "SIGINT", "SIGKILL", "SIGPIPE", "SIGQUIT", "SIGSTOP", "SIGTERM", "SIGXFSZ", "ITIMER_REAL",
-           "pthread_sigmask", "set_wakeup_fd", "setitimer", "signal", "getsignal", "catch_stops"]
+           "pthread_sigmask", "set_wakeup_fd", "setitimer", "signal", "getsignal", "catch_stops", "hold_stops",
+           "early"]
 
 
 def catch_stops(handler: object) -> dict[int, object]:
@@ -39,3 +40,21 @@ def catch_stops(handler: object) -> dict[int, object]:
         if getsignal(sig) != SIG_IGN:
             old[sig] = signal(sig, handler)  # type: ignore[arg-type]
     return old
+
+
+# Stop signals that came between `hold_stops()` and the run's own handlers.
+early: list[int] = []
+
+
+def hold_stops() -> dict[int, object]:
+    """From `slotq run`'s first line on, until the run sets its own
+    handlers (client/caller.py), a stop signal is noted in `early` rather
+    than fatal: the run it meant to stop then ends as a cancel, with its
+    line and its result, as one a moment later would (a harness's SIGTERM
+    to a slotq that has just started). The handlers replaced, to put back."""
+    early.clear()
+    return catch_stops(_note)
+
+
+def _note(signum: int, frame: object) -> None:
+    early.append(signum)

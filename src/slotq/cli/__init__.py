@@ -38,8 +38,23 @@ COMMANDS = {"run": "slotq.cli.run", "status": "slotq.cli.status", "cancel": "slo
 
 
 def main(argv: list[str] | None = None) -> int:
-    _standard_streams()
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] != ["run"]:
+        return _main(args)
+    # A stop signal from here until the run sets its own handlers is a
+    # cancel of that run, not slotq's death (signals.hold_stops).
+    from slotq.signals import hold_stops, signal
+
+    held = hold_stops()
+    try:
+        return _main(args)
+    finally:
+        for sig, handler in held.items():
+            signal(sig, handler)  # type: ignore[arg-type]
+
+
+def _main(args: list[str]) -> int:
+    _standard_streams()
     if not args:
         sys.stderr.write(USAGE)  # a mistake, not a request: usage on stderr, exit 2
         return 2

@@ -195,6 +195,8 @@ def _remote(opts: Namespace) -> "SshTransport":
             stops.append(signum)
             end_all()
 
+        if signals.early:  # a stop signal while slotq started: no host is asked
+            raise _ChoiceStopped(signals.early[0])
         held = signals.catch_stops(stop)
         try:
             ranked = rank_hosts(hosts, opts.cls, fetch)

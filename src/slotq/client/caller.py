@@ -239,6 +239,9 @@ def run(
 
         held = signal.catch_stops(stop_transfer) if handle_sigint else {}
         try:
+            if handle_sigint and signal.early:  # one came while slotq started: the run it meant to stop is this one
+                stops.append(signal.early[0])
+                raise _Stopped
             transport.prepare(spec)
             preparing[0] = False
         except WorkTreeError:
@@ -292,7 +295,7 @@ def run(
         # terminal closed) cancel the run and still deliver its result; the
         # runner ends the command.
         old_handlers = signal.catch_stops(lambda s, f: cancel(Outcome.CANCELLED))
-        if stops:  # one came between the transfer's end and now: the run it meant to stop is this one
+        if stops or signal.early:  # one came while slotq started, or after the transfer: it meant this run
             cancel(Outcome.CANCELLED)
     sinks = {protocol.STDOUT: stdout_fd, protocol.STDERR: stderr_fd}
     beat_at = INF  # when a quiet run refreshes its open queue wait
