@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import running_with, slotq_cmd, wait_for
+from conftest import blocked_in_flock, running_with, slotq_cmd, wait_for
 from remote_host import Remote, runs_in
 from shared_world import USERS, World, world  # noqa: F401  (world: the fixture)
 from slotq.client.ledger import Ledger
@@ -235,6 +235,35 @@ def test_a_stop_signal_during_the_transfer_is_cancelled_with_a_result_and_ends_r
     assert json.loads(out)["outcome"] == "cancelled"
     assert running_with("rsync", str(tree)) == [], "rsync went on sending"
     wait_for(lambda: not _big_file_on_the_host(remote), timeout=10, what="the host's partial copy removed")
+
+
+@pytest.mark.timeout(90)
+def test_a_stop_signal_while_a_remote_run_starts_is_cancelled_before_it_connects(
+        remote: Remote, state_dir: Path, tmp_path: Path) -> None:
+    # The signal comes before the run's own handlers are set: here while
+    # it records the start of its transfer in the wait ledger, held up by
+    # a reader of the ledger (its spool's lock, taken by hand). slotq died
+    # of it (-15), with no line and no result.
+    (tmp_path / "work").mkdir()
+    result = tmp_path / "r.json"
+    spool_lock = os.open(str(tmp_path / "ledger.sqlite.spool.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        import fcntl
+
+        fcntl.flock(spool_lock, fcntl.LOCK_EX)
+        proc = subprocess.Popen(slotq_cmd() + ["run", "--json", str(result), *remote.args, "--", "echo", "RAN"],
+                                cwd=tmp_path / "work", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                stdin=subprocess.DEVNULL)
+        wait_for(lambda: blocked_in_flock(proc.pid), what="slotq recording its transfer's start")
+        proc.send_signal(signal.SIGTERM)
+    finally:
+        os.close(spool_lock)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.splitlines() == ["slotq: cancelled, waited -, ran - — cancelled (SIGTERM) before the run reached "
+                                "host slotq-test (connecting, or sending the work tree); nothing ran"], err
+    assert "RAN" not in out and json.loads(result.read_text())["outcome"] == "cancelled"
+    assert remote.status()["history"] == []
 
 
 @pytest.mark.timeout(90)
