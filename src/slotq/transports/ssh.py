@@ -464,7 +464,7 @@ class SshTransport(Transport):
                     self.ssh.forget_handshake()
                     self.info = self.ssh.handshake()
                     self.sync_note = self.ssh.rsync(src, os.path.join(str(self.info["work_root"]), spec.work_id))
-            except BaseException:  # HostUnavailable, or a stop signal's (caller.py)
+            except BaseException:  # HostUnavailable, WorkTreeError, or a stop signal's (caller.py)
                 self.abandon()
                 raise
             self.transfer_s = time.monotonic() - t0
