@@ -309,7 +309,9 @@ def test_option_parser_handles_forms_and_errors() -> None:
     assert (opts.budget, opts.quiet, opts.opt, opts.mode, cmd) == (60.0, True, ["x", "y"], "a", ["ls", "-l"])
     opts, cmd = p.parse(["pytest", "-q"])  # the command starts at the first non-option
     assert cmd == ["pytest", "-q"] and opts.quiet is False
+    assert p.parse(["--opt=--", "--", "x"])[0].opt == ["--"]  # `--` as a value: said with `=`
     for bad, needle in ((["--nope", "--", "x"], "unknown option --nope"), (["--budget"], "needs a value"),
+                        (["--budget", "--", "x"], r"option --budget needs a value \(D\)"),
                         (["--budget", "x1", "--", "x"], "option --budget: cannot read"),
                         (["--mode", "c", "--", "x"], "'c' is not one of a, b"), ([], "no command given"),
                         (["-q=1", "--", "x"], "takes no value")):

@@ -118,10 +118,10 @@ class Parser:
             if eq:
                 raw = inline
                 i += 1
-            elif i + 1 < len(args):
+            elif i + 1 < len(args) and args[i + 1] != "--":
                 raw = args[i + 1]
                 i += 2
-            else:
+            else:  # `--budget -- pytest`: the value was forgotten, `--` is not one (`--label=--` can say it)
                 raise self.error(f"option {name} needs a value ({opt.metavar})")
             if opt.choices is not None and raw not in opt.choices:
                 raise self.error(f"option {name}: {raw!r} is not one of {', '.join(opt.choices)}")
