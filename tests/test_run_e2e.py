@@ -167,6 +167,10 @@ def test_a_silent_command_ends_idle_timeout(state_dir: Path, runs: Start) -> Non
     assert r.wait() == 123
     res = r.result()
     assert res["outcome"] == "idle_timeout"
+    assert res["message"] == "no output for 1.0s after the command started (--idle): stopped"
+    hist = json.loads(subprocess.run(slotq_cmd() + ["history", "--json"], capture_output=True, text=True,
+                                     timeout=20).stdout)
+    assert [h["message"] for h in hist] == ["stopped by the caller's --idle watchdog: no output for its limit"]
     assert res["ran_s"] < 10
     assert r.out == b"hi\n"
 

@@ -398,6 +398,9 @@ def run(
             result.message += f"; on the host, {note}"
     if result.phases["ended"] is None:
         result.phases["ended"] = clock.wall()
+    if result.outcome is Outcome.IDLE_TIMEOUT and idle is not None:
+        # The watchdog is ours (the host only heard "stop"): say what it saw.
+        result.message = f"no output for {format_duration(idle)} after the command started (--idle): stopped"
     say(summary_line(result))
     return result
 

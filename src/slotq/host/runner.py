@@ -46,6 +46,15 @@ CONTROL_AFTER = 0.1
 MAX_SCHEDULER_WAIT = 30 * 86400.0
 
 
+# What stopped a running command, as the host's history says it (the
+# caller's own line may say more: the --idle limit, the signal).
+_STOPPED = {
+    Outcome.IDLE_TIMEOUT: "stopped by the caller's --idle watchdog: no output for its limit",
+    Outcome.CANCELLED: "cancelled by the caller (Ctrl-C or a stop signal)",
+    Outcome.CALLER_GONE: "the caller went away (its connection closed): stopped",
+}
+
+
 class _Ended(Exception):
     """The wait ended without a slot (the caller went away or asked to stop,
     the admission limit, a lost keeper); carries the outcome (and how a
@@ -448,7 +457,7 @@ class HostRunner:
                 return reason, (f"command ran past its budget of {format_duration(self.budget)} "
                                 f"(slot acquired at {slot_at}; the budget counted from the command's start "
                                 f"at {started})")
-            return reason, f"stopped: {reason.value}"
+            return reason, _STOPPED.get(reason, f"stopped: {reason.value}")
         return Outcome.PASSED if end.exit_code == 0 else Outcome.FAILED, end.describe(self.spec.argv[0])
 
     def _waited(self) -> float:
