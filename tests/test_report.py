@@ -75,6 +75,9 @@ def test_the_page_renders_in_a_real_browser_one_bar_per_run_hover_and_no_console
     proc = subprocess.run(slotq_cmd() + ["report", "--html", str(page), "--since", "2h"], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+    # One line says what was written: the file, how many runs, the window.
+    assert re.fullmatch(rf"slotq report: wrote {re.escape(str(page))}: 301 run\(s\) from "
+                        r"\d{4}-\d\d-\d\d \d\d:\d\d to \d{4}-\d\d-\d\d \d\d:\d\d\n", proc.stderr), proc.stderr
     text = page.read_text()
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", text), "the page must not need the network"
     probe = tmp_path / "probe.html"

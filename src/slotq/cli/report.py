@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 from slotq.cli.args import (SLURM_RUNS_HERE, Namespace, Opt, Parser, host_options, parse_window, reader_exits,
                             window_options)
@@ -53,6 +54,12 @@ def main(args: list[str]) -> int:
             return OutputError.exit_code  # (said, naming the file)
     finally:
         out.discard()
+    # What was written: a window with no runs in it is then no mystery.
+    span = " to ".join(time.strftime("%Y-%m-%d %H:%M", time.localtime(t)) for t in (since, until))
+    from slotq.records import printable
+
+    where = "stdout" if opts.html == "-" else printable(opts.html, 500)
+    sys.stderr.write(f"slotq report: wrote {where}: {len(runs)} run(s) from {span}\n")
     for line in unreachable:
         sys.stderr.write(f"slotq report: error: {line} (the page shows the other hosts)\n")
     return HostUnavailable.exit_code if unreachable else 0
