@@ -156,7 +156,8 @@ def _cancelled_while_choosing(opts: Namespace, spec: "RunSpec", signum: int) -> 
     asked which has the shortest wait: cancelled, its line and its result."""
     import time
 
-    from slotq.client.caller import STOP_NAMES, RunResult, summary_line
+    from slotq.client.caller import RunResult, summary_line
+    from slotq.signals import STOP_NAMES
     from slotq.outcome import Outcome
 
     json_result = JsonResult(opts.json)

@@ -252,7 +252,7 @@ def run(
             preparing[0] = False
             if isinstance(e, _Stopped):
                 result.outcome = Outcome.CANCELLED
-                result.message = (f"cancelled ({STOP_NAMES.get(stops[0], 'a signal')}) before the run reached "
+                result.message = (f"cancelled ({signal.STOP_NAMES.get(stops[0], 'a signal')}) before the run reached "
                                   f"host {transport.host} (connecting, or sending the work tree); nothing ran")
             else:
                 result.message = str(e)
@@ -440,9 +440,6 @@ def collect_from_now_on() -> None:
 
 class _Stopped(Exception):
     """A stop signal during a remote run's transfer (raised by its handler)."""
-
-
-STOP_NAMES: dict[int, str] = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}
 
 
 def _silent(line: str) -> None:
