@@ -197,6 +197,39 @@ def test_a_task_passes_the_commands_own_exit_code_and_stdio(state_dir: Path, tmp
 
 
 @pytest.mark.timeout(30)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+def test_a_stop_signal_while_a_task_starts_is_a_cancel_and_its_job_never_starts(
+        state_dir: Path, tmp_path: Path, sig: signal.Signals) -> None:
+    # The signal comes before the task's own handlers: here while it opens
+    # its --json FIFO, which waits for a reader. It killed slotq (-15; a
+    # Ctrl-C 130 with no result), as `slotq run` was before.
+    fifo, ran = tmp_path / "result", tmp_path / "ran"
+    os.mkfifo(fifo)
+    proc = subprocess.Popen(slotq_cmd() + ["task", "--budget", "1m", "--json", str(fifo), "--", "touch", str(ran)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+
+    def opening_the_fifo() -> bool:
+        try:
+            return Path(f"/proc/{proc.pid}/wchan").read_text() == "wait_for_partner"
+        except OSError:
+            return False
+
+    wait_for(opening_the_fifo, what="slotq task opening its --json FIFO")
+    proc.send_signal(sig)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # its open goes through; the result comes here
+    try:
+        out, err = proc.communicate(timeout=20)
+        os.set_blocking(reader, True)
+        result = json.loads(os.read(reader, 65536))
+    finally:
+        os.close(reader)
+    name = "SIGTERM" if sig == signal.SIGTERM else "Ctrl-C"
+    assert proc.returncode == 130, err
+    assert err == f"slotq task: cancelled after 0.0s — cancelled ({name}) before the job started; nothing ran\n"
+    assert result["outcome"] == "cancelled" and not ran.exists()
+
+
+@pytest.mark.timeout(30)
 def test_waits_shows_what_a_dir_waited(state_dir: Path, runs: Start, tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     hold_shared_slot(runs, state_dir, gate)

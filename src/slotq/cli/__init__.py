@@ -39,10 +39,10 @@ COMMANDS = {"run": "slotq.cli.run", "status": "slotq.cli.status", "cancel": "slo
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if args[:1] != ["run"]:
+    if args[:1] not in (["run"], ["task"]):
         return _main(args)
-    # A stop signal from here until the run sets its own handlers is a
-    # cancel of that run, not slotq's death (signals.hold_stops).
+    # A stop signal from here until the run (or the job) sets its own
+    # handlers is a cancel of it, not slotq's death (signals.hold_stops).
     from slotq.signals import hold_stops, signal
 
     held = hold_stops()
