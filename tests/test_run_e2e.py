@@ -439,7 +439,21 @@ def test_ctrl_c_sigterm_or_sighup_cancels_the_run_and_still_reports(
     r.proc.send_signal(sig)
     assert r.wait() == 130
     assert r.result()["outcome"] == "cancelled"
+    name = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}[sig]
+    assert r.result()["message"] == f"cancelled ({name}) while the command ran: stopped"
     assert not group_alive(int(pidf.read_text()))
+
+
+@pytest.mark.timeout(30)
+def test_a_sigterm_during_the_prepare_step_says_so(state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    pidf, ran = tmp_path / "prepare-pid", tmp_path / "ran"
+    r = runs("--kill-grace", "1", "--prepare", f"echo $$ > {pidf}; sleep 100", "--", "touch", str(ran))
+    wait_for(lambda: pidf.exists() and pidf.read_text().strip(), what="prepare step running")
+    r.proc.send_signal(signal.SIGTERM)
+    assert r.wait() == 130
+    res = r.result()
+    assert (res["outcome"], res["message"]) == ("cancelled", "cancelled (SIGTERM) in its --prepare step: stopped")
+    assert not ran.exists() and not group_alive(int(pidf.read_text()))
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["ctrl-c", "sigterm", "sighup"])
@@ -476,7 +490,9 @@ def test_a_stop_signal_while_slotq_starts_is_a_cancel_with_its_line_and_result(
         os.close(counter)
     assert proc.returncode == 130, err
     assert "RAN" not in out and err.count("\n") == 1 and err.startswith("slotq: cancelled"), err
-    assert json.loads(result.read_text())["outcome"] == "cancelled"
+    name = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}[sig]
+    res = json.loads(result.read_text())
+    assert (res["outcome"], res["message"]) == ("cancelled", f"cancelled ({name}) while it waited for a slot; nothing ran")
 
 
 def _ignore_hup_and_int() -> None:

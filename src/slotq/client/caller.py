@@ -294,8 +294,13 @@ def run(
         # Ctrl-C, a polite SIGTERM (a CI job being stopped) and SIGHUP (the
         # terminal closed) cancel the run and still deliver its result; the
         # runner ends the command.
-        old_handlers = signal.catch_stops(lambda s, f: cancel(Outcome.CANCELLED))
-        if stops or signal.early:  # one came while slotq started, or after the transfer: it meant this run
+        def stop_run(signum: int, frame: object) -> None:
+            stops.append(signum)
+            cancel(Outcome.CANCELLED)
+
+        old_handlers = signal.catch_stops(stop_run)
+        stops.extend(signal.early)
+        if stops:  # one came while slotq started, or after the transfer: it meant this run
             cancel(Outcome.CANCELLED)
     sinks = {protocol.STDOUT: stdout_fd, protocol.STDERR: stderr_fd}
     beat_at = INF  # when a quiet run refreshes its open queue wait
@@ -401,6 +406,12 @@ def run(
     if result.outcome is Outcome.IDLE_TIMEOUT and idle is not None:
         # The watchdog is ours (the host only heard "stop"): say what it saw.
         result.message = f"no output for {format_duration(idle)} after the command started (--idle): stopped"
+    elif result.outcome is Outcome.CANCELLED and stops and exited and "slotq cancel" not in result.message:
+        # Our cancel, for a stop signal (the host only heard "cancel"): which, and when.
+        name = signal.STOP_NAMES.get(stops[0], "a signal")
+        result.message = (f"cancelled ({name}) while the command ran: stopped" if result.phases["started"]
+                          else f"cancelled ({name}) in its --prepare step: stopped" if result.phases["slot"]
+                          else f"cancelled ({name}) while it waited for a slot; nothing ran")
     say(summary_line(result))
     return result
 
