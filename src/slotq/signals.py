@@ -27,7 +27,7 @@ else:
 __all__ = ["SIG_BLOCK", "SIG_DFL", "SIG_IGN", "SIG_SETMASK", "SIG_UNBLOCK", "SIGALRM", "SIGCHLD", "SIGCONT",
            "SIGHUP", "SIGINT", "SIGKILL", "SIGPIPE", "SIGQUIT", "SIGSTOP", "SIGTERM", "SIGXFSZ", "ITIMER_REAL",
            "pthread_sigmask", "set_wakeup_fd", "setitimer", "signal", "getsignal", "catch_stops", "hold_stops",
-           "early", "STOP_NAMES"]
+           "early", "stop_name"]
 
 
 def catch_stops(handler: object) -> dict[int, object]:
@@ -42,8 +42,13 @@ def catch_stops(handler: object) -> dict[int, object]:
     return old
 
 
-# How a cancel names the stop signal that caused it.
-STOP_NAMES: dict[int, str] = {SIGINT: "Ctrl-C", SIGTERM: "SIGTERM", SIGHUP: "SIGHUP"}
+_STOP_NAMES: dict[int, str] = {SIGINT: "Ctrl-C", SIGTERM: "SIGTERM", SIGHUP: "SIGHUP"}
+
+
+def stop_name(signum: int) -> str:
+    """How a cancel names the stop signal that caused it."""
+    return _STOP_NAMES.get(signum, "a signal")
+
 
 # Stop signals that came between `hold_stops()` and the run's own handlers.
 early: list[int] = []

@@ -157,13 +157,13 @@ def _cancelled_while_choosing(opts: Namespace, spec: "RunSpec", signum: int) -> 
     import time
 
     from slotq.client.caller import RunResult, summary_line
-    from slotq.signals import STOP_NAMES
+    from slotq.signals import stop_name
     from slotq.outcome import Outcome
 
     json_result = JsonResult(opts.json)
     result = RunResult(spec, opts.host)
     result.outcome = Outcome.CANCELLED
-    result.message = f"cancelled ({STOP_NAMES.get(signum, 'a signal')}) while choosing among hosts {opts.host}; " \
+    result.message = f"cancelled ({stop_name(signum)}) while choosing among hosts {opts.host}; " \
                      "nothing ran"
     result.phases["ended"] = time.time()
     _stderr_line(summary_line(result))

@@ -222,7 +222,16 @@ def run(
         return made[0]
 
     queue_start = clock.monotonic()
-    stops: list[int] = []  # stop signals that came before the run's own handlers
+    stops: list[int] = []  # the stop signals this run was sent (handle_sigint)
+
+    def catch_stops(handler: Callable[[int, object], None]) -> dict[int, object]:
+        """Our handler for the stop signals from now on, and those that came
+        since slotq's first line (signals.hold_stops) taken as ours."""
+        old = signal.catch_stops(handler)
+        stops.extend(signal.early)
+        signal.early.clear()
+        return old
+
     if transport.remote:
         # Connection, handshake and work tree transfer: a wait of its own
         # kind, never counted as execution. A stop signal meanwhile (Ctrl-C,
@@ -237,10 +246,9 @@ def run(
                 preparing[0] = False
                 raise _Stopped
 
-        held = signal.catch_stops(stop_transfer) if handle_sigint else {}
+        held = catch_stops(stop_transfer) if handle_sigint else {}
         try:
-            if handle_sigint and signal.early:  # one came while slotq started: the run it meant to stop is this one
-                stops.append(signal.early[0])
+            if stops:  # one came while slotq started: the run it meant to stop is this one
                 raise _Stopped
             transport.prepare(spec)
             preparing[0] = False
@@ -252,7 +260,7 @@ def run(
             preparing[0] = False
             if isinstance(e, _Stopped):
                 result.outcome = Outcome.CANCELLED
-                result.message = (f"cancelled ({signal.STOP_NAMES.get(stops[0], 'a signal')}) before the run reached "
+                result.message = (f"cancelled ({signal.stop_name(stops[0])}) before the run reached "
                                   f"host {transport.host} (connecting, or sending the work tree); nothing ran")
             else:
                 result.message = str(e)
@@ -298,8 +306,7 @@ def run(
             stops.append(signum)
             cancel(Outcome.CANCELLED)
 
-        old_handlers = signal.catch_stops(stop_run)
-        stops.extend(signal.early)
+        old_handlers = catch_stops(stop_run)
         if stops:  # one came while slotq started, or after the transfer: it meant this run
             cancel(Outcome.CANCELLED)
     sinks = {protocol.STDOUT: stdout_fd, protocol.STDERR: stderr_fd}
@@ -408,7 +415,7 @@ def run(
         result.message = f"no output for {format_duration(idle)} after the command started (--idle): stopped"
     elif result.outcome is Outcome.CANCELLED and stops and exited and "slotq cancel" not in result.message:
         # Our cancel, for a stop signal (the host only heard "cancel"): which, and when.
-        name = signal.STOP_NAMES.get(stops[0], "a signal")
+        name = signal.stop_name(stops[0])
         result.message = (f"cancelled ({name}) while the command ran: stopped" if result.phases["started"]
                           else f"cancelled ({name}) in its --prepare step: stopped" if result.phases["slot"]
                           else f"cancelled ({name}) while it waited for a slot; nothing ran")

@@ -78,8 +78,7 @@ def run_task(argv: list[str], deadline: Deadline, *, grace: float = 10.0,
         old = signal.catch_stops(on_signal)
     try:
         if handle_signals and signal.early:  # a stop signal while slotq started (signals.hold_stops): no job
-            name = signal.STOP_NAMES.get(signal.early[0], "a signal")
-            return TaskResult(Outcome.CANCELLED, None, f"cancelled ({name}) "
+            return TaskResult(Outcome.CANCELLED, None, f"cancelled ({signal.stop_name(signal.early[0])}) "
                               "before the job started; nothing ran", clock.monotonic() - start, deadline)
         child = spawn(argv, cwd=None, env=None, stdout_fd=os.dup(1), stderr_fd=os.dup(2), stdin_fd=os.dup(0),
                       grace=grace)
