@@ -3,7 +3,9 @@ channel, stdout the framed stream."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -11,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import slotq_cmd, wait_for
+from conftest import group_alive, slotq_cmd, wait_for
 from slotq import protocol
 from slotq.clock import Clock
 from slotq.config import HostConfig
@@ -70,6 +72,49 @@ def test_host_run_withdraws_its_ticket_when_stdin_closes(state_dir: Path, tmp_pa
     assert holder.stdin is not None
     holder.stdin.close()
     holder.wait(timeout=5)
+
+
+@pytest.mark.timeout(30)
+def test_the_history_names_the_stop_signal_of_a_cancel_the_callers_or_one_to_the_runner(
+        state_dir: Path, tmp_path: Path) -> None:
+    # The host's history said "cancelled by the caller (Ctrl-C or a stop
+    # signal)" or "left the queue before getting a slot", whichever signal:
+    # a harness's SIGTERM (its timeout) and a person's Ctrl-C look alike.
+    pidf = tmp_path / "pid"
+    holder = subprocess.Popen(slotq_cmd() + ["host", "run", "--kill-grace", "1", "--", "sh", "-c",
+                                             f"echo $$ > {pidf}; sleep 100"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def tickets() -> list[str]:
+        return [p for _, p in list_tickets(pool_dir(str(state_dir), "shared")) if probe(p)]
+
+    wait_for(lambda: pidf.exists() and pidf.read_text().strip() and not tickets(), what="holder running")
+    ends = []
+    for word in ("SIGTERM", "SIGINT", "cancelled"):  # the last as a caller before this change says it
+        queued = subprocess.Popen(slotq_cmd() + ["host", "run", "--", "true"], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE)
+        assert queued.stdin is not None and queued.stdout is not None
+        wait_for(lambda: len(tickets()) == 1, what="queued ticket")
+        queued.stdin.write(f"cancel {word}\n".encode())
+        queued.stdin.flush()
+        events = [p for k, p in decode(queued.stdout.read()) if k == protocol.EVENT]
+        queued.stdin.close()
+        assert queued.wait(timeout=10) == 0
+        ends.append((events[-1]["outcome"], events[-1]["message"]))  # type: ignore[index]
+    assert ends == [("cancelled", "cancelled (SIGTERM) while it waited for a slot; nothing ran"),
+                    ("cancelled", "cancelled (Ctrl-C) while it waited for a slot; nothing ran"),
+                    ("cancelled", "left the queue before getting a slot")]
+    holder.send_signal(signal.SIGTERM)  # someone on the host: the runner's own signal
+    assert holder.stdout is not None and holder.stdin is not None
+    events = [p for k, p in decode(holder.stdout.read()) if k == protocol.EVENT]
+    holder.stdin.close()
+    assert holder.wait(timeout=10) == 0
+    assert (events[-1]["outcome"], events[-1]["message"]) == (  # type: ignore[index]
+        "cancelled", "cancelled (SIGTERM to the host runner) while the command ran: stopped")
+    hist = json.loads(subprocess.run(slotq_cmd() + ["history", "--json"], capture_output=True, text=True,
+                                     timeout=20).stdout)
+    assert [h["message"] for h in hist][-1] == events[-1]["message"]  # type: ignore[index]
+    assert not tickets() and not group_alive(int(pidf.read_text()))
 
 
 def test_help_explains_commands_and_exit_codes() -> None:

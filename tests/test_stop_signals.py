@@ -18,8 +18,16 @@ from conftest import Start, group_alive, slotq_cmd, wait_for
 
 NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}  # as the messages say them
 
+
+def host_history_message(run_id: object) -> str:
+    """What the host's history says of the run (the caller tells the host
+    which stop signal it was sent: `cancel SIGTERM`)."""
+    out = subprocess.run(slotq_cmd() + ["history", "--json"], capture_output=True, text=True, timeout=20).stdout
+    return str(next(h["message"] for h in json.loads(out) if h["run_id"] == run_id))
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["ctrl-c", "sigterm", "sighup"])
-def test_ctrl_c_sigterm_or_sighup_cancels_the_run_and_still_reports(
+def test_ctrl_c_sigterm_or_sighup_cancels_the_run_and_still_reports_and_the_history_names_it(
         state_dir: Path, runs: Start, tmp_path: Path, sig: signal.Signals) -> None:
     pidf = tmp_path / "pgid"
     r = runs("--kill-grace", "1", "--", "sh", "-c", f"echo $$ > {pidf}; sleep 100")
@@ -30,10 +38,12 @@ def test_ctrl_c_sigterm_or_sighup_cancels_the_run_and_still_reports(
     name = NAMES[sig]
     assert r.result()["message"] == f"cancelled ({name}) while the command ran: stopped"
     assert not group_alive(int(pidf.read_text()))
+    assert host_history_message(r.result()["run_id"]) == f"cancelled ({name}) while the command ran: stopped"
 
 
 @pytest.mark.timeout(30)
-def test_a_sigterm_during_the_prepare_step_says_so(state_dir: Path, runs: Start, tmp_path: Path) -> None:
+def test_a_sigterm_during_the_prepare_step_says_so_here_and_in_the_history(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
     pidf, ran = tmp_path / "prepare-pid", tmp_path / "ran"
     r = runs("--kill-grace", "1", "--prepare", f"echo $$ > {pidf}; sleep 100", "--", "touch", str(ran))
     wait_for(lambda: pidf.exists() and pidf.read_text().strip(), what="prepare step running")
@@ -42,6 +52,7 @@ def test_a_sigterm_during_the_prepare_step_says_so(state_dir: Path, runs: Start,
     res = r.result()
     assert (res["outcome"], res["message"]) == ("cancelled", "cancelled (SIGTERM) in its --prepare step: stopped")
     assert not ran.exists() and not group_alive(int(pidf.read_text()))
+    assert host_history_message(res["run_id"]) == "cancelled (SIGTERM) in its --prepare step: stopped"
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["ctrl-c", "sigterm", "sighup"])
@@ -79,6 +90,9 @@ def test_a_stop_signal_while_slotq_starts_is_a_cancel_with_its_line_and_result(
     name = NAMES[sig]
     res = json.loads(result.read_text())
     assert (res["outcome"], res["message"]) == ("cancelled", f"cancelled ({name}) while it waited for a slot; nothing ran")
+    # The host knows where: the ticket counter it could not take.
+    assert host_history_message(res["run_id"]) == (f"cancelled ({name}) before it got a ticket (the ticket counter "
+                                                   "was locked); nothing ran")
 
 
 def _ignore_hup_and_int() -> None:

@@ -27,7 +27,7 @@ else:
 __all__ = ["SIG_BLOCK", "SIG_DFL", "SIG_IGN", "SIG_SETMASK", "SIG_UNBLOCK", "SIGALRM", "SIGCHLD", "SIGCONT",
            "SIGHUP", "SIGINT", "SIGKILL", "SIGPIPE", "SIGQUIT", "SIGSTOP", "SIGTERM", "SIGXFSZ", "ITIMER_REAL",
            "pthread_sigmask", "set_wakeup_fd", "setitimer", "signal", "getsignal", "catch_stops", "hold_stops",
-           "early", "stop_name"]
+           "early", "stop_name", "STOP_WORDS"]
 
 
 def catch_stops(handler: object) -> dict[int, object]:
@@ -48,6 +48,11 @@ _STOP_NAMES: dict[int, str] = {SIGINT: "Ctrl-C", SIGTERM: "SIGTERM", SIGHUP: "SI
 def stop_name(signum: int) -> str:
     """How a cancel names the stop signal that caused it."""
     return _STOP_NAMES.get(signum, "a signal")
+
+
+# The stop signals as the caller's channel names them (`cancel SIGTERM`): a
+# host runner reads any other word but `idle_timeout` as a plain cancel.
+STOP_WORDS: dict[str, int] = {"SIGINT": SIGINT, "SIGTERM": SIGTERM, "SIGHUP": SIGHUP}
 
 
 # Stop signals that came between `hold_stops()` and the run's own handlers.

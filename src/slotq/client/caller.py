@@ -291,11 +291,16 @@ def run(
     exited = False
     seen: set[str] = set()  # event names seen so far
 
-    def cancel(outcome: Outcome) -> None:
+    def cancel(reason: str) -> None:
+        """`reason`: an outcome's value, or the stop signal's word
+        (signals.STOP_WORDS), for the host's history."""
         try:
-            os.write(to_fd, f"cancel {outcome.value}\n".encode())
+            os.write(to_fd, f"cancel {reason}\n".encode())
         except OSError:
             pass
+
+    def cancel_for(signum: int) -> None:
+        cancel(next((word for word, num in signal.STOP_WORDS.items() if num == signum), Outcome.CANCELLED.value))
 
     old_handlers: dict[int, object] = {}
     if handle_sigint:
@@ -304,11 +309,11 @@ def run(
         # runner ends the command.
         def stop_run(signum: int, frame: object) -> None:
             stops.append(signum)
-            cancel(Outcome.CANCELLED)
+            cancel_for(signum)
 
         old_handlers = catch_stops(stop_run)
         if stops:  # one came while slotq started, or after the transfer: it meant this run
-            cancel(Outcome.CANCELLED)
+            cancel_for(stops[0])
     sinks = {protocol.STDOUT: stdout_fd, protocol.STDERR: stderr_fd}
     beat_at = INF  # when a quiet run refreshes its open queue wait
     try:
@@ -330,7 +335,7 @@ def run(
                 break
             if fired is Outcome.IDLE_TIMEOUT:
                 say(f"slotq: no output for {format_duration(idle or 0)}: stopping the command")
-                cancel(Outcome.IDLE_TIMEOUT)
+                cancel(Outcome.IDLE_TIMEOUT.value)
             if not ready:
                 continue
             data = os.read(from_fd, 65536)

@@ -2,8 +2,9 @@
 
 - out: the framed stream (protocol.py) on `out_fd`; a write error means
   nobody listens any more (`gone`).
-- in: the caller's channel on `in_fd`: `cancel <reason>` lines; end-of-file
-  or a read error means the caller is gone.
+- in: the caller's channel on `in_fd`: `cancel <reason>` lines (an
+  outcome, or the stop signal the caller was sent: `cancel SIGTERM`);
+  end-of-file or a read error means the caller is gone.
 - signals: SIGTERM/SIGHUP to the runner's process (`slotq host run` over
   ssh, or a forked local runner) cancel the run, through a wake-up pipe;
   SIGINT is ignored (the client relays Ctrl-C as `cancel`). A runner that is
@@ -47,6 +48,7 @@ class CallerLink:
         self._control: ControlSocket | None = None
         self.control_tried = False
         self.cancel_note: str | None = None  # who cancelled us through `slotq cancel`
+        self.stopped_by: str | None = None  # the stop signal that cancelled us, as the history names it
         self.closed: set[bytes] = set()  # streams whose reader is gone (`close stdout`): close them, as a pipe would
 
     # ------------------------------------------------------------ out
@@ -89,6 +91,8 @@ class CallerLink:
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self._signalled = True
+        if self.stopped_by is None:
+            self.stopped_by = f"{signal.stop_name(signum)} to the host runner"
 
     def listen_for_cancel(self) -> None:
         """Open the control socket `slotq cancel` reaches us through (once):
@@ -144,6 +148,8 @@ class CallerLink:
             line, self._ctl_buf = self._ctl_buf.split(b"\n", 1)
             words = line.decode(errors="replace").split()
             if len(words) == 2 and words[0] == "cancel":
+                if words[1] in signal.STOP_WORDS and self.stopped_by is None:
+                    self.stopped_by = signal.stop_name(signal.STOP_WORDS[words[1]])
                 return _CANCEL_REASONS.get(words[1], Outcome.CANCELLED)
             if len(words) == 2 and words[0] == "close" and words[1] in _STREAMS:
                 self.closed.add(_STREAMS[words[1]])

@@ -154,6 +154,8 @@ class HostRunner:
             message = e.message or "left the queue before getting a slot"
             if e.outcome is Outcome.CANCELLED and self.link.cancel_note is not None:
                 message = f"{self.link.cancel_note}; {message}"
+            elif e.message is None:
+                message = self._stop_message(e.outcome, "while it waited for a slot", "; nothing ran") or message
             return self._finish(e.outcome, e.end, None, message)
         if isinstance(got, SlotLease):
             return self._hold(got)
@@ -298,7 +300,9 @@ class HostRunner:
         ready, _, _ = select.select(self.link.fds(), [], [], seconds)
         ended = self.link.check(ready)
         if ended is not None:
-            raise _Ended(ended, None, "left before getting a ticket: the ticket counter was locked")
+            raise _Ended(ended, None, self._stop_message(ended, "before it got a ticket (the ticket counter was locked)",
+                                                         "; nothing ran")
+                         or "left before getting a ticket: the ticket counter was locked")
 
     def _not_admitted(self, waiter: Waiter, pool: str, waited: float) -> str:
         ahead, _ = waiter.position()
@@ -377,7 +381,8 @@ class HostRunner:
                 ok = reason is None and end.exec_errno is None and end.exit_code == 0
                 self.link.event(protocol.PREPARED, ok=ok, exit_code=end.exit_code)
                 if reason is not None and reason is not Outcome.EXEC_TIMEOUT and end.stopped:
-                    return self._finish(reason, end, lease, "stopped during the prepare step")
+                    return self._finish(reason, end, lease, self._stop_message(reason, "in its --prepare step")
+                                        or "stopped during the prepare step")
                 if not ok:
                     why = (f"prepare step ran past its limit of {format_duration(limit)}"
                            if reason is Outcome.EXEC_TIMEOUT else f"prepare step exited {end.exit_code}")
@@ -457,8 +462,20 @@ class HostRunner:
                 return reason, (f"command ran past its budget of {format_duration(self.budget)} "
                                 f"(slot acquired at {slot_at}; the budget counted from the command's start "
                                 f"at {started})")
-            return reason, _STOPPED.get(reason, f"stopped: {reason.value}")
+            return reason, (self._stop_message(reason, "while the command ran")
+                            or _STOPPED.get(reason, f"stopped: {reason.value}"))
         return Outcome.PASSED if end.exit_code == 0 else Outcome.FAILED, end.describe(self.spec.argv[0])
+
+    def _stop_message(self, reason: Outcome, during: str, then: str = ": stopped") -> str | None:
+        """A cancel's history line, naming who cancelled (`slotq cancel`) or
+        the stop signal (the caller's, or one to this runner), if known."""
+        if reason is not Outcome.CANCELLED:
+            return None
+        if self.link.cancel_note is not None:
+            return f"{self.link.cancel_note} {during}{then}"
+        if self.link.stopped_by is not None:
+            return f"cancelled ({self.link.stopped_by}) {during}{then}"
+        return None
 
     def _waited(self) -> float:
         return (self.phases["slot"] or 0) - (self.phases["submitted"] or 0)
