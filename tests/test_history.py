@@ -125,6 +125,36 @@ def test_history_lists_real_runs_with_phases_and_filters_including_a_run_cancell
     assert "gave up" in text and text.endswith("3 run(s)\n")
 
 
+@pytest.mark.timeout(60)
+def test_a_run_killed_last_in_line_is_in_history_and_report_at_once(state_dir: Path, runs: Start,
+                                                                    tmp_path: Path) -> None:
+    # The last in a line, waiting by itself (a --prepare run keeps no
+    # standby keeper), SIGKILLed: its ticket stayed until a run came behind
+    # it or someone ran `slotq status`, and until then `slotq history` and
+    # `report` did not list the run, ended minutes ago.
+    gate = tmp_path / "gate"
+    holder = start_holder(runs, state_dir, gate)
+
+    def killed_in_line(label: str) -> None:
+        run = runs("--label", label, "--prepare", "true", "--", "true", name=label.replace(" ", "-"))
+        wait_for(lambda: len(live_tickets(state_dir)) == 1, what="the run in line")
+        run.kill()
+
+    killed_in_line("killed first")
+    page = tmp_path / "runs.html"
+    proc = cli("report", "--html", str(page))
+    assert proc.returncode == 0 and ": 1 run(s) from " in proc.stderr, proc.stderr
+    assert "killed first" in page.read_text()
+    killed_in_line("killed next")
+    proc = cli("history", "--json")
+    assert proc.returncode == 0, proc.stderr
+    got = {r["label"]: r for r in json.loads(proc.stdout)}
+    assert set(got) == {"killed first", "killed next"}
+    assert (got["killed next"]["outcome"], got["killed next"]["slot"]) == ("caller_gone", None)
+    gate.touch()
+    assert holder.wait() == 0
+
+
 @pytest.mark.parametrize("args, what", [
     (["--outcome", "nope"], "--outcome 'nope' is not an outcome"),
     (["--since", "yesterday-ish"], "--since"),

@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from slotq.cli.args import SLURM_RUNS_HERE, FLAG, Namespace, Opt, Parser, bounded_text, host_options, parse_window, \
     positive_int, reader_exits, window_options
 from slotq.outcome import Outcome
 from slotq.spec import MAX_TEXT
 from slotq.errors import UsageError
+
+if TYPE_CHECKING:
+    from slotq.config import HostConfig
 
 MAX_NAMES = 100
 
@@ -80,7 +83,7 @@ def main(args: list[str]) -> int:
         return _remote(opts, since, until)
     state_dir = state_dir_to_read()
     config = HostConfig.load(state_dir=state_dir)
-    runs, skipped = query(state_dir, config.retention, since=since, until=until, user=opts.user,
+    runs, skipped = query(state_dir, config, since=since, until=until, user=opts.user,
                           label=opts.label, outcome=opts.outcome, cls=opts.cls, limit=opts.limit)
     if opts.json:
         json.dump(runs, sys.stdout, indent=2)
@@ -145,15 +148,20 @@ def ended(run: dict[str, object]) -> float:
     return float(at) if isinstance(at, (int, float)) else 0.0
 
 
-def query(state_dir: str, retention: float, **filters: object) -> tuple[list[dict[str, object]], int]:
-    """Catch the index up and query it; StateDirError if it cannot be."""
+def query(state_dir: str, config: HostConfig, **filters: object) -> tuple[list[dict[str, object]], int]:
+    """Catch the index up and query it; StateDirError if it cannot be.
+    First, the runs whose callers died in line with nobody behind them to
+    notice (the last in a line) get their history lines (ticket.bury_dead):
+    the history holds every run that has ended, as `slotq status` shows."""
     import sqlite3
 
     from slotq.errors import StateDirError
     from slotq.historydb import Index
+    from slotq.host.ticket import bury_dead
 
+    bury_dead(state_dir, config.pools)
     try:
-        index = Index(state_dir, retention)
+        index = Index(state_dir, config.retention)
         if index.unkept is not None:
             sys.stderr.write(f"slotq: note: the history index cannot be kept ({index.unkept}); reading the "
                              "history without it (set SLOTQ_LEDGER or XDG_STATE_HOME to a writable place)\n")

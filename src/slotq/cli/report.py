@@ -43,7 +43,7 @@ def main(args: list[str]) -> int:
             name = opts.host.replace(",", ", ")
         else:
             state_dir = state_dir_to_read()
-            runs, _ = query(state_dir, HostConfig.load(state_dir=state_dir).retention, since=since, until=until)
+            runs, _ = query(state_dir, HostConfig.load(state_dir=state_dir), since=since, until=until)
             name = os.uname().nodename
         if unreachable and not runs:
             raise HostUnavailable("; ".join(unreachable), host=opts.host)  # no page of nothing

@@ -36,7 +36,7 @@ from ..statefile import StateFileError, make_dirs, open_state, read_limited, sha
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
 
     from ..config import HostConfig
     from ..spec import RunSpec
@@ -401,6 +401,15 @@ def probe(path: str) -> bool | None:
         return False
     finally:
         os.close(fd)
+
+
+def bury_dead(state_dir: str, pools: Iterable[str]) -> None:
+    """Remove the dead tickets of `pools`, writing their runs' history
+    lines (bury): callers that died in line with nobody behind them to
+    notice, the last in a line."""
+    for pool in pools:
+        for e in scan(pool_dir(state_dir, pool)):
+            probe(e.path)
 
 
 def wait_turn(path: str, seq: int) -> None:
