@@ -173,6 +173,9 @@ def test_ctrl_c_is_cancelled_and_leaves_no_job(slurm_env: Path, when: str) -> No
     assert caller.wait(timeout=20) == 130
     res = result(tmp, "me")
     assert res["outcome"] == "cancelled", res
+    # Named, here and in the history ("slotq cancelled Slurm job N" was
+    # taken for a `slotq cancel`'s message, and the signal went unsaid).
+    assert res["message"].startswith("cancelled (Ctrl-C) while "), res
     job = res["slurm"]["job_id"]
     assert job
     if when == "pending":
@@ -182,6 +185,7 @@ def test_ctrl_c_is_cancelled_and_leaves_no_job(slurm_env: Path, when: str) -> No
     line = history_line(res["run_id"])
     assert line["outcome"] == "cancelled" and line["waited_s"] > 0, line
     assert (line["slot"] is None) == (when == "pending"), line
+    assert line["message"].startswith("cancelled (Ctrl-C) while "), line
 
 
 @pytest.mark.timeout(60)

@@ -89,10 +89,10 @@ def test_a_stop_signal_while_slotq_starts_is_a_cancel_with_its_line_and_result(
     assert "RAN" not in out and err.count("\n") == 1 and err.startswith("slotq: cancelled"), err
     name = NAMES[sig]
     res = json.loads(result.read_text())
-    assert (res["outcome"], res["message"]) == ("cancelled", f"cancelled ({name}) while it waited for a slot; nothing ran")
-    # The host knows where: the ticket counter it could not take.
-    assert host_history_message(res["run_id"]) == (f"cancelled ({name}) before it got a ticket (the ticket counter "
-                                                   "was locked); nothing ran")
+    # Where it waited: for the ticket counter, which the test holds.
+    message = f"cancelled ({name}) while it waited for its place in line (the ticket counter was locked); nothing ran"
+    assert (res["outcome"], res["message"]) == ("cancelled", message)
+    assert host_history_message(res["run_id"]) == message
 
 
 def _ignore_hup_and_int() -> None:

@@ -418,8 +418,10 @@ def run(
     if result.outcome is Outcome.IDLE_TIMEOUT and idle is not None:
         # The watchdog is ours (the host only heard "stop"): say what it saw.
         result.message = f"no output for {format_duration(idle)} after the command started (--idle): stopped"
-    elif result.outcome is Outcome.CANCELLED and stops and exited and "slotq cancel" not in result.message:
-        # Our cancel, for a stop signal (the host only heard "cancel"): which, and when.
+    elif (result.outcome is Outcome.CANCELLED and stops and exited and "cancelled by slotq cancel" not in result.message
+          and f"({signal.stop_name(stops[0])}" not in result.message):
+        # Our cancel, for a stop signal, from a host that did not name it
+        # (an older slotq there, of the same protocol): which, and when.
         name = signal.stop_name(stops[0])
         result.message = (f"cancelled ({name}) while the command ran: stopped" if result.phases["started"]
                           else f"cancelled ({name}) in its --prepare step: stopped" if result.phases["slot"]

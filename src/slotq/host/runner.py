@@ -300,8 +300,8 @@ class HostRunner:
         ready, _, _ = select.select(self.link.fds(), [], [], seconds)
         ended = self.link.check(ready)
         if ended is not None:
-            raise _Ended(ended, None, self._stop_message(ended, "before it got a ticket (the ticket counter was locked)",
-                                                         "; nothing ran")
+            raise _Ended(ended, None, self._stop_message(
+                ended, "while it waited for its place in line (the ticket counter was locked)", "; nothing ran")
                          or "left before getting a ticket: the ticket counter was locked")
 
     def _not_admitted(self, waiter: Waiter, pool: str, waited: float) -> str:

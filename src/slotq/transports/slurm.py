@@ -226,6 +226,7 @@ class _Relay:
         self.node_live = False  # the node's runner has said hello
         self.ended = False  # an exited/error event went to the client
         self.cancel_reason: str | None = None  # the client cancelled before the node's runner started
+        self.cancelled = "cancelled"  # how its messages say so: "cancelled (SIGTERM)" for a stop signal
         self.pending_since: float | None = None
         self.give_up = INF  # --max-wait: when a pending job is cancelled, not_admitted
         self.revoked_line = ""
@@ -329,6 +330,8 @@ class _Relay:
                         # Nothing runs yet: the cancel is Slurm's to do.
                         reason = data.decode("ascii", "replace").split("\n")[0].removeprefix("cancel ").strip()
                         self.cancel_reason = reason if reason in ("cancelled", "idle_timeout") else "cancelled"
+                        if reason in signal.STOP_WORDS:
+                            self.cancelled = f"cancelled ({signal.stop_name(signal.STOP_WORDS[reason])})"
                         self.t._scancel()
         srun.wait()
         if sin >= 0:
@@ -386,10 +389,11 @@ class _Relay:
         started, whose hello srun relays a few ms late. Slurm then signals
         every process of the job, so a command killed by a signal (or a
         shell's exit 128+n for a child Slurm's TERM or KILL ended) or a
-        keeper killed is the cancel's doing, not a failure of the run."""
-        if _ended_by_a_kill(ev):
+        keeper killed is the cancel's doing, not a failure of the run; and
+        a runner that says it was cancelled by a SIGTERM got Slurm's."""
+        if _ended_by_a_kill(ev) or ev.get("outcome") == "cancelled":
             return dict(ev, outcome=self.cancel_reason,
-                        message=f"cancelled while it ran; slotq cancelled Slurm job {self.t.job_id} "
+                        message=f"{self.cancelled} while it ran; slotq cancelled Slurm job {self.t.job_id} "
                                 f"before its runner could be told ({ev.get('message')})")
         return ev
 
@@ -477,9 +481,10 @@ class _Relay:
             why = next((ln.split("error: ", 1)[-1] for ln in reversed(self.t._lines) if "error" in ln),
                        self.t._lines[-1] if self.t._lines else f"srun exited {code}")
             if self.cancel_reason is not None:
-                self.event(protocol.EXITED, outcome=self.cancel_reason, exit_code=None,
-                           message="cancelled before Slurm had the job", phases={"ended": time.time()})
-                self.record({"outcome": self.cancel_reason, "message": "cancelled before Slurm had the job"})
+                message = f"{self.cancelled} before Slurm had the job"
+                self.event(protocol.EXITED, outcome=self.cancel_reason, exit_code=None, message=message,
+                           phases={"ended": time.time()})
+                self.record({"outcome": self.cancel_reason, "message": message})
                 self.ended = True
             elif any(s in why for s in _NO_CONFIG):
                 self.error("unavailable", f"Slurm is not set up here: its tools found no configuration "
@@ -506,7 +511,7 @@ class _Relay:
                 f"not admitted: Slurm had no free resources for it, and --max-wait 0 means no waiting; "
                 f"slotq cancelled {facts}")
         elif self.cancel_reason is not None:
-            outcome, message = self.cancel_reason, f"cancelled {when}; slotq cancelled {facts}"
+            outcome, message = self.cancel_reason, f"{self.cancelled} {when}; slotq cancelled {facts}"
         elif state == "CANCELLED" or acct.startswith("CANCELLED"):
             outcome, message = "cancelled", f"{facts} was cancelled {_cancelled_by(acct)} {when}" + (
                 f": {self.revoked_line}" if self.revoked_line else "")
