@@ -14,6 +14,7 @@ import pytest
 
 from conftest import Run, first_waited, slotq_cmd, wait_for
 from slotq.host.slot import read_slot
+from slotq.status import waiting
 
 Start = Callable[..., Run]
 
@@ -236,6 +237,13 @@ def test_waits_shows_what_a_dir_waited(state_dir: Path, runs: Start, tmp_path: P
     hold_shared_slot(runs, state_dir, gate)
     q = runs("--", "true", name="queued")
     wait_for(lambda: first_waited(state_dir) > 1.2, what="1.2 s of waiting")
+    # A wait still open is listed apart, and the total says it is not in it
+    # ("total: sum 0ms" under a wait of a second looked wrong).
+    text = subprocess.run(slotq_cmd() + ["waits", "--dir", str(tmp_path)], capture_output=True, text=True,
+                          timeout=20).stdout
+    run_id = waiting(str(state_dir), "shared", time.time())[0]["run_id"]
+    assert f"run {run_id}  (in progress, pid {q.proc.pid})" in text, text
+    assert text.splitlines()[-1].endswith(" (finished waits; 1 still in progress, not counted)"), text
     gate.touch()
     assert q.wait() == 0
     proc = subprocess.run(slotq_cmd() + ["waits", "--json", "--dir", str(tmp_path), "--since", "5m"],

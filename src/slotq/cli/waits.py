@@ -66,6 +66,8 @@ def main(args: list[str]) -> int:
     for w in credit_dict["in_progress"]:  # type: ignore[attr-defined]
         print(f"  {stamp(w['start'])}  {format_duration(w['seconds']):>7}  {w['kind']:8} {w['host']:12} "
               f"run {w['run_id']}  (in progress, pid {w['pid']})")
+    open_now = len(credit_dict["in_progress"])  # type: ignore[arg-type]
     print(f"total: sum {format_duration(float(credit_dict['sum_s']))}, "  # type: ignore[arg-type]
-          f"union {format_duration(float(credit_dict['union_s']))}")  # type: ignore[arg-type]
+          f"union {format_duration(float(credit_dict['union_s']))}"  # type: ignore[arg-type]
+          + (f" (finished waits; {open_now} still in progress, not counted)" if open_now else ""))
     return 0
