@@ -39,14 +39,17 @@ def test_cancel_a_queued_and_a_running_run(state_dir: Path, runs: Start, tmp_pat
     me = pwd.getpwuid(os.getuid()).pw_name
     holder_id = slot_holder(state_dir)["run_id"]  # type: ignore[index]
     wait_for(lambda: reachable(holder_id), what="the running holder to listen for cancel")
-    for how, run in ((["cancel", alpha_id], alpha), (["cancel", "--label", "beta-*"], beta),
-                     (["cancel", "--mine"], holder)):
+    # Who cancelled, and in which phase (as a stop signal's cancel says it).
+    queued, running = "while it waited for a slot; nothing ran", "while the command ran: stopped"
+    for how, run, phase in ((["cancel", alpha_id], alpha, queued), (["cancel", "--label", "beta-*"], beta, queued),
+                            (["cancel", "--mine"], holder, running)):
         proc = subprocess.run(slotq_cmd() + how, capture_output=True, text=True, timeout=20)
         assert proc.returncode == 0, proc.stderr
         assert run.wait() == 130
         res = run.result()
         assert res["outcome"] == "cancelled" and res["blame"] == "caller"
-        assert re.search(rf"cancelled by slotq cancel \(pid \d+, user {me}\)", res["message"]), res["message"]
+        assert re.fullmatch(rf"cancelled by slotq cancel \(pid \d+, user {me}\) {phase}", res["message"]), \
+            res["message"]
     assert not group_alive(int(pidf.read_text()))
     proc = subprocess.run(slotq_cmd() + ["cancel", "nosuchrun1"], capture_output=True, text=True, timeout=20)
     assert proc.returncode == 66 and len(proc.stderr.strip().splitlines()) == 1

@@ -151,11 +151,8 @@ class HostRunner:
         except AdmissionRefused as e:
             return self._finish(Outcome.NOT_ADMITTED, None, None, str(e))
         except _Ended as e:
-            message = e.message or "left the queue before getting a slot"
-            if e.outcome is Outcome.CANCELLED and self.link.cancel_note is not None:
-                message = f"{self.link.cancel_note}; {message}"
-            elif e.message is None:
-                message = self._stop_message(e.outcome, "while it waited for a slot", "; nothing ran") or message
+            message = (e.message or self._stop_message(e.outcome, "while it waited for a slot", "; nothing ran")
+                       or "left the queue before getting a slot")
             return self._finish(e.outcome, e.end, None, message)
         if isinstance(got, SlotLease):
             return self._hold(got)
@@ -446,7 +443,7 @@ class HostRunner:
         if end.lost:
             return Outcome.UNAVAILABLE, self._lost_message or "the command's keeper was killed"
         if reason is Outcome.CANCELLED and self.link.cancel_note is not None:
-            return reason, self.link.cancel_note
+            return reason, f"{self.link.cancel_note} while the command ran" + (": stopped" if end.stopped else "")
         if end.exec_errno is not None:
             return Outcome.FAILED, end.describe(self.spec.argv[0])
         # A limit is reported only if it really ended the command (anyio's
