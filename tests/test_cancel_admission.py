@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import (Start, group_alive, holder_record, live_tickets, reachable, second_user_slotq,
-                      slot_holder, slotq_cmd, start_holder, status_json, wait_for)
+                      slot_held_here, slot_holder, slotq_cmd, start_holder, status_json, wait_for)
 from slotq.client.ledger import Ledger
 
 
@@ -248,6 +248,24 @@ def test_a_run_started_inside_a_run_that_holds_its_pools_slot_is_refused_at_once
         assert f"inside run {out['run_id']}" in res["message"] and "holds slot shared#0" in res["message"], how
         assert out["outcome"] == "failed" and b"inner ran" not in outer.out, how
         assert not live_tickets(state_dir), how  # the inner run's early ticket went with it
+
+
+@pytest.mark.timeout(60)
+def test_a_nested_run_is_refused_before_its_outer_runs_holder_record_is_written(state_dir: Path) -> None:
+    # The keeper writes the holder record just after it starts the command:
+    # a command that runs slotq at once could look first, find the last
+    # holder's record, and wait for the slot its own run holds until that
+    # run's budget ended (seen once in the suite: the test above timed out
+    # after 30 s). Here this test process holds the slot, as a keeper does,
+    # under an earlier run's record, and its child carries the marker of
+    # the run it is inside.
+    with slot_held_here(state_dir) as lease:
+        lease.record(run_id="0123456789ab", label="the last holder", phase="running")
+        proc = subprocess.run(slotq_cmd() + ["run", "--max-wait", "5", "--", "echo", "ran"], capture_output=True,
+                              text=True, timeout=30, env=dict(os.environ, SLOTQ_RUN_ID="ba9876543210"))
+    assert proc.returncode == 117, proc.stderr
+    assert "this command runs inside run ba9876543210 (?), which holds slot shared#0" in proc.stderr, proc.stderr
+    assert proc.stdout == ""
 
 
 @pytest.mark.timeout(60)

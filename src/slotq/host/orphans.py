@@ -95,22 +95,35 @@ def nested_in(state_dir: str, pool: str, count: int, run_id: str) -> tuple[int, 
     keeper (the reaper of what the command leaves behind) is one of our
     ancestors. A process that merely carries the run's marker in its
     environment (one that outlived its run, or any other) is not inside it.
-    Reads the slots without locking them: no side effects on the line."""
-    from .proclocks import held
-    from .slot import read_slot
+    Reads the slots without locking them: no side effects on the line.
 
-    locked = held()
+    The holder record is written a moment after the command starts, so a
+    command that runs slotq at once may look before it: the kernel's lock
+    table then says who holds the slot (the keeper that took it, or the
+    runner that passed it on), and if that is an ancestor of ours, so is
+    the run -- whatever the record still says."""
+    from .proclocks import owners, pids_on
+    from .slot import read_slot, slot_path
+
+    table = owners()
+    locked = None if table is None else set(table)
     mine: set[tuple[int, int]] | None = None
     for index in range(count):
         is_held, info = read_slot(state_dir, pool, index, locked)
-        if not is_held or info is None or info.get("run_id") != run_id:
+        if not is_held:
             continue
         if mine is None:
             mine = _ancestors()
-        for pid_key, start_key in (("cmd", "cmd_start"), ("keeper", "keeper_start")):
-            pid, start = info.get(pid_key), info.get(start_key)
-            if is_pid(pid) and isinstance(start, int) and not isinstance(start, bool) and (pid, start) in mine:
-                return index, info
+        if info is not None and info.get("run_id") == run_id:
+            for pid_key, start_key in (("cmd", "cmd_start"), ("keeper", "keeper_start")):
+                pid, start = info.get(pid_key), info.get(start_key)
+                if is_pid(pid) and isinstance(start, int) and not isinstance(start, bool) and (pid, start) in mine:
+                    return index, info
+        else:
+            info = {"run_id": run_id}  # the record is still the last holder's, or none
+        holders = pids_on(slot_path(state_dir, pool, index), table) or []
+        if {pid for pid, _ in mine}.intersection(holders):
+            return index, info
     return None
 
 
