@@ -264,7 +264,8 @@ def test_a_nested_run_is_refused_before_its_outer_runs_holder_record_is_written(
         proc = subprocess.run(slotq_cmd() + ["run", "--max-wait", "5", "--", "echo", "ran"], capture_output=True,
                               text=True, timeout=30, env=dict(os.environ, SLOTQ_RUN_ID="ba9876543210"))
     assert proc.returncode == 117, proc.stderr
-    assert "this command runs inside run ba9876543210 (?), which holds slot shared#0" in proc.stderr, proc.stderr
+    assert ("this command runs inside run ba9876543210 (its command just started), which holds slot shared#0"
+            in proc.stderr), proc.stderr
     assert proc.stdout == ""
 
 

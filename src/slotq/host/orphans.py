@@ -120,7 +120,7 @@ def nested_in(state_dir: str, pool: str, count: int, run_id: str) -> tuple[int, 
                 if is_pid(pid) and isinstance(start, int) and not isinstance(start, bool) and (pid, start) in mine:
                     return index, info
         else:
-            info = {"run_id": run_id}  # the record is still the last holder's, or none
+            info = {"run_id": run_id, "label": "its command just started"}  # the record is still the last one's
         holders = pids_on(slot_path(state_dir, pool, index), table) or []
         if {pid for pid, _ in mine}.intersection(holders):
             return index, info
