@@ -122,6 +122,14 @@ EXIT_CODES: dict[Outcome, int | None] = {
 }
 
 
+# Where a cancelled run was, as its line says it: "cancelled (SIGTERM) while
+# it waited for a slot; nothing ran". The caller's line and the host's
+# history say it alike.
+WHILE_WAITING = "while it waited for a slot; nothing ran"
+WHILE_PREPARING = "in its --prepare step: stopped"
+WHILE_RUNNING = "while the command ran: stopped"
+
+
 def exit_code_for(outcome: Outcome, command_code: int | None) -> int:
     """The process exit code for `outcome`; `command_code` for passed/failed."""
     fixed = EXIT_CODES[outcome]

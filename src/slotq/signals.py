@@ -27,7 +27,7 @@ else:
 __all__ = ["SIG_BLOCK", "SIG_DFL", "SIG_IGN", "SIG_SETMASK", "SIG_UNBLOCK", "SIGALRM", "SIGCHLD", "SIGCONT",
            "SIGHUP", "SIGINT", "SIGKILL", "SIGPIPE", "SIGQUIT", "SIGSTOP", "SIGTERM", "SIGXFSZ", "ITIMER_REAL",
            "pthread_sigmask", "set_wakeup_fd", "setitimer", "signal", "getsignal", "catch_stops", "hold_stops",
-           "early", "stop_name", "STOP_WORDS"]
+           "early", "stop_name", "stop_word", "word_name"]
 
 
 def catch_stops(handler: object) -> dict[int, object]:
@@ -52,7 +52,18 @@ def stop_name(signum: int) -> str:
 
 # The stop signals as the caller's channel names them (`cancel SIGTERM`): a
 # host runner reads any other word but `idle_timeout` as a plain cancel.
-STOP_WORDS: dict[str, int] = {"SIGINT": SIGINT, "SIGTERM": SIGTERM, "SIGHUP": SIGHUP}
+_STOP_WORDS: dict[int, str] = {SIGINT: "SIGINT", SIGTERM: "SIGTERM", SIGHUP: "SIGHUP"}
+
+
+def stop_word(signum: int) -> str | None:
+    """The word for a stop signal on the caller's channel."""
+    return _STOP_WORDS.get(signum)
+
+
+def word_name(word: str) -> str | None:
+    """How a cancel names the stop signal the channel's `word` stands for
+    (`stop_name`), None for any other word."""
+    return next((stop_name(num) for num, w in _STOP_WORDS.items() if w == word), None)
 
 
 # Stop signals that came between `hold_stops()` and the run's own handlers.

@@ -19,7 +19,7 @@ from .. import signals as signal
 from ..clock import INF, Clock, Timer
 from ..durations import format_duration
 from ..errors import HostUnavailable, ProtocolError, UsageError, WorkTreeError
-from ..outcome import Outcome, exit_code_for
+from ..outcome import WHILE_PREPARING, WHILE_RUNNING, WHILE_WAITING, Outcome, exit_code_for
 from ..spec import RunSpec
 from ..transports.base import Transport
 
@@ -293,14 +293,14 @@ def run(
 
     def cancel(reason: str) -> None:
         """`reason`: an outcome's value, or the stop signal's word
-        (signals.STOP_WORDS), for the host's history."""
+        (signals.stop_word), for the host's history."""
         try:
             os.write(to_fd, f"cancel {reason}\n".encode())
         except OSError:
             pass
 
     def cancel_for(signum: int) -> None:
-        cancel(next((word for word, num in signal.STOP_WORDS.items() if num == signum), Outcome.CANCELLED.value))
+        cancel(signal.stop_word(signum) or Outcome.CANCELLED.value)
 
     old_handlers: dict[int, object] = {}
     if handle_sigint:
@@ -423,9 +423,9 @@ def run(
         # Our cancel, for a stop signal, from a host that did not name it
         # (an older slotq there, of the same protocol): which, and when.
         name = signal.stop_name(stops[0])
-        result.message = (f"cancelled ({name}) while the command ran: stopped" if result.phases["started"]
-                          else f"cancelled ({name}) in its --prepare step: stopped" if result.phases["slot"]
-                          else f"cancelled ({name}) while it waited for a slot; nothing ran")
+        phase = (WHILE_RUNNING if result.phases["started"] else WHILE_PREPARING if result.phases["slot"]
+                 else WHILE_WAITING)
+        result.message = f"cancelled ({name}) {phase}"
     say(summary_line(result))
     return result
 

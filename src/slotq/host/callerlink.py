@@ -148,8 +148,8 @@ class CallerLink:
             line, self._ctl_buf = self._ctl_buf.split(b"\n", 1)
             words = line.decode(errors="replace").split()
             if len(words) == 2 and words[0] == "cancel":
-                if words[1] in signal.STOP_WORDS and self.stopped_by is None:
-                    self.stopped_by = signal.stop_name(signal.STOP_WORDS[words[1]])
+                if self.stopped_by is None:
+                    self.stopped_by = signal.word_name(words[1])
                 return _CANCEL_REASONS.get(words[1], Outcome.CANCELLED)
             if len(words) == 2 and words[0] == "close" and words[1] in _STREAMS:
                 self.closed.add(_STREAMS[words[1]])

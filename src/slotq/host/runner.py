@@ -22,7 +22,7 @@ from ..clock import INF, Clock
 from ..config import HostConfig
 from ..durations import format_duration
 from ..errors import AdmissionRefused, StateDirError
-from ..outcome import Outcome
+from ..outcome import WHILE_PREPARING, WHILE_RUNNING, WHILE_WAITING, Outcome
 from ..records import load_scanner
 from ..spec import RunSpec
 from . import orphans
@@ -151,8 +151,7 @@ class HostRunner:
         except AdmissionRefused as e:
             return self._finish(Outcome.NOT_ADMITTED, None, None, str(e))
         except _Ended as e:
-            message = (e.message or self._stop_message(e.outcome, "while it waited for a slot", "; nothing ran")
-                       or "left the queue before getting a slot")
+            message = e.message or self._stop_message(e.outcome, WHILE_WAITING) or "left the queue before getting a slot"
             return self._finish(e.outcome, e.end, None, message)
         if isinstance(got, SlotLease):
             return self._hold(got)
@@ -298,7 +297,7 @@ class HostRunner:
         ended = self.link.check(ready)
         if ended is not None:
             raise _Ended(ended, None, self._stop_message(
-                ended, "while it waited for its place in line (the ticket counter was locked)", "; nothing ran")
+                ended, "while it waited for its place in line (the ticket counter was locked); nothing ran")
                          or "left before getting a ticket: the ticket counter was locked")
 
     def _not_admitted(self, waiter: Waiter, pool: str, waited: float) -> str:
@@ -378,7 +377,7 @@ class HostRunner:
                 ok = reason is None and end.exec_errno is None and end.exit_code == 0
                 self.link.event(protocol.PREPARED, ok=ok, exit_code=end.exit_code)
                 if reason is not None and reason is not Outcome.EXEC_TIMEOUT and end.stopped:
-                    return self._finish(reason, end, lease, self._stop_message(reason, "in its --prepare step")
+                    return self._finish(reason, end, lease, self._stop_message(reason, WHILE_PREPARING)
                                         or "stopped during the prepare step")
                 if not ok:
                     why = (f"prepare step ran past its limit of {format_duration(limit)}"
@@ -459,19 +458,19 @@ class HostRunner:
                 return reason, (f"command ran past its budget of {format_duration(self.budget)} "
                                 f"(slot acquired at {slot_at}; the budget counted from the command's start "
                                 f"at {started})")
-            return reason, (self._stop_message(reason, "while the command ran")
-                            or _STOPPED.get(reason, f"stopped: {reason.value}"))
+            return reason, self._stop_message(reason, WHILE_RUNNING) or _STOPPED.get(reason, f"stopped: {reason.value}")
         return Outcome.PASSED if end.exit_code == 0 else Outcome.FAILED, end.describe(self.spec.argv[0])
 
-    def _stop_message(self, reason: Outcome, during: str, then: str = ": stopped") -> str | None:
+    def _stop_message(self, reason: Outcome, phase: str) -> str | None:
         """A cancel's history line, naming who cancelled (`slotq cancel`) or
-        the stop signal (the caller's, or one to this runner), if known."""
+        the stop signal (the caller's, or one to this runner), if known, and
+        the phase (outcome.WHILE_WAITING...)."""
         if reason is not Outcome.CANCELLED:
             return None
         if self.link.cancel_note is not None:
-            return f"{self.link.cancel_note} {during}{then}"
+            return f"{self.link.cancel_note} {phase}"
         if self.link.stopped_by is not None:
-            return f"cancelled ({self.link.stopped_by}) {during}{then}"
+            return f"cancelled ({self.link.stopped_by}) {phase}"
         return None
 
     def _waited(self) -> float:

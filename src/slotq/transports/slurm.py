@@ -330,8 +330,9 @@ class _Relay:
                         # Nothing runs yet: the cancel is Slurm's to do.
                         reason = data.decode("ascii", "replace").split("\n")[0].removeprefix("cancel ").strip()
                         self.cancel_reason = reason if reason in ("cancelled", "idle_timeout") else "cancelled"
-                        if reason in signal.STOP_WORDS:
-                            self.cancelled = f"cancelled ({signal.stop_name(signal.STOP_WORDS[reason])})"
+                        name = signal.word_name(reason)
+                        if name is not None:
+                            self.cancelled = f"cancelled ({name})"
                         self.t._scancel()
         srun.wait()
         if sin >= 0:
