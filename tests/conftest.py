@@ -172,7 +172,7 @@ def _leftovers() -> set[str]:
             out.add(os.path.join(tmp, name))
     for home in _LEFTOVER_HOMES:
         try:
-            out |= {os.path.join(home, n) for n in os.listdir(home) if n.startswith(("st-", "state-"))}
+            out |= {os.path.join(home, n) for n in os.listdir(home)}  # st-*, state-*, a new .local or .cache
         except OSError:
             pass
         out |= _user_state(os.path.join(home, ".local", "state", "slotq"))  # the remote user's index, ledger
