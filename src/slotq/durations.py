@@ -75,6 +75,13 @@ def check_seconds(value: object, what: str, *, allow_zero: bool = False) -> floa
     return v
 
 
+def seconds_in(value: object) -> float:
+    """A duration field of a decoded message (waited_s, held_s, budget...)
+    as seconds: its number, or 0 when it is missing or not a number (a
+    bool is not one)."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+
+
 def format_duration(seconds: float) -> str:
     """A short human form: `850ms`, `12.3s`, `4m05s`, `1h02m`, `29d03h`."""
     if seconds != seconds or seconds == float("inf"):

@@ -13,7 +13,7 @@ slot that frees after them.
 
 from __future__ import annotations
 
-from .durations import format_duration
+from .durations import format_duration, seconds_in
 
 # No `statistics` here: a waiting run computes this, and `statistics` pulls
 # in decimal, fractions, random and re -- about 1 MB more in every queued
@@ -77,8 +77,8 @@ def expected_wait(slots: list[dict[str, object]], ahead: int, typical: float) ->
     """Seconds until the run with `ahead` runs before it gets a slot.
     `slots`: status entries (`held`, `held_s`, `budget`)."""
     free_at = sorted(0.0 if not s.get("held") else
-                     slot_free_in(_num(s.get("held_s")), typical,
-                                  _num(s.get("budget")) if isinstance(s.get("budget"), (int, float)) else None)
+                     slot_free_in(seconds_in(s.get("held_s")), typical,
+                                  seconds_in(s.get("budget")) if isinstance(s.get("budget"), (int, float)) else None)
                      for s in slots)
     if not free_at:
         return float("inf")
@@ -105,7 +105,3 @@ def pool_etas(pool: dict[str, object], records: list[dict[str, object]]) -> dict
         w["eta"] = {"s": round(expected_wait(slots, i, typical), 1), "how": explain(slots, i, typical, runs)}
     return {"s": round(expected_wait(slots, len(waiting), typical), 1),
             "how": explain(slots, len(waiting), typical, runs), "typical_run_s": round(typical, 3)}
-
-
-def _num(v: object) -> float:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0

@@ -17,7 +17,7 @@ import select
 from .. import protocol
 from .. import signals as signal
 from ..clock import INF, Clock, Timer
-from ..durations import format_duration
+from ..durations import format_duration, seconds_in
 from ..errors import HostUnavailable, ProtocolError, UsageError, WorkTreeError
 from ..outcome import WHILE_PREPARING, WHILE_RUNNING, WHILE_WAITING, Outcome, exit_code_for
 from ..spec import RunSpec
@@ -141,10 +141,6 @@ class RunResult:
         import json
 
         return json.dumps(self.to_dict(), indent=2)
-
-
-def _num(value: object) -> float:
-    return float(value) if isinstance(value, (int, float)) else 0.0
 
 
 def _write_line(fd: int, line: str) -> None:
@@ -504,7 +500,7 @@ def _on_event(ev: dict[str, object], result: RunResult, dogs: Watchdogs,
         result.slot = str(ev.get("slot"))
         ticket = ev.get("ticket")
         result.ticket = ticket if isinstance(ticket, int) else None
-        budget = _num(ev.get("budget"))
+        budget = seconds_in(ev.get("budget"))
         result.budget = budget
         dogs.on_slot(budget)
         waited = result.waited_s or 0.0

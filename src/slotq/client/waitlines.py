@@ -5,7 +5,7 @@ line. Loaded only by a run that waits and shows its waiting."""
 
 from __future__ import annotations
 
-from ..durations import format_duration
+from ..durations import format_duration, seconds_in
 
 
 def format_queued(ev: dict[str, object], compact: bool = False) -> str:
@@ -15,10 +15,10 @@ def format_queued(ev: dict[str, object], compact: bool = False) -> str:
 
     slurm = ev.get("slurm")
     if isinstance(slurm, dict):
-        return format_pending(_num(ev.get("waited_s")), slurm)
+        return format_pending(seconds_in(ev.get("waited_s")), slurm)
     if compact:
         return _compact_queued(ev)
-    parts = [f"waiting {format_duration(_num(ev.get('waited_s')))}",
+    parts = [f"waiting {format_duration(seconds_in(ev.get('waited_s')))}",
              f"position {printable(ev.get('position'))} in pool {printable(ev.get('pool'))} "
              f"({printable(ev.get('ahead'))} ahead)"]
     held = [h for h in ev.get("holders") or [] if isinstance(h, dict) and h.get("held")]  # type: ignore[attr-defined]
@@ -26,7 +26,7 @@ def format_queued(ev: dict[str, object], compact: bool = False) -> str:
     if live:
         desc = ", ".join(
             (f"{printable(h.get('label') or '?')} (user {printable(h.get('user') or '?')}) "
-             f"for {format_duration(_num(h.get('held_s')))}" if h.get("phase") not in ("no record", "starting")
+             f"for {format_duration(seconds_in(h.get('held_s')))}" if h.get("phase") not in ("no record", "starting")
              else f"{printable(h.get('lock_holders') or '?')} "
              + ("(starting)" if h.get("phase") == "starting" else "with no slotq record"))
             + (" (stopping)" if h.get("phase") == "stopping" else "") for h in live)
@@ -36,7 +36,7 @@ def format_queued(ev: dict[str, object], compact: bool = False) -> str:
 
         parts += [describe_orphan(h) for h in held if h.get("phase") == "orphaned"]
     if isinstance(ev.get("eta_s"), (int, float)):
-        parts.append(f"expected wait ~{format_duration(_num(ev.get('eta_s')))} more "
+        parts.append(f"expected wait ~{format_duration(seconds_in(ev.get('eta_s')))} more "
                      f"({printable(ev.get('eta_how'), 200)})")
     parts.append(f"load {printable(ev.get('load1'))}/{printable(ev.get('cores'))} cores")
     notes = ev.get("notes")
@@ -48,15 +48,15 @@ def format_queued(ev: dict[str, object], compact: bool = False) -> str:
 def _compact_queued(ev: dict[str, object]) -> str:
     from ..records import printable
 
-    parts = [f"waiting {format_duration(_num(ev.get('waited_s')))}",
+    parts = [f"waiting {format_duration(seconds_in(ev.get('waited_s')))}",
              f"#{printable(ev.get('position'))} in {printable(ev.get('pool'))}"]
     held = [h for h in ev.get("holders") or [] if isinstance(h, dict) and h.get("held")]  # type: ignore[attr-defined]
     if held:
-        h = min(held, key=lambda h: -_num(h.get("held_s")))
+        h = min(held, key=lambda h: -seconds_in(h.get("held_s")))
         parts.append(f"slot: {printable(h.get('label') or '?', 30)} ({printable(h.get('user') or '?', 16)}) "
-                     f"{format_duration(_num(h.get('held_s')))}" + (f" +{len(held) - 1}" if len(held) > 1 else ""))
+                     f"{format_duration(seconds_in(h.get('held_s')))}" + (f" +{len(held) - 1}" if len(held) > 1 else ""))
     if isinstance(ev.get("eta_s"), (int, float)):
-        parts.append(f"ETA ~{format_duration(_num(ev.get('eta_s')))}")
+        parts.append(f"ETA ~{format_duration(seconds_in(ev.get('eta_s')))}")
     return "slotq: " + " · ".join(parts)
 
 
@@ -80,7 +80,3 @@ def format_pending(waited: float, view: dict[str, object]) -> str:
     if view.get("expected_start"):
         parts.append(f"Slurm expects it to start at {printable(view.get('expected_start'))}")
     return "slotq: " + "; ".join(parts)
-
-
-def _num(value: object) -> float:
-    return float(value) if isinstance(value, (int, float)) else 0.0
