@@ -11,14 +11,15 @@ holder in a one-slot pool, then in a two-slot pool.
                           the clock-tick figure runs before 2026-12-02
                           14:00 gave is kept in the JSON, idle_cpu_ticks_s),
                           once the line is in place and the machine quiet
-                          (one heartbeat period: each quiet caller refreshes
-                          its wait record once in it, whenever it joined; a
-                          shorter window caught anywhere from none to most
-                          of them). The target is judged on the first
-                          window, which holds each caller's one-time copy
-                          of the pages it shares with its keeper (their
-                          first wake-up after the fork); a full run also
-                          measures the window after it, the steady state
+                          (one heartbeat period: in two slots each quiet
+                          caller refreshes its wait record once in it,
+                          whenever it joined; in one slot, since
+                          2026-12-03 22:00, none does -- its standby keeper
+                          would close the record -- and before, that first
+                          wake-up also copied the pages the caller shared
+                          with its keeper). The target is judged on the
+                          first window; a full run also measures the window
+                          after it, the steady state
   completed, in order     every run ends `passed`; start order = ticket order
 """
 
@@ -39,9 +40,9 @@ WINDOW_S = 30.0  # = the default --report-every, and a quiet caller's heartbeat 
 
 # "0 CPU while they wait", as the idle scenario reads it for 50 waiters
 # (<= 0.02 s over 20 s): at most 20 us of CPU per waiter and second. What
-# remains at N = 1000 (the waiters are quiet: -q) is each caller refreshing
-# its wait record every 30 s, and in a pool of several slots each runner's
-# 30 s safety poll.
+# remains at N = 1000 (the waiters are quiet: -q) is, in a pool of several
+# slots, each caller refreshing its wait record every 30 s and each runner's
+# 30 s safety poll; in one slot, nothing.
 CPU_PER_WAITER_S = 0.02 / 50 / 20
 PSS_LIMIT_MB = 4.0
 

@@ -340,6 +340,18 @@ def slot_holder(state_dir: Path, pool: str = "shared") -> dict[str, Any] | None:
     return info if held else None
 
 
+def spool_ops(ledger: str, key: str, op: str) -> list[dict[str, Any]]:
+    """The wait ledger's spool events of one wait (key `run_id:kind`) and
+    kind of event (open, beat, close), as the runs wrote them."""
+    import json
+
+    try:
+        lines = Path(ledger + ".spool").read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    return [e for e in map(json.loads, lines) if e.get("key") == key and e.get("op") == op]
+
+
 def gate_cmd(gate: Path) -> list[str]:
     """A holder that keeps its slot until the test creates `gate`."""
     return ["sh", "-c", f'while [ ! -e "{gate}" ]; do sleep 0.01; done']

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from conftest import (Start, blocked_in_flock, children, fd_targets, first_waited, line_up, live_tickets,
-                      slotq_cmd, start_holder, wait_for)
+                      slotq_cmd, spool_ops, start_holder, wait_for)
 from slotq.client.caller import run
 from slotq.errors import UsageError
 from slotq.host.ticket import list_tickets, pool_dir, probe
@@ -223,3 +223,38 @@ def test_a_waiter_that_cannot_fork_its_keeper_waits_by_itself(
     assert results and results[0].outcome.value == "passed", results
     assert os.read(out_r, 100) == b"ran\n"
     assert len(refused) == 1
+
+
+@pytest.mark.timeout(30)
+def test_a_quiet_waiter_whose_keeper_cannot_fork_refreshes_its_wait_record_itself(
+        state_dir: Path, runs: Start, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Far back and quiet, the run was told its keeper would close its wait
+    # record if it died; the keeper's fork then failed. Nobody would: the
+    # runner says so, and the caller refreshes the record as it waits.
+    from slotq.host import runner
+
+    refused: list[str] = []
+    real_spawn = runner.spawn  # type: ignore[attr-defined]
+
+    def spawn(argv: list[str], **kw: Any) -> Any:
+        if kw.get("lock_path"):
+            refused.append(kw["lock_path"])
+            raise BlockingIOError(11, "Resource temporarily unavailable")
+        return real_spawn(argv, **kw)
+
+    monkeypatch.setattr(runner, "spawn", spawn)
+    gate = tmp_path / "gate"
+    start_holder(runs, state_dir, gate)
+    runs("-q", "--", "true", name="ahead")
+    wait_for(lambda: len(live_tickets(state_dir)) == 1, what="a waiter ahead")
+    ledger = str(tmp_path / "ledger.sqlite")
+    spec = RunSpec(["true"], budget=30, cwd=str(tmp_path), quiet=True)
+    results: list[Any] = []
+    t = threading.Thread(target=lambda: results.append(
+        run(spec, LocalTransport(), heartbeat_every=0.02, ledger_path=ledger)))
+    t.start()
+    wait_for(lambda: refused, what="the keeper's fork refused")
+    wait_for(lambda: len(spool_ops(ledger, f"{spec.run_id}:queue", "beat")) >= 5, what="the record refreshed")
+    gate.touch()
+    t.join(timeout=20)
+    assert results and results[0].outcome.value == "passed", results

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from conftest import (Start, blocked_in_flock, first_waited, gate_cmd, group_alive, live_tickets, one_line,
-                      slot_holder, slotq_cmd, start_holder, wait_for)
+from conftest import (Start, blocked_in_flock, children, first_waited, gate_cmd, group_alive, live_tickets,
+                      one_line, slot_holder, slotq_cmd, spool_ops, start_holder, wait_for)
 from slotq import history, protocol
 from slotq.client.caller import run
 from slotq.clock import Clock, Timer
@@ -83,16 +83,22 @@ def test_an_uncontended_run_says_it_waited_nothing(state_dir: Path, runs: Start)
 
 
 @pytest.mark.timeout(40)
-def test_a_quiet_run_behind_others_keeps_its_wait_record_alive_itself(
-        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+def test_a_quiet_run_behind_others_without_a_keeper_keeps_its_wait_record_alive_itself(
+        state_dir: Path, runs: Start, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Far back in line a quiet run's host sends no reports, which carried the
-    # wait record's heartbeat: the caller refreshes the record itself, so a
-    # quiet waiter killed there has its wait end near its death, not at its
-    # start.
+    # wait record's heartbeat. In a pool of several slots no standby keeper
+    # waits for it (a keeper would close the record if the caller died):
+    # the caller refreshes the record itself, so a quiet waiter killed there
+    # has its wait end near its death, not at its start.
     from slotq.client.ledger import Ledger
 
+    (tmp_path / "host.toml").write_text("[pools]\nshared = 2\nlanding = 1\n")
+    monkeypatch.setenv("SLOTQ_CONFIG", str(tmp_path / "host.toml"))
     gate = tmp_path / "gate"
-    start_holder(runs, state_dir, gate)
+    for i in range(2):
+        runs("-q", "--", *gate_cmd(gate), name=f"holder{i}")
+    wait_for(lambda: all(read_slot(str(state_dir), "shared", i)[0] for i in range(2))
+             and not live_tickets(state_dir), what="both slots held")
     runs("-q", "--", "true", name="ahead")
     wait_for(lambda: len(live_tickets(state_dir)) == 1, what="a waiter ahead")
     ledger = str(tmp_path / "ledger.sqlite")
@@ -115,6 +121,80 @@ def test_a_quiet_run_behind_others_keeps_its_wait_record_alive_itself(
     gate.touch()
     t.join(timeout=20)
     assert results and results[0].outcome.value == "passed", results
+
+
+@pytest.mark.timeout(40)
+def test_a_quiet_run_far_back_in_a_local_one_slot_line_never_wakes_to_refresh_its_wait(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    # Its standby keeper closes the wait record if the caller dies (the test
+    # below), so the caller has nothing to refresh: not one wake-up in line
+    # until its turn. Refreshing every 20 ms, it would have written a dozen
+    # heartbeats in the quarter second watched.
+    gate = tmp_path / "gate"
+    start_holder(runs, state_dir, gate)
+    runs("-q", "--", "true", name="ahead")
+    wait_for(lambda: len(live_tickets(state_dir)) == 1, what="a waiter ahead")
+    ledger = str(tmp_path / "ledger.sqlite")
+    spec = RunSpec(["true"], budget=30, cwd=str(tmp_path), quiet=True)
+    key = f"{spec.run_id}:queue"
+    results: list[Any] = []
+    t = threading.Thread(target=lambda: results.append(
+        run(spec, LocalTransport(), heartbeat_every=0.02, ledger_path=ledger)), daemon=True)
+    t.start()
+    wait_for(lambda: spool_ops(ledger, key, "open"), what="the wait record opened")
+    # The one refresh that comes with the host's `queued` event, and no more.
+    time.sleep(0.25)  # sleep-ok: a dozen refresh periods, in which nothing may happen
+    assert len(spool_ops(ledger, key, "beat")) == 1, spool_ops(ledger, key, "beat")
+    gate.touch()
+    t.join(timeout=20)
+    assert results and results[0].outcome.value == "passed", results
+    assert len(spool_ops(ledger, key, "close")) == 1
+
+
+@pytest.mark.timeout(40)
+def test_a_quiet_waiter_killed_with_its_group_has_its_wait_closed_at_the_kill_by_its_keeper(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    # A harness's timeout, far back in line: kill -9 of the caller's process
+    # group. The standby keeper (a session of its own) outlives it and ends
+    # the wait record at that moment, so an outer runner credits the wait
+    # the caller really spent, though the caller never refreshed it.
+    from slotq.client.ledger import Ledger
+
+    gate = tmp_path / "gate"
+    start_holder(runs, state_dir, gate)
+    runs("-q", "--", "true", name="ahead")
+    wait_for(lambda: len(live_tickets(state_dir)) == 1, what="a waiter ahead")
+    victim = subprocess.Popen(slotq_cmd() + ["run", "-q", "--label", "victim", "--", "true"], cwd=tmp_path,
+                              stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    ledger = os.environ["SLOTQ_LEDGER"]
+
+    def opened() -> dict[str, Any] | None:
+        try:
+            lines = Path(ledger + ".spool").read_text().splitlines()
+        except FileNotFoundError:
+            return None
+        return next((e for e in map(json.loads, lines) if e.get("op") == "open" and e.get("pid") == victim.pid),
+                    None)
+
+    wait_for(lambda: opened() is not None, what="the victim's wait record opened")
+    wait_for(lambda: any(blocked_in_flock(c) for c in children(victim.pid)), what="its keeper waiting")
+    record = opened()
+    assert record is not None
+    wait_for(lambda: time.time() >= record["start"] + 1.0, what="a wait of a second")
+    killed_at = time.time()
+    os.killpg(victim.pid, signal.SIGKILL)
+    victim.wait()
+    wait_for(lambda: spool_ops(ledger, record["key"], "close"), what="the keeper closing the wait")
+    led = Ledger(ledger)
+    try:
+        waits = [w for w in led.credit(str(tmp_path), 0, 2e9).waits if w.record.run_id == record["run_id"]]
+    finally:
+        led.close()
+    assert len(waits) == 1 and waits[0].closed_by == "end", [w.to_dict() for w in waits]
+    assert killed_at - record["start"] - 0.05 <= waits[0].seconds <= time.time() - record["start"]
+    gate.touch()
+    wait_for(lambda: any(r.get("label") == "victim" and r.get("outcome") == "caller_gone"
+                         for r in history.recent(str(state_dir), 10)), what="the victim's history line")
 
 
 @pytest.mark.timeout(30)

@@ -282,6 +282,18 @@ def run(
     # host says the run must wait: an uncontended run (slot at once) costs
     # no ledger write and no SQLite import.
     queue_wall = clock.wall() if transport.remote else result.phases["submitted"] or clock.wall()
+
+    def wait_closer() -> Callable[[float], None]:
+        """For a process of the run's host side that outlives us (a local
+        standby keeper): how it closes our queue wait. A recorder of its
+        own: the runner makes it in its thread, while ours may be making
+        `made[0]`."""
+        from .ledger import WaitRecorder
+
+        return WaitRecorder(run_id=spec.run_id, workdir=workdir, host=transport.host, path=ledger_path,
+                            warn=_silent).closer("queue")
+
+    transport.keep_wait_end(wait_closer)
     to_fd, from_fd = transport.start(spec)
     decoder = protocol.Decoder()
     exited = False
@@ -380,7 +392,11 @@ def run(
                             recorder.open("queue", queue_wall)
                         recorder.heartbeat(clock.wall())
                         if spec.quiet and recorder.opened:
-                            beat_at = clock.monotonic() + heartbeat_every
+                            # Far back in a local one-slot line, the host's
+                            # standby keeper closes the record if we die:
+                            # nothing to refresh, no wake-up until our turn.
+                            kept = ev.get("wait_kept") is True and not transport.remote
+                            beat_at = INF if kept else clock.monotonic() + heartbeat_every
                     elif ev.get("event") == protocol.SLOT:
                         now = clock.wall()
                         end = _wait_end(ev, queue_wall, now, transport.remote)

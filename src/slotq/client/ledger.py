@@ -483,6 +483,19 @@ class WaitRecorder:
         except Exception:  # sqlite3.Error, OSError: the next run, or a reader, moves it
             pass
 
+    def closer(self, kind: str) -> Callable[[float], None]:
+        """How a process that outlives this one closes this run's `kind`
+        wait: a local run's standby keeper, a fork of the run, ends it at
+        the moment the run died (or got its slot) if the run could not.
+        The key is the run's own, whether or not the run has opened the
+        wait yet; a close of a wait that is not open changes nothing."""
+        key = f"{self.run_id}:{kind}"
+
+        def close(end: float) -> None:
+            self._append("close a wait", {"op": "close", "key": key, "end": end})
+
+        return close
+
     def heartbeat(self, at: float) -> None:
         if self._open is not None:
             self._append("refresh a wait", {"op": "beat", "key": self._open, "at": at})

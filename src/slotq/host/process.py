@@ -48,6 +48,7 @@ from .terminate import terminate_group
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 PR_SET_PDEATHSIG = 1
@@ -123,6 +124,7 @@ def spawn(
     ack_fd: int | None = None,
     slot_env: dict[str, str] | None = None,
     tell_head: float | None = None,
+    wait_end: Callable[[float], None] | None = None,
 ) -> Child:
     """Start `argv` in its own session under a keeper process (in a session
     of its own too, so a kill of the caller's process group spares it).
@@ -147,7 +149,9 @@ def spawn(
     sooner -- in a moving line, every one -- wakes nobody for it.
     `history` (state dir, record so far): if the runner vanishes (killed, or
     the caller's process it was a thread of), the keeper ends the command
-    and writes the run's history line itself.
+    and writes the run's history line itself; and with `wait_end`, it
+    closes the caller's queue wait in its wait ledger, at the moment the
+    runner was found gone (or the command's start, if that came first).
     `run_id` goes into the command's environment as `SLOTQ_RUN_ID` (how
     its processes are found if the keeper is killed), and so does
     `slot_env` (SLOTQ_POOL, SLOTQ_SLOT, SLOTQ_SLOT_INDEX, SLOTQ_BUDGET). `slot_path` with
@@ -185,7 +189,7 @@ def spawn(
             os.close(done_r)
             code = _keeper(argv, cwd, env, stdout_fd, stderr_fd, stdin_fd, inherit_fds, grace,
                            done_w, runner_pid, lock_path, record, ticket, history, run_id,
-                           slot_path or lock_path, ack_fd, slot_env, tell_head)
+                           slot_path or lock_path, ack_fd, slot_env, tell_head, wait_end)
         except BaseException as e:
             if _before_start:
                 # An error of our own before the command started: said as
@@ -222,6 +226,7 @@ def _keeper(
     ack_fd: int | None,
     slot_env: dict[str, str] | None,
     tell_head: float | None = None,
+    wait_end: Callable[[float], None] | None = None,
 ) -> int:
     stopped = False
     try:
@@ -340,7 +345,8 @@ def _keeper(
             _tell(done_w, b"stopped=1")
             _told()
             os.close(done_w)  # end-of-file: the runner reads our report now
-            _last_word(ack_fd, history, runner_pid, None, "left the queue before getting a slot")
+            _last_word(ack_fd, history, runner_pid, None, "left the queue before getting a slot",
+                       wait_end, time.time())
             return 0
     exec_errno: int | None = None
     leader = -1
@@ -361,7 +367,8 @@ def _keeper(
             except OSError as e2:
                 exec_errno = e2.errno or errno.ENOEXEC
     _told()
-    started = b"started=%r,%r,%d\n" % (time.time(), time.monotonic(), leader)
+    started_at = time.time()
+    started = b"started=%r,%r,%d\n" % (started_at, time.monotonic(), leader)
     if record is not None and slot_path is not None and inherit_fds and exec_errno is None:
         # Who holds the slot, written before our ticket goes: nobody is the
         # head behind us until then, so nobody judges a stale record. Through
@@ -419,7 +426,7 @@ def _keeper(
     os.close(done_w)  # end-of-file: the runner reads our report now
     _last_word(ack_fd, history, runner_pid, status,
                "the command's group was ended by its keeper" if stopped
-               else "the command ended, but its runner vanished before recording the run")
+               else "the command ended, but its runner vanished before recording the run", wait_end, started_at)
     return 0
 
 
@@ -447,9 +454,11 @@ def _tell(fd: int, report: bytes) -> None:
 
 
 def _last_word(ack_fd: int | None, history: tuple[str, dict[str, object]] | None, runner_pid: int,
-               status: int | None, what: str) -> None:
+               status: int | None, what: str, wait_end: Callable[[float], None] | None = None,
+               waited_until: float = 0.0) -> None:
     """Make sure the run has a history line: wait for the runner's word that
-    it wrote one (a byte on `ack_fd`); if it died first, write it here."""
+    it wrote one (a byte on `ack_fd`); if it died first, write it here, and
+    close the caller's queue wait (`wait_end`) at `waited_until`."""
     if ack_fd is None:
         if os.getppid() != runner_pid:  # gone, not merely asking us to stop
             _orphan_history(history, status, what)
@@ -462,6 +471,8 @@ def _last_word(ack_fd: int | None, history: tuple[str, dict[str, object]] | None
     except OSError:
         acked = False
     if not acked:
+        if wait_end is not None:
+            wait_end(min(waited_until, time.time()))
         _orphan_history(history, status, what)
 
 

@@ -35,6 +35,8 @@ from .ticket import Ticket, run_info
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ..eta import Basis
 
 # A running command becomes reachable by `slotq cancel` after this long:
@@ -79,10 +81,13 @@ class HostRunner:
         ctl_buffer: bytes = b"",
         allocation: str | None = None,
         ticket: Ticket | None = None,
+        wait_closer: Callable[[], Callable[[float], None]] | None = None,
     ) -> None:
         """`ticket`: the run's place in line, taken before this runner was
         made (LocalTransport.reserve); the runner adopts it, or withdraws it
-        if the run never queues."""
+        if the run never queues. `wait_closer` (LocalTransport.keep_wait_end):
+        how a standby keeper closes the caller's queue wait if the caller
+        dies in line; a quiet caller is then told it need not refresh it."""
         self.spec = spec
         self._reserved = ticket
         # A slot a scheduler already granted (Slurm: "slurm:JOBID"): this
@@ -106,6 +111,7 @@ class HostRunner:
         self._next_heal = 0.0  # when a wake-up may look for orphaned holders again
         self._ack_w = -1  # a byte here tells our keeper we wrote the history line
         self._children: list[Child] = []  # keepers to reap at the end
+        self.wait_closer = wait_closer
 
     def close_stream(self) -> None:
         """End the stream to the caller (once)."""
@@ -198,6 +204,10 @@ class HostRunner:
         # for the slot, and starts the command the moment the slot is
         # released. A hand-over then wakes one keeper and forks nothing.
         by_keeper = waiter.slot_count == 1 and not spec.prepare
+        # Its keeper can close the caller's wait record if the caller dies
+        # (a local run): a quiet caller far back then sleeps without a
+        # single wake-up until its turn.
+        keeps_wait = by_keeper and self.wait_closer is not None
         # Waiting has no limit unless the caller sets one (--max-wait): a
         # policy with its own outcome, never a timeout.
         give_up = start + spec.max_wait if spec.max_wait is not None else INF
@@ -228,7 +238,8 @@ class HostRunner:
                     # and sleeps in the kernel until its turn, at no CPU.
                     at_head = standby[0].at_head if standby is not None else waiter.is_head
                     if spec.quiet and not at_head:
-                        self.link.event(protocol.QUEUED, waited_s=round(now - start, 3), pool=pool)
+                        self.link.event(protocol.QUEUED, waited_s=round(now - start, 3), pool=pool,
+                                        **({"wait_kept": True} if keeps_wait and standby is None else {}))
                     else:
                         self._report(waiter, pool, now - start, with_eta=not first and not spec.quiet)
                     next_report = now + spec.report_every if not spec.quiet or at_head else INF
@@ -239,11 +250,15 @@ class HostRunner:
                     waiter.stand_down()  # one waiter for the slot, not two (they would deadlock)
                     try:
                         standby = self._start(spec.argv, None, last=True, wait_for=waiter.slot_paths()[0],
-                                              ticket=waiter.ticket)
+                                              ticket=waiter.ticket,
+                                              wait_end=self.wait_closer() if self.wait_closer else None)
                     except OSError:
                         # No process to spare (EAGAIN, ENOMEM): our ticket is
                         # still ours; wait for the slot ourselves.
-                        by_keeper = False
+                        if keeps_wait and spec.quiet:  # the caller refreshes its wait record after all
+                            self.link.event(protocol.QUEUED, waited_s=round(now - start, 3), pool=pool,
+                                            wait_kept=False)
+                        by_keeper = keeps_wait = False
                         lease = waiter.attempt()
                         continue
                 fds = self.link.fds()
@@ -478,7 +493,8 @@ class HostRunner:
 
     def _start(self, argv: list[str], lease: SlotLease | None, last: bool,
                record: dict[str, object] | None = None, wait_for: str | None = None,
-               ticket: Ticket | None = None) -> tuple[Child, dict[int, bytes]]:
+               ticket: Ticket | None = None,
+               wait_end: Callable[[float], None] | None = None) -> tuple[Child, dict[int, bytes]]:
         """Start argv under a keeper; its output streams are returned.
 
         With `last`, the lease passes to the command: once the holder
@@ -519,7 +535,7 @@ class HostRunner:
                           ticket=(ticket.fd, ticket.path, ticket.seq) if ticket is not None else None,
                           tell_head=self.spec.report_every if self.spec.quiet and ticket is not None else None,
                           run_id=self.spec.run_id, slot_path=self._slot_path if last else None,
-                          ack_fd=ack_r if last else None)
+                          ack_fd=ack_r if last else None, wait_end=wait_end)
         except OSError:
             for fd in (out_r, out_w, err_r, err_w):
                 os.close(fd)

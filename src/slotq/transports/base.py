@@ -14,6 +14,8 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ..spec import RunSpec
 
 
@@ -42,6 +44,14 @@ class Transport:
         """Join the host's line now, before the client is loaded, if this
         transport can (local: LocalTransport.reserve); its runner adopts
         the place. Never raises: whatever is wrong, `start` reports."""
+
+    def keep_wait_end(self, make_closer: Callable[[], Callable[[float], None]]) -> None:
+        """Offer the host side a way to close the run's queue wait in the
+        caller's wait ledger (`make_closer()` gives it: call it with the
+        time the wait ended). A transport whose host-side process can
+        outlive the caller on the caller's machine (local: the standby
+        keeper) keeps it, so a caller killed in line still gets its wait's
+        true end without waking to refresh the record; the others ignore it."""
 
     def describe(self) -> dict[str, object]:
         """Facts about the connection for the result (e.g. master reuse)."""

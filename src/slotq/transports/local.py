@@ -19,6 +19,7 @@ from .base import Transport
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
     from ..host.ticket import Ticket
@@ -63,6 +64,7 @@ class LocalTransport(Transport):
         self._killed = False
         self._failure = ""  # why the in-process runner failed, if it did
         self._ticket: Ticket | None = None  # taken early (reserve), for the runner to adopt
+        self._wait_closer: Callable[[], Callable[[float], None]] | None = None  # keep_wait_end
 
     def reserve(self, spec: RunSpec) -> None:
         """Take the run's place in line now, before the client and the
@@ -86,6 +88,11 @@ class LocalTransport(Transport):
                                   slots=self.config.pools.get(pool, 0))
         if self._ticket is not None:
             self.queued_since = now
+
+    def keep_wait_end(self, make_closer: Callable[[], Callable[[float], None]]) -> None:
+        """The runner's standby keeper (a fork of this process, in a session
+        of its own) closes the run's queue wait if the caller dies in line."""
+        self._wait_closer = make_closer
 
     def start(self, spec: RunSpec) -> tuple[int, int]:
         _reap_done()
@@ -126,7 +133,7 @@ class LocalTransport(Transport):
             from ..host.runner import HostRunner
 
             runner = HostRunner(spec, state_dir=self.state_dir, config=self.config, in_fd=ctl_r, out_fd=ev_w,
-                                ticket=ticket)
+                                ticket=ticket, wait_closer=self._wait_closer)
             runner.run()
         except BaseException as e:
             why = (f"{e.strerror}" + (f" ({e.filename})" if e.filename else "") if isinstance(e, OSError)
