@@ -471,9 +471,9 @@ def _last_word(ack_fd: int | None, history: tuple[str, dict[str, object]] | None
     except OSError:
         acked = False
     if not acked:
+        _orphan_history(history, status, what)  # first: the run's own record
         if wait_end is not None:
             wait_end(min(waited_until, time.time()))
-        _orphan_history(history, status, what)
 
 
 def _orphan_history(history: tuple[str, dict[str, object]] | None, status: int | None, what: str) -> None:
