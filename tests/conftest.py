@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ import pytest
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from slotq.host.slot import SlotLease
+    from slotq.spec import RunSpec
 
 BIN = Path(sys.executable).parent
 
@@ -343,8 +345,6 @@ def slot_holder(state_dir: Path, pool: str = "shared") -> dict[str, Any] | None:
 def spool_ops(ledger: str, key: str, op: str) -> list[dict[str, Any]]:
     """The wait ledger's spool events of one wait (key `run_id:kind`) and
     kind of event (open, beat, close), as the runs wrote them."""
-    import json
-
     try:
         lines = Path(ledger + ".spool").read_text().splitlines()
     except FileNotFoundError:
@@ -364,6 +364,26 @@ def start_holder(runs: Start, state_dir: Path, gate: Path, *extra: str) -> Run:
     wait_for(lambda: (slot_holder(state_dir) or {}).get("phase") == "running" and not live_tickets(state_dir),
              what="placeholder holds the slot and has left the line")
     return h
+
+
+def one_waiting_ahead(runs: Start, state_dir: Path) -> Run:
+    """A quiet run in line behind the holder: the next run to come is not
+    the head of the line."""
+    ahead = runs("-q", "--", "true", name="ahead")
+    wait_for(lambda: len(live_tickets(state_dir)) == 1, what="a waiter ahead")
+    return ahead
+
+
+def run_in_thread(spec: RunSpec, **kw: Any) -> tuple[threading.Thread, list[Any]]:
+    """`run(spec, LocalTransport(), **kw)` in a thread of this process,
+    started; its result lands in the list."""
+    from slotq.client.caller import run
+    from slotq.transports.local import LocalTransport
+
+    results: list[Any] = []
+    t = threading.Thread(target=lambda: results.append(run(spec, LocalTransport(), **kw)), daemon=True)
+    t.start()
+    return t, results
 
 
 def first_waited(state_dir: Path) -> float:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from conftest import (Start, blocked_in_flock, children, fd_targets, first_waited, line_up, live_tickets,
-                      slotq_cmd, spool_ops, start_holder, wait_for)
+                      one_waiting_ahead, run_in_thread, slotq_cmd, spool_ops, start_holder, wait_for)
 from slotq.client.caller import run
 from slotq.errors import UsageError
 from slotq.host.ticket import list_tickets, pool_dir, probe
@@ -191,11 +191,10 @@ def test_every_waiter_of_a_one_slot_line_waits_in_its_keeper_in_flock(
     assert [w.wait() for w in waiters] == [0, 0, 0]
 
 
-@pytest.mark.timeout(30)
-def test_a_waiter_that_cannot_fork_its_keeper_waits_by_itself(
-        state_dir: Path, runs: Start, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # No process to spare for the keeper (EAGAIN at the fork): the run keeps
-    # its ticket and its place, and waits for the slot in its own process.
+@pytest.fixture
+def keeper_fork_refused(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """No process to spare for a standby keeper in this process's runners
+    (EAGAIN at its fork); the list gets the slot each was refused for."""
     from slotq.host import runner
 
     refused: list[str] = []
@@ -208,6 +207,15 @@ def test_a_waiter_that_cannot_fork_its_keeper_waits_by_itself(
         return real_spawn(argv, **kw)
 
     monkeypatch.setattr(runner, "spawn", spawn)
+    return refused
+
+
+@pytest.mark.timeout(30)
+def test_a_waiter_that_cannot_fork_its_keeper_waits_by_itself(
+        state_dir: Path, runs: Start, tmp_path: Path, keeper_fork_refused: list[str]) -> None:
+    # No process to spare for the keeper (EAGAIN at the fork): the run keeps
+    # its ticket and its place, and waits for the slot in its own process.
+    refused = keeper_fork_refused
     gate = tmp_path / "gate"
     start_holder(runs, state_dir, gate)
     out_r, out_w = os.pipe()
@@ -227,33 +235,17 @@ def test_a_waiter_that_cannot_fork_its_keeper_waits_by_itself(
 
 @pytest.mark.timeout(30)
 def test_a_quiet_waiter_whose_keeper_cannot_fork_refreshes_its_wait_record_itself(
-        state_dir: Path, runs: Start, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        state_dir: Path, runs: Start, tmp_path: Path, keeper_fork_refused: list[str]) -> None:
     # Far back and quiet, the run was told its keeper would close its wait
     # record if it died; the keeper's fork then failed. Nobody would: the
     # runner says so, and the caller refreshes the record as it waits.
-    from slotq.host import runner
-
-    refused: list[str] = []
-    real_spawn = runner.spawn  # type: ignore[attr-defined]
-
-    def spawn(argv: list[str], **kw: Any) -> Any:
-        if kw.get("lock_path"):
-            refused.append(kw["lock_path"])
-            raise BlockingIOError(11, "Resource temporarily unavailable")
-        return real_spawn(argv, **kw)
-
-    monkeypatch.setattr(runner, "spawn", spawn)
     gate = tmp_path / "gate"
     start_holder(runs, state_dir, gate)
-    runs("-q", "--", "true", name="ahead")
-    wait_for(lambda: len(live_tickets(state_dir)) == 1, what="a waiter ahead")
+    one_waiting_ahead(runs, state_dir)
     ledger = str(tmp_path / "ledger.sqlite")
     spec = RunSpec(["true"], budget=30, cwd=str(tmp_path), quiet=True)
-    results: list[Any] = []
-    t = threading.Thread(target=lambda: results.append(
-        run(spec, LocalTransport(), heartbeat_every=0.02, ledger_path=ledger)))
-    t.start()
-    wait_for(lambda: refused, what="the keeper's fork refused")
+    t, results = run_in_thread(spec, heartbeat_every=0.02, ledger_path=ledger)
+    wait_for(lambda: keeper_fork_refused, what="the keeper's fork refused")
     wait_for(lambda: len(spool_ops(ledger, f"{spec.run_id}:queue", "beat")) >= 5, what="the record refreshed")
     gate.touch()
     t.join(timeout=20)

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from conftest import (Start, blocked_in_flock, children, first_waited, gate_cmd, group_alive, live_tickets,
-                      one_line, slot_holder, slotq_cmd, spool_ops, start_holder, wait_for)
+                      one_line, one_waiting_ahead, run_in_thread, slot_holder, slotq_cmd, spool_ops, start_holder,
+                      wait_for)
 from slotq import history, protocol
 from slotq.client.caller import run
 from slotq.clock import Clock, Timer
@@ -99,14 +100,10 @@ def test_a_quiet_run_behind_others_without_a_keeper_keeps_its_wait_record_alive_
         runs("-q", "--", *gate_cmd(gate), name=f"holder{i}")
     wait_for(lambda: all(read_slot(str(state_dir), "shared", i)[0] for i in range(2))
              and not live_tickets(state_dir), what="both slots held")
-    runs("-q", "--", "true", name="ahead")
-    wait_for(lambda: len(live_tickets(state_dir)) == 1, what="a waiter ahead")
+    one_waiting_ahead(runs, state_dir)
     ledger = str(tmp_path / "ledger.sqlite")
     spec = RunSpec(["true"], budget=30, cwd=str(tmp_path), quiet=True)
-    results: list[Any] = []
-    t = threading.Thread(target=lambda: results.append(
-        run(spec, LocalTransport(), heartbeat_every=0.05, ledger_path=ledger)), daemon=True)
-    t.start()
+    t, results = run_in_thread(spec, heartbeat_every=0.05, ledger_path=ledger)
 
     def refreshed() -> float:
         led = Ledger(ledger)
@@ -132,15 +129,11 @@ def test_a_quiet_run_far_back_in_a_local_one_slot_line_never_wakes_to_refresh_it
     # heartbeats in the quarter second watched.
     gate = tmp_path / "gate"
     start_holder(runs, state_dir, gate)
-    runs("-q", "--", "true", name="ahead")
-    wait_for(lambda: len(live_tickets(state_dir)) == 1, what="a waiter ahead")
+    one_waiting_ahead(runs, state_dir)
     ledger = str(tmp_path / "ledger.sqlite")
     spec = RunSpec(["true"], budget=30, cwd=str(tmp_path), quiet=True)
     key = f"{spec.run_id}:queue"
-    results: list[Any] = []
-    t = threading.Thread(target=lambda: results.append(
-        run(spec, LocalTransport(), heartbeat_every=0.02, ledger_path=ledger)), daemon=True)
-    t.start()
+    t, results = run_in_thread(spec, heartbeat_every=0.02, ledger_path=ledger)
     wait_for(lambda: spool_ops(ledger, key, "open"), what="the wait record opened")
     # The one refresh that comes with the host's `queued` event, and no more.
     time.sleep(0.25)  # sleep-ok: a dozen refresh periods, in which nothing may happen
@@ -162,8 +155,7 @@ def test_a_quiet_waiter_killed_with_its_group_has_its_wait_closed_at_the_kill_by
 
     gate = tmp_path / "gate"
     start_holder(runs, state_dir, gate)
-    runs("-q", "--", "true", name="ahead")
-    wait_for(lambda: len(live_tickets(state_dir)) == 1, what="a waiter ahead")
+    one_waiting_ahead(runs, state_dir)
     victim = subprocess.Popen(slotq_cmd() + ["run", "-q", "--label", "victim", "--", "true"], cwd=tmp_path,
                               stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     ledger = os.environ["SLOTQ_LEDGER"]
