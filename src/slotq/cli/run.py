@@ -56,8 +56,8 @@ PARSER = Parser(
         Opt("-q", "--quiet", kind=FLAG,
             help="no status lines on stderr, but for the one line of an ending slotq decided (a timeout, "
                  "unavailable, not admitted...) or of a command that could not be started; behind others in "
-                 "line the run then sleeps until it is next (no reports to make): in a local one-slot pool "
-                 "without a single wake-up, elsewhere waking every 30 s to refresh its wait record"),
+                 "line the run then sleeps until it is next (no reports to make): in a local one-slot pool, "
+                 "without --prepare, not waking once; elsewhere waking every 30 s to refresh its wait record"),
         *host_options(),
         *slurm_options(),
         Opt("--sync", metavar="MODE", default="rsync", choices=("rsync", "none"),
