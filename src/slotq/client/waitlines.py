@@ -53,8 +53,9 @@ def _compact_queued(ev: dict[str, object]) -> str:
     held = [h for h in ev.get("holders") or [] if isinstance(h, dict) and h.get("held")]  # type: ignore[attr-defined]
     if held:
         h = min(held, key=lambda h: -seconds_in(h.get("held_s")))
+        more = f" +{len(held) - 1}" if len(held) > 1 else ""
         parts.append(f"slot: {printable(h.get('label') or '?', 30)} ({printable(h.get('user') or '?', 16)}) "
-                     f"{format_duration(seconds_in(h.get('held_s')))}" + (f" +{len(held) - 1}" if len(held) > 1 else ""))
+                     f"{format_duration(seconds_in(h.get('held_s')))}{more}")
     if isinstance(ev.get("eta_s"), (int, float)):
         parts.append(f"ETA ~{format_duration(seconds_in(ev.get('eta_s')))}")
     return "slotq: " + " · ".join(parts)

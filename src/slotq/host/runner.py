@@ -157,7 +157,8 @@ class HostRunner:
         except AdmissionRefused as e:
             return self._finish(Outcome.NOT_ADMITTED, None, None, str(e))
         except _Ended as e:
-            message = e.message or self._stop_message(e.outcome, WHILE_WAITING) or "left the queue before getting a slot"
+            message = (e.message or self._stop_message(e.outcome, WHILE_WAITING)
+                       or "left the queue before getting a slot")
             return self._finish(e.outcome, e.end, None, message)
         if isinstance(got, SlotLease):
             return self._hold(got)
