@@ -79,6 +79,33 @@ def survey(state_dir: str, pool: str, waiter: Waiter, now: float,
     return ahead, total, slots, notes, None
 
 
+def report(state_dir: str, pool: str, waiter: Waiter, now: float,
+           heal: Callable[[dict[tuple[int, int], list[int]] | None], list[str]], typical: Typical | None,
+           with_eta: bool) -> tuple[dict[str, object], Typical | None]:
+    """What `waiter`'s `queued` event says besides its wait: its place in
+    `pool`'s line, the holders, the orphaned holders `heal` ended (`survey`),
+    the machine's load and, `with_eta`, the expected wait from the pool's
+    `typical` run -- returned as well, brought up to date, for the next
+    report."""
+    from .. import eta
+    from ..status import load
+
+    ahead, total, slots, healed, shared = survey(state_dir, pool, waiter, now, heal, typical)
+    fields: dict[str, object] = {}
+    if with_eta:
+        # The ETA from the second report on: the first comes the moment
+        # a run must wait, often for a slot that frees in milliseconds,
+        # and reading the history then would cost every short wait (and
+        # the hand-over it competes with for the CPU) a few ms. (Not
+        # "after 50 ms of waiting": on a busy machine the first report
+        # itself comes later than that -- 200 callers at once paid ~20 ms
+        # of CPU each for ETAs nobody saw.)
+        typical = eta.basis(state_dir, pool, now, typical, shared)
+        fields = eta.report_fields(slots, ahead, typical)
+    return {"ahead": ahead, "position": ahead + 1, "waiting": total, "pool": pool, "holders": slots,
+            "notes": healed, **fields, **load()}, typical
+
+
 def view_path(state_dir: str, pool: str) -> str:
     # One per user and pool: a view another user wrote is not trusted.
     return os.path.join(state_dir, f".line-view.{pool}.{os.getuid()}")

@@ -8,24 +8,24 @@ stream of protocol.py on `out_fd`, the caller's channel on `in_fd` (a
 stop signals, and `slotq cancel`. A queued ticket is then
 withdrawn at once; a running command's process group is ended (TERM, grace,
 KILL) and the slot released. Clocks: the queue has no time limit; the
-budget starts when the command starts.
+budget starts when the command starts. What a waiting run reports is
+lineview.report's; how its end reads (outcome, message), verdict.judge's.
 """
 
 from __future__ import annotations
 
 import os
 import select
-import time
 
 from .. import __version__, history, protocol
 from ..clock import INF, Clock
 from ..config import HostConfig
 from ..durations import format_duration
 from ..errors import AdmissionRefused, StateDirError
-from ..outcome import WHILE_PREPARING, WHILE_RUNNING, WHILE_WAITING, Outcome
+from ..outcome import WHILE_PREPARING, WHILE_WAITING, Outcome
 from ..records import load_scanner
 from ..spec import RunSpec
-from . import orphans
+from . import orphans, verdict
 from .callerlink import CallerLink
 from .child import Child, ChildEnd
 from .hostqueue import Waiter, ensure_state_dir
@@ -46,15 +46,6 @@ CONTROL_AFTER = 0.1
 # A scheduler's job that says it was submitted longer ago than this has a
 # clock that is wrong, not a wait: its runner's start is taken instead.
 MAX_SCHEDULER_WAIT = 30 * 86400.0
-
-
-# What stopped a running command, as the host's history says it (the
-# caller's own line may say more: the --idle limit, the signal).
-_STOPPED = {
-    Outcome.IDLE_TIMEOUT: "stopped by the caller's --idle watchdog: no output for its limit",
-    Outcome.CANCELLED: "cancelled by the caller (Ctrl-C or a stop signal)",
-    Outcome.CALLER_GONE: "the caller went away (its connection closed): stopped",
-}
 
 
 class _Ended(Exception):
@@ -157,7 +148,7 @@ class HostRunner:
         except AdmissionRefused as e:
             return self._finish(Outcome.NOT_ADMITTED, None, None, str(e))
         except _Ended as e:
-            message = (e.message or self._stop_message(e.outcome, WHILE_WAITING)
+            message = (e.message or verdict.stop_message(self.link, e.outcome, WHILE_WAITING)
                        or "left the queue before getting a slot")
             return self._finish(e.outcome, e.end, None, message)
         if isinstance(got, SlotLease):
@@ -312,8 +303,8 @@ class HostRunner:
         ready, _, _ = select.select(self.link.fds(), [], [], seconds)
         ended = self.link.check(ready)
         if ended is not None:
-            raise _Ended(ended, None, self._stop_message(
-                ended, "while it waited for its place in line (the ticket counter was locked); nothing ran")
+            where = "while it waited for its place in line (the ticket counter was locked); nothing ran"
+            raise _Ended(ended, None, verdict.stop_message(self.link, ended, where)
                          or "left before getting a ticket: the ticket counter was locked")
 
     def _not_admitted(self, waiter: Waiter, pool: str, waited: float) -> str:
@@ -343,27 +334,12 @@ class HostRunner:
         return child.end if child.started is not None else None
 
     def _report(self, waiter: Waiter, pool: str, waited: float, with_eta: bool = True) -> None:
-        from .. import eta
-        from ..status import load  # only runs that wait pay for it
-        from . import lineview
+        from . import lineview  # only runs that wait pay for it
 
-        wall = self.clock.wall()
-        ahead, total, slots, healed, shared = lineview.survey(
-            self.state_dir, pool, waiter, wall, lambda table: self._heal(pool, waiter.slot_count, table),
-            self._typical)
-        fields: dict[str, object] = {}
-        if with_eta:
-            # The ETA from the second report on: the first comes the moment
-            # a run must wait, often for a slot that frees in milliseconds,
-            # and reading the history then would cost every short wait (and
-            # the hand-over it competes with for the CPU) a few ms. (Not
-            # "after 50 ms of waiting": on a busy machine the first report
-            # itself comes later than that -- 200 callers at once paid ~20 ms
-            # of CPU each for ETAs nobody saw.)
-            self._typical = eta.basis(self.state_dir, pool, wall, self._typical, shared)
-            fields = eta.report_fields(slots, ahead, self._typical)
-        self.link.event(protocol.QUEUED, waited_s=round(waited, 3), ahead=ahead, position=ahead + 1,
-                        waiting=total, pool=pool, holders=slots, notes=healed, **fields, **load())
+        fields, self._typical = lineview.report(
+            self.state_dir, pool, waiter, self.clock.wall(), lambda table: self._heal(pool, waiter.slot_count, table),
+            self._typical, with_eta)
+        self.link.event(protocol.QUEUED, waited_s=round(waited, 3), **fields)
 
     def _hold(self, lease: SlotLease) -> Outcome:
         spec = self.spec
@@ -393,8 +369,8 @@ class HostRunner:
                 ok = reason is None and end.exec_errno is None and end.exit_code == 0
                 self.link.event(protocol.PREPARED, ok=ok, exit_code=end.exit_code)
                 if reason is not None and reason is not Outcome.EXEC_TIMEOUT and end.stopped:
-                    return self._finish(reason, end, lease, self._stop_message(reason, WHILE_PREPARING)
-                                        or "stopped during the prepare step")
+                    message = verdict.stop_message(self.link, reason, WHILE_PREPARING)
+                    return self._finish(reason, end, lease, message or "stopped during the prepare step")
                 if not ok:
                     why = (f"prepare step ran past its limit of {format_duration(limit)}"
                            if reason is Outcome.EXEC_TIMEOUT else f"prepare step exited {end.exit_code}")
@@ -451,43 +427,9 @@ class HostRunner:
             self._waiter.leave()
 
     def _judge(self, end: ChildEnd, reason: Outcome | None) -> tuple[Outcome, str]:
-        slot_at = time.strftime("%H:%M:%S", time.localtime(self.phases["slot"] or 0))
-        if end.setup_error:
-            return Outcome.UNAVAILABLE, (f"slotq could not set the command up on host {self.host}: "
-                                         f"{end.setup_error}; nothing ran")
-        if end.lost:
-            return Outcome.UNAVAILABLE, self._lost_message or "the command's keeper was killed"
-        if reason is Outcome.CANCELLED and self.link.cancel_note is not None:
-            return reason, f"{self.link.cancel_note} while the command ran" + (": stopped" if end.stopped else "")
-        if end.exec_errno is not None:
-            return Outcome.FAILED, end.describe(self.spec.argv[0])
-        # A limit is reported only if it really ended the command (anyio's
-        # rule): a command that exited on its own just then keeps its code.
-        if reason is not None and end.stopped:
-            if reason is Outcome.EXEC_TIMEOUT and self.allocation is not None:
-                return reason, (f"command ran past its budget of {format_duration(self.budget)} "
-                                f"({self.allocation} started on {self.host} at {slot_at}; the budget counted "
-                                f"from the command's start)")
-            if reason is Outcome.EXEC_TIMEOUT:
-                # The wait is the summary line's (the client's clock): not restated here.
-                started = time.strftime("%H:%M:%S", time.localtime(self.phases["started"] or 0))
-                return reason, (f"command ran past its budget of {format_duration(self.budget)} "
-                                f"(slot acquired at {slot_at}; the budget counted from the command's start "
-                                f"at {started})")
-            return reason, self._stop_message(reason, WHILE_RUNNING) or _STOPPED.get(reason, f"stopped: {reason.value}")
-        return Outcome.PASSED if end.exit_code == 0 else Outcome.FAILED, end.describe(self.spec.argv[0])
-
-    def _stop_message(self, reason: Outcome, phase: str) -> str | None:
-        """A cancel's history line, naming who cancelled (`slotq cancel`) or
-        the stop signal (the caller's, or one to this runner), if known, and
-        the phase (outcome.WHILE_WAITING...)."""
-        if reason is not Outcome.CANCELLED:
-            return None
-        if self.link.cancel_note is not None:
-            return f"{self.link.cancel_note} {phase}"
-        if self.link.stopped_by is not None:
-            return f"cancelled ({self.link.stopped_by}) {phase}"
-        return None
+        return verdict.judge(end, reason, self.link, argv0=self.spec.argv[0], host=self.host, budget=self.budget,
+                             slot_at=self.phases["slot"], started_at=self.phases["started"],
+                             allocation=self.allocation, lost_message=self._lost_message)
 
     def _waited(self) -> float:
         return (self.phases["slot"] or 0) - (self.phases["submitted"] or 0)

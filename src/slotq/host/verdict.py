@@ -1,0 +1,73 @@
+"""How a run's end reads: from how its command ended (`ChildEnd`) and why
+slotq stopped it, if it did, the run's outcome and the line its history
+keeps (and its caller shows).
+
+Pure: the runner gathers what it knows of the run (its link to the caller
+says who cancelled it) and asks here.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ..durations import format_duration
+from ..outcome import WHILE_RUNNING, Outcome
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .callerlink import CallerLink
+    from .child import ChildEnd
+
+# What stopped a running command, as the host's history says it (the
+# caller's own line may say more: the --idle limit, the signal).
+STOPPED = {
+    Outcome.IDLE_TIMEOUT: "stopped by the caller's --idle watchdog: no output for its limit",
+    Outcome.CANCELLED: "cancelled by the caller (Ctrl-C or a stop signal)",
+    Outcome.CALLER_GONE: "the caller went away (its connection closed): stopped",
+}
+
+
+def stop_message(link: CallerLink, reason: Outcome, phase: str) -> str | None:
+    """A cancel's history line, naming who cancelled (`slotq cancel`) or the
+    stop signal (the caller's, or one to the runner), if `link` knows, and
+    the phase (outcome.WHILE_WAITING...); None for any other ending."""
+    if reason is not Outcome.CANCELLED:
+        return None
+    if link.cancel_note is not None:
+        return f"{link.cancel_note} {phase}"
+    if link.stopped_by is not None:
+        return f"cancelled ({link.stopped_by}) {phase}"
+    return None
+
+
+def judge(end: ChildEnd, reason: Outcome | None, link: CallerLink, *, argv0: str, host: str, budget: float,
+          slot_at: float | None, started_at: float | None, allocation: str | None = None,
+          lost_message: str | None = None) -> tuple[Outcome, str]:
+    """The outcome and message of a command that ran (or could not start):
+    `reason` is why the runner stopped it (a limit, a cancel), if it did;
+    `allocation` the scheduler's grant of a Slurm run; `lost_message` what
+    the runner found when the keeper was killed."""
+    slot_clock = time.strftime("%H:%M:%S", time.localtime(slot_at or 0))
+    if end.setup_error:
+        return Outcome.UNAVAILABLE, f"slotq could not set the command up on host {host}: {end.setup_error}; nothing ran"
+    if end.lost:
+        return Outcome.UNAVAILABLE, lost_message or "the command's keeper was killed"
+    if reason is Outcome.CANCELLED and link.cancel_note is not None:
+        return reason, f"{link.cancel_note} while the command ran" + (": stopped" if end.stopped else "")
+    if end.exec_errno is not None:
+        return Outcome.FAILED, end.describe(argv0)
+    # A limit is reported only if it really ended the command (anyio's
+    # rule): a command that exited on its own just then keeps its code.
+    if reason is not None and end.stopped:
+        if reason is Outcome.EXEC_TIMEOUT and allocation is not None:
+            return reason, (f"command ran past its budget of {format_duration(budget)} "
+                            f"({allocation} started on {host} at {slot_clock}; the budget counted "
+                            f"from the command's start)")
+        if reason is Outcome.EXEC_TIMEOUT:
+            # The wait is the summary line's (the client's clock): not restated here.
+            started = time.strftime("%H:%M:%S", time.localtime(started_at or 0))
+            return reason, (f"command ran past its budget of {format_duration(budget)} "
+                            f"(slot acquired at {slot_clock}; the budget counted from the command's start "
+                            f"at {started})")
+        return reason, stop_message(link, reason, WHILE_RUNNING) or STOPPED.get(reason, f"stopped: {reason.value}")
+    return Outcome.PASSED if end.exit_code == 0 else Outcome.FAILED, end.describe(argv0)
