@@ -108,12 +108,14 @@ def nested_in(state_dir: str, pool: str, count: int, run_id: str) -> tuple[int, 
     table = owners()
     locked = None if table is None else set(table)
     mine: set[tuple[int, int]] | None = None
+    mine_pids: set[int] = set()
     for index in range(count):
         is_held, info = read_slot(state_dir, pool, index, locked)
         if not is_held:
             continue
         if mine is None:
             mine = _ancestors()
+            mine_pids = {pid for pid, _ in mine}
         if info is not None and info.get("run_id") == run_id:
             for pid_key, start_key in (("cmd", "cmd_start"), ("keeper", "keeper_start")):
                 pid, start = info.get(pid_key), info.get(start_key)
@@ -122,7 +124,7 @@ def nested_in(state_dir: str, pool: str, count: int, run_id: str) -> tuple[int, 
         else:
             info = {"run_id": run_id, "label": "its command just started"}  # the record is still the last one's
         holders = pids_on(slot_path(state_dir, pool, index), table) or []
-        if {pid for pid, _ in mine}.intersection(holders):
+        if mine_pids.intersection(holders):
             return index, info
     return None
 
