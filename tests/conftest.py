@@ -34,6 +34,11 @@ BIN = Path(sys.executable).parent
 # the caller's shell. A handler here is reset to the default in each child.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+# The same for the terminal's hang-up, which the tests send too: a suite run
+# under nohup inherits SIGHUP ignored. A handler that does nothing keeps the
+# suite alive through a hang-up, as nohup meant, and is SIG_DFL in each child.
+if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, lambda signum, frame: None)
 
 
 def slotq_cmd() -> list[str]:
