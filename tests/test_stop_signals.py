@@ -10,11 +10,12 @@ import json
 import os
 import signal
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
 
-from conftest import Start, group_alive, slotq_cmd, wait_for
+from conftest import Start, group_alive, running_with, slotq_cmd, wait_for
 
 NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}  # as the messages say them
 
@@ -125,3 +126,41 @@ def test_a_signal_slotq_was_started_with_ignored_stays_ignored(state_dir: Path, 
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.timeout(30)
+def test_a_stop_signal_the_moment_a_program_starts_ends_that_program_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Found under load: a harness's SIGTERM while a remote run connected left
+    # its ssh running (with ControlPersist, for ten minutes). The signal came
+    # just as posix_spawn returned, and the stop's exception (the caller's
+    # handler raises it) left before slotq had noted the program. Here the
+    # signal comes at exactly that moment, every time.
+    from slotq.transports import proc as procs
+
+    marker = f"slotq-test-started-as-stopped-{os.getpid()}"
+    real_spawn = os.posix_spawnp
+
+    def spawn_then_stop(*args: object, **kwargs: object) -> int:
+        pid = real_spawn(*args, **kwargs)  # type: ignore[arg-type]
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGTERM)
+        return pid
+
+    class Stopped(Exception):
+        pass
+
+    def stop(signum: int, frame: object) -> None:
+        raise Stopped
+
+    old = signal.signal(signal.SIGTERM, stop)
+    monkeypatch.setattr(os, "posix_spawnp", spawn_then_stop)
+    try:
+        with pytest.raises(Stopped):
+            procs.Proc(["sh", "-c", "sleep 100", marker])
+    finally:
+        monkeypatch.undo()
+        signal.signal(signal.SIGTERM, old)
+        left = running_with(marker)
+        if left:  # (the old code's: not left to the suite's leftover check)
+            subprocess.run(["pkill", "-f", marker], timeout=10)
+    assert left == [], "the program started as the stop came was left running"
+    assert not procs._running, "a program the stop ended is still listed as running"

@@ -13,6 +13,12 @@ import os
 import select
 import time
 
+from .. import signals as signal
+
+# The stop signals, whose handler raises while a remote run gets under way
+# (client/caller.py).
+_STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
 
 # The programs started here and not yet waited for (end_all: a stop signal
 # while threads wait for them).
@@ -39,15 +45,30 @@ class Proc:
                  stderr: int | None = None) -> None:
         if _ended:
             raise InterruptedError(f"not starting {argv[0]}: slotq is being stopped")
-        devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        # A stop signal's exception must not come between the program's start
+        # and our note of it: that program would be left running (an ssh
+        # left connecting). The stop signals wait from before the spawn
+        # until it is noted; the program starts with our mask as it was.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
         try:
-            actions = [(os.POSIX_SPAWN_DUP2, devnull if fd is None else fd, target)
-                       for target, fd in ((0, stdin), (1, stdout), (2, stderr))]
-            self.pid = os.posix_spawnp(argv[0], argv, os.environ, file_actions=actions)
-        finally:
-            os.close(devnull)
+            devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+            try:
+                actions = [(os.POSIX_SPAWN_DUP2, devnull if fd is None else fd, target)
+                           for target, fd in ((0, stdin), (1, stdout), (2, stderr))]
+                self.pid = os.posix_spawnp(argv[0], argv, os.environ, file_actions=actions, setsigmask=mask)
+            finally:
+                os.close(devnull)
+        except BaseException:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            raise
         self.returncode: int | None = None
         _running.add(self)
+        try:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a stop that came meanwhile is handled here
+        except BaseException:  # its exception: the run this program was for is ending
+            self.kill()
+            self.wait()
+            raise
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -88,19 +109,16 @@ def run(argv: list[str], timeout: float, limit: int = 1 << 20) -> tuple[int, byt
     to its last `limit` bytes. Past `timeout` it is killed: TimeoutError."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
-    try:
-        proc = Proc(argv, stdout=out_w, stderr=err_w)
-    except BaseException:
-        for fd in (out_r, err_r):
-            os.close(fd)
-        raise
-    finally:
-        os.close(out_w)
-        os.close(err_w)
     streams = {out_r: "out", err_r: "err"}
     data = {"out": bytearray(), "err": bytearray()}
     end = time.monotonic() + timeout
+    proc = None
     try:
+        try:
+            proc = Proc(argv, stdout=out_w, stderr=err_w)
+        finally:
+            os.close(out_w)
+            os.close(err_w)
         while streams:
             left = end - time.monotonic()
             if left <= 0:
@@ -116,8 +134,9 @@ def run(argv: list[str], timeout: float, limit: int = 1 << 20) -> tuple[int, byt
                     os.close(fd)
                     del streams[fd]
     except BaseException:  # our timeout, or a stop signal's exception (caller.py): the program goes too
-        proc.kill()
-        proc.wait()
+        if proc is not None:
+            proc.kill()
+            proc.wait()
         raise
     finally:
         for fd in streams:

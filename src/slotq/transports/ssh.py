@@ -158,15 +158,18 @@ class SshHost:
                 pass
             log_path = self.control_path + ".log"
             with open(log_path, "wb") as log:
-                # -f: background after authentication. The background master
-                # keeps the stderr it was given: a file, never our pipe.
-                starting = Proc(self._base() + ["-o", "ControlMaster=yes", "-o", f"ControlPersist={CONTROL_PERSIST}",
-                                                "-f", "-N", self.host], stderr=log.fileno())
+                starting = None
                 try:
+                    # -f: background after authentication. The background master
+                    # keeps the stderr it was given: a file, never our pipe.
+                    starting = Proc(self._base() + ["-o", "ControlMaster=yes", "-o",
+                                                    f"ControlPersist={CONTROL_PERSIST}", "-f", "-N", self.host],
+                                    stderr=log.fileno())
                     rc = starting.wait()
                 except BaseException:  # a stop signal's exception (client/caller.py): no master half made
-                    starting.kill()
-                    starting.wait()
+                    if starting is not None:
+                        starting.kill()
+                        starting.wait()
                     raise
             if rc != 0 or not self._master_alive():
                 raise HostUnavailable(f"cannot connect to host {self.host}: {_last_line(log_path) or f'ssh exited {rc}'}",
