@@ -219,6 +219,23 @@ def _commands_running() -> set[int]:
     return out
 
 
+def _described(pid: int) -> str:
+    """A leftover process as the report names it: pid, run id, command
+    line, parent -- enough to find the test it came from."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read(1 << 20).split(b"\0")
+        run_id = next((v[len(b"SLOTQ_RUN_ID="):].decode(errors="replace") for v in env
+                       if v.startswith(b"SLOTQ_RUN_ID=")), "?")
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            line = f.read(4096).replace(b"\0", b" ").decode(errors="replace").strip()
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            ppid = f.read().rpartition(b")")[2].split()[1].decode()
+    except (OSError, IndexError):
+        return f"pid {pid} (gone by now)"
+    return f"pid {pid}, run {run_id}, parent {ppid}: {line}"
+
+
 _BEFORE: set[str] = set()
 _BEFORE_PIDS: set[int] = set()
 _RUNTIME: str | None = None
@@ -247,7 +264,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         time.sleep(0.05)  # sleep-ok: bounded wait for the last commands to go
     procs = sorted(_commands_running() - _BEFORE_PIDS)
     if procs:
-        sys.stderr.write("\nthe suite left slotq-started processes running: " + ", ".join(map(str, procs)) + "\n")
+        sys.stderr.write("\nthe suite left slotq-started processes running:\n"
+                         + "".join(f"  {_described(pid)}\n" for pid in procs))
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     new = sorted(_leftovers() - _BEFORE)
     if new:
