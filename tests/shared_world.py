@@ -65,11 +65,11 @@ class World:
     def cmd(self, *args: str) -> list[str]:
         return [PY, "-m", "slotq", *args]
 
-    def run(self, user: str, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    def run(self, user: str, *args: str, timeout: float = 30, umask: int = 0o002) -> subprocess.CompletedProcess[str]:
         pw = pwd.getpwnam(user)
         return subprocess.run(self.cmd(*args), capture_output=True, timeout=timeout, cwd=self.home(user),
                               env=self.env(user), text=True, user=pw.pw_uid, group=pw.pw_gid,
-                              extra_groups=[self.gid], umask=0o002)
+                              extra_groups=[self.gid], umask=umask)
 
     def run_bytes(self, user: str, *args: str, input: bytes, timeout: float = 30) -> subprocess.CompletedProcess[bytes]:
         pw = pwd.getpwnam(user)
@@ -77,11 +77,12 @@ class World:
                               env=self.env(user), input=input, user=pw.pw_uid, group=pw.pw_gid,
                               extra_groups=[self.gid], umask=0o002)
 
-    def popen(self, user: str, *args: str, stderr: int = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
+    def popen(self, user: str, *args: str, stderr: int = subprocess.DEVNULL,
+              umask: int = 0o002) -> subprocess.Popen[bytes]:
         pw = pwd.getpwnam(user)
         return subprocess.Popen(self.cmd(*args), cwd=self.home(user), env=self.env(user), start_new_session=True,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
-                                user=pw.pw_uid, group=pw.pw_gid, extra_groups=[self.gid], umask=0o002)
+                                user=pw.pw_uid, group=pw.pw_gid, extra_groups=[self.gid], umask=umask)
 
     def py(self, user: str, code: str, timeout: float = 20) -> subprocess.CompletedProcess[str]:
         """Run a bit of Python as `user` (B's attacks)."""
@@ -96,7 +97,8 @@ class World:
         `ready` until the block ends (then killed, by pid)."""
         pw = pwd.getpwnam(user)
         p = subprocess.Popen([PY, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             env=self.env(user), user=pw.pw_uid, group=pw.pw_gid, extra_groups=[self.gid])
+                             env=self.env(user), user=pw.pw_uid, group=pw.pw_gid, extra_groups=[self.gid],
+                             umask=0o002)
         try:
             assert p.stdout is not None and p.stdout.readline() == b"ready\n"
             yield p

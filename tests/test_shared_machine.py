@@ -291,6 +291,28 @@ def test_runs_of_two_users_never_overlap_in_one_slot(world: World) -> None:
     assert log.read_text().split() == ["start", "end"] * 4
 
 
+@pytest.mark.timeout(90)
+def test_users_with_a_private_umask_still_see_and_follow_each_other_in_line(world: World) -> None:
+    # A careful user's umask (077) must not hide its runs from the others in
+    # a shared state dir: its ticket and its holder record are made for the
+    # line to read, whatever the umask (statefile.share_created).
+    w = world
+    gate = w.root / "gate"
+    holder = w.popen(w.a, "run", "-q", "--label", "a-holds", "--", "sh", "-c",
+                     f"while [ ! -e {gate} ]; do sleep 0.05; done", umask=0o077)
+    wait_for(lambda: _holder(w) is not None, what="A's run holding the slot")
+    result = w.home(w.b) / "b.json"
+    waiter = w.popen(w.b, "run", "-q", "--label", "b-waits", "--json", str(result), "--", "true", umask=0o077)
+    wait_for(lambda: len(_waiting(w)) == 1, what="B's run in line")
+    seen_by_b = w.run(w.b, "status", umask=0o077).stdout
+    assert "shared#0: a-holds" in seen_by_b and f"user {w.a}" in seen_by_b, seen_by_b
+    seen_by_a = w.run(w.a, "status", umask=0o077).stdout
+    assert "waiting 1: b-waits" in seen_by_a and f"user {w.b}" in seen_by_a, seen_by_a
+    gate.touch()
+    assert holder.wait(timeout=30) == 0 and waiter.wait(timeout=30) == 0
+    assert json.loads(result.read_text())["outcome"] == "passed"
+
+
 # ---------------------------------------------------------------- naming people
 
 @pytest.mark.timeout(60)

@@ -85,21 +85,24 @@ def open_state(path: str, flags: int, *, create: bool = False, mode: int = 0o644
     return fd, created
 
 
-def share_created(fd: int, dir_path: str) -> None:
+def share_created(fd: int, dir_path: str, *, writable: bool = True) -> None:
     """A file we have just created in a directory other users write to:
-    make it usable by them (the lock files every run opens read-write).
-    Only ever called on a file this process created (open_state's
-    `created`)."""
+    make it usable by them, whatever our umask -- read-write (the lock
+    files every run opens read-write), or with `writable=False` readable
+    only (a ticket, which its owner alone may change). Only ever called on
+    a file this process created (open_state's `created`)."""
     try:
         dmode = os.stat(dir_path).st_mode
     except OSError:
         return
-    if dmode & stat.S_IWOTH:
-        want = 0o666
-    elif dmode & stat.S_IWGRP:
-        want = 0o660
-    else:
+    if not dmode & (stat.S_IWOTH | stat.S_IWGRP):
         return  # a private directory: the umask's mode is right
+    if not writable:
+        want = 0o644
+    elif dmode & stat.S_IWOTH:
+        want = 0o666
+    else:
+        want = 0o660
     try:
         os.fchmod(fd, want)
     except OSError:

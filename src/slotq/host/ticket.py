@@ -147,6 +147,9 @@ def take_ticket(state_dir: str, pool: str, info: dict[str, object],
             tmp = os.path.join(pdir, f".{seq:016d}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
             # Writable by its owner only: nobody else can touch it (and its ctime).
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            # In a shared line, readable by everyone in it, whatever our umask
+            # (077 would hide the run's label and pid from their status).
+            share_created(fd, pdir, writable=False)
             # Locked before it gets its visible name, so nobody can see an
             # unlocked live ticket and remove it.
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
