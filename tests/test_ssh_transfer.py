@@ -74,7 +74,8 @@ def test_each_work_dir_has_its_own_tree_on_the_host(remote: Remote, tmp_path: Pa
 @pytest.mark.timeout(60)
 def test_sync_none_runs_in_the_same_path(remote: Remote, tmp_path: Path) -> None:
     shared = Path("/tmp") / f"slotq-shared-{remote.tag}"
-    shared.mkdir(mode=0o777)
+    shared.mkdir()
+    shared.chmod(0o777)  # the test user's, too, whatever the suite's umask
     try:
         proc = subprocess.run(slotq_cmd() + ["run", "-q", "--sync", "none", *remote.args, "--", "pwd"],
                               capture_output=True, text=True, timeout=40, cwd=shared)
