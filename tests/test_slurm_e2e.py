@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import alive, group_alive, one_line, slotq_cmd, wait_for, watch_snapshots
+from conftest import alive, group_alive, one_line, running_with, slotq_cmd, wait_for, watch_snapshots
 from slotq.client.ledger import Ledger
 from slurm_world import (CONF, MAGIC_LOOKALIKE, err, history_line, history_lines, jobs_named, pending_job,
                          pending_run, placeholder, requires_cluster, result, squeue, start)
@@ -274,6 +274,13 @@ def test_a_bad_partition_is_one_line_and_exit_2(slurm_env: Path, monkeypatch: py
     proc = subprocess.run(slotq_cmd() + args, capture_output=True, text=True, timeout=30, cwd=tmp)
     assert proc.returncode == 2
     assert "Slurm refused the job" in one_line(proc) and "Invalid partition" in one_line(proc)
+    # The run's sentinel (its liveness while a job is pending) was told the
+    # run is over: it did not take the exit for a vanished caller and write
+    # `caller_gone` in the history (it did, a second later, and made the
+    # state dir to do it).
+    wait_for(lambda: not running_with(str(tmp / "state")), what="the run's sentinel gone")
+    history = tmp / "state" / "history.jsonl"
+    assert not history.exists() or "caller_gone" not in history.read_text(), history.read_text()
 
 
 @pytest.mark.timeout(60)

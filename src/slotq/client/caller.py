@@ -18,7 +18,7 @@ from .. import protocol
 from .. import signals as signal
 from ..clock import INF, Clock, Timer
 from ..durations import format_duration, seconds_in
-from ..errors import HostUnavailable, ProtocolError, UsageError, WorkTreeError
+from ..errors import HostUnavailable, ProtocolError, StateDirError, UsageError, WorkTreeError
 from ..outcome import WHILE_PREPARING, WHILE_RUNNING, WHILE_WAITING, Outcome, exit_code_for
 from ..spec import RunSpec
 from ..transports.base import Transport
@@ -405,6 +405,16 @@ def run(
                         beat_at = INF
                         result.queue_s = max(0.0, clock.monotonic() - queue_start - (now - end))
                     exited = _on_event(ev, result, dogs, say, spec, live) or exited
+    except (UsageError, StateDirError):
+        # The host turned the request down (a bad class or partition, Slurm
+        # refusing the job, an unusable state dir) and its side is over: the
+        # transport still ends its part, as after any run -- Slurm's sentinel
+        # is told `done` (else it took our exit for a vanished caller and
+        # wrote that in the history) -- and an open wait ends now.
+        if made:
+            made[0].finish(clock.wall())
+        transport.wait()
+        raise
     finally:
         for sig, handler in old_handlers.items():
             signal.signal(sig, handler)  # type: ignore[arg-type]
@@ -550,8 +560,6 @@ def _on_event(ev: dict[str, object], result: RunResult, dogs: Watchdogs,
         if ev.get("kind") == "state":
             # The host's state directory is unusable (missing, full, read-only,
             # an odd file in it): exit 73, as documented.
-            from ..errors import StateDirError
-
             raise StateDirError(f"host {result.host}: {message}", result.host)
         result.outcome = Outcome.UNAVAILABLE
         result.message = f"host {result.host}: {message}"
