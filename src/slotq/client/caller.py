@@ -18,7 +18,7 @@ from .. import protocol
 from .. import signals as signal
 from ..clock import INF, Clock, Timer
 from ..durations import format_duration, seconds_in
-from ..errors import HostUnavailable, ProtocolError, StateDirError, UsageError, WorkTreeError
+from ..errors import HostUnavailable, ProtocolError, SlotqError, StateDirError, UsageError, WorkTreeError
 from ..outcome import WHILE_PREPARING, WHILE_RUNNING, WHILE_WAITING, Outcome, exit_code_for
 from ..spec import RunSpec
 from ..transports.base import Transport
@@ -324,6 +324,7 @@ def run(
             cancel_for(stops[0])
     sinks = {protocol.STDOUT: stdout_fd, protocol.STDERR: stderr_fd}
     beat_at = INF  # when a quiet run refreshes its open queue wait
+    turned_down: SlotqError | None = None
     try:
         while True:
             deadline = min(dogs.next_deadline(), beat_at)
@@ -405,16 +406,8 @@ def run(
                         beat_at = INF
                         result.queue_s = max(0.0, clock.monotonic() - queue_start - (now - end))
                     exited = _on_event(ev, result, dogs, say, spec, live) or exited
-    except (UsageError, StateDirError):
-        # The host turned the request down (a bad class or partition, Slurm
-        # refusing the job, an unusable state dir) and its side is over: the
-        # transport still ends its part, as after any run -- Slurm's sentinel
-        # is told `done` (else it took our exit for a vanished caller and
-        # wrote that in the history) -- and an open wait ends now.
-        if made:
-            made[0].finish(clock.wall())
-        transport.wait()
-        raise
+    except (UsageError, StateDirError) as e:
+        turned_down = e
     finally:
         for sig, handler in old_handlers.items():
             signal.signal(sig, handler)  # type: ignore[arg-type]
@@ -423,6 +416,16 @@ def run(
         except OSError:
             pass
         os.close(from_fd)
+    if turned_down is not None:
+        # The host turned the request down (a bad class or partition, Slurm
+        # refusing the job, an unusable state dir) and its side is over: the
+        # transport still ends its part, as after any run -- Slurm's sentinel
+        # is told `done` (else it took our exit for a vanished caller and
+        # wrote that in the history) -- and an open wait ends now.
+        if made:
+            made[0].finish(clock.wall())
+        transport.wait()
+        raise turned_down
     if made:
         made[0].finish(clock.wall())  # a run that ended without a slot: its wait ends now
     if result.queue_s is None:
