@@ -173,10 +173,12 @@ def _user_state(root: str = _USER_STATE) -> set[str]:
 
 def _leftovers() -> set[str]:
     out = _user_state()
-    tmp = tempfile.gettempdir()
-    for name in os.listdir(tmp):
-        if name.startswith("slotq"):
-            out.add(os.path.join(tmp, name))
+    # $TMPDIR's, and /tmp's whatever $TMPDIR says: slotq's own fallback for
+    # ssh sockets (/tmp/slotq-ssh-<uid>) is there.
+    for tmp in {tempfile.gettempdir(), "/tmp"}:
+        for name in os.listdir(tmp):
+            if name.startswith("slotq"):
+                out.add(os.path.join(tmp, name))
     for home in _LEFTOVER_HOMES:
         try:
             out |= {os.path.join(home, n) for n in os.listdir(home)}  # st-*, state-*, a new .local or .cache

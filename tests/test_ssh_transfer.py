@@ -12,6 +12,7 @@ import pwd
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -335,8 +336,10 @@ def test_a_file_of_the_work_tree_its_user_cannot_read_is_that_users_error_not_un
     shutil.copy(Path(remote.cfg).parent / "known_hosts", keys / "known_hosts")
     (keys / "config").write_text(cfg_text.replace(key, str(keys / "id")).replace(
         str(Path(remote.cfg).parent / "known_hosts"), str(keys / "known_hosts")))
-    runtime = home / "runtime"
-    runtime.mkdir(mode=0o700)
+    # Short, under /tmp whatever $TMPDIR says: a socket's path must fit in
+    # 107 bytes, or slotq falls back to /tmp/slotq-ssh-<uid>, outside this
+    # test's dirs. Removed at the end, with the master in it.
+    runtime = Path(tempfile.mkdtemp(prefix="sq-", dir="/tmp"))
     work = home / "work"
     (work / "build").mkdir(parents=True)
     (work / "main.py").write_text("print('hi')\n")
@@ -347,9 +350,16 @@ def test_a_file_of_the_work_tree_its_user_cannot_read_is_that_users_error_not_un
         if p.parent == keys:
             os.chmod(p, 0o600)
     args = ["--host", "slotq-test", "--ssh-config", str(keys / "config"), "--remote-slotq", remote.remote_slotq]
-    proc = subprocess.run(world.cmd("run", "--json", str(home / "r.json"), *args, "--", "echo", "RAN"),
-                          capture_output=True, text=True, timeout=60, cwd=work, stdin=subprocess.DEVNULL,
-                          env=world.env(user, XDG_RUNTIME_DIR=str(runtime)), user=uid, group=gid)
+    try:
+        proc = subprocess.run(world.cmd("run", "--json", str(home / "r.json"), *args, "--", "echo", "RAN"),
+                              capture_output=True, text=True, timeout=60, cwd=work, stdin=subprocess.DEVNULL,
+                              env=world.env(user, XDG_RUNTIME_DIR=str(runtime)), user=uid, group=gid)
+    finally:
+        socks = runtime / "slotq-ssh"
+        for sock in socks.iterdir() if socks.is_dir() else []:
+            if sock.is_socket():
+                subprocess.run(["ssh", "-S", str(sock), "-O", "exit", "x"], capture_output=True, timeout=20)
+        shutil.rmtree(runtime)
     assert proc.returncode == 66, proc.stderr
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("slotq run: error: cannot read 1 path(s) of "
                                                                    f"the work tree {work} to send it to host "
