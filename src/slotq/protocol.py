@@ -44,6 +44,7 @@ PREPARED = "prepared"
 STARTED = "started"
 EXITED = "exited"
 ERROR = "error"
+AWAY = "away"  # local runs only: the caller may wait away (host/away.py)
 
 
 def frame(kind: bytes, payload: bytes) -> bytes:
@@ -74,9 +75,11 @@ _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     EXITED: {"outcome": (str,), "exit_code": _OPT_INT, "signal": _OPT_INT, "message": (str,), "phases": (dict,),
              "not_started": (bool,)},
     ERROR: {"kind": (str,), "message": (str,)},
+    AWAY: {"ticket": (str,), "ticket_fd": (int,), "ahead_fd": (int,), "max_wait_s": _NUM},
 }
 _REQUIRED = {HELLO: ("protocol",), QUEUED: (), SLOT: ("slot",), PREPARED: ("ok",), STARTED: (),
-             EXITED: ("outcome",), ERROR: ("message",)}
+             EXITED: ("outcome",), ERROR: ("message",),
+             AWAY: ("ticket", "ticket_fd", "ahead_fd")}
 
 
 def _finite(x: float) -> bool:

@@ -135,6 +135,10 @@ def waiting(state_dir: str, pool: str, now: float,
         if info:
             entry.update({k: info.get(k) for k in ("run_id", "label", "pid", "since", "budget")})
             entry["class"] = info.get("cls")
+            from .host.away import is_away
+
+            if is_away(info.get("pid")):
+                entry["away"] = True  # a shell until shortly before its turn (host/away.py)
             since = info.get("since")
             if isinstance(since, (int, float)) and not isinstance(since, bool):
                 entry["waited_s"] = round(max(0.0, now - since), 3)
@@ -337,6 +341,7 @@ def format_snapshot(snap: dict[str, object], bars: bool = False, color: bool = F
                              f"run {printable(w.get('run_id'))}, pid {printable(w.get('pid'))}, "
                              f"waited {format_duration(float(w.get('waited_s') or 0))}, "
                              f"expected wait ~{format_duration(float(eta.get('s') or 0))} more)"
+                             + (" [waiting away: a shell until shortly before its turn]" if w.get("away") else "")
                              + (" [out of order: placed last]" if w.get("forged") else ""))
         else:
             lines.append("  nobody waiting")

@@ -114,17 +114,26 @@ def _send(run_id: str, live: _Live | None) -> CancelReply:
     listen yet -- it opens its control socket when it must wait, or once
     its command has run 0.1 s -- is tried again, for up to LISTEN_WAIT while
     its runner lives: a script that cancels the run it just started must
-    not hear "no live run"."""
+    not hear "no live run". A run waiting away (a shell: host/away.py) is
+    woken first (SIGUSR1): it comes back, and listens."""
     from slotq.host.control import send_cancel
     from slotq.host.orphans import alive
 
     deadline = time.monotonic() + LISTEN_WAIT
+    woken = False
     while True:
         try:
             return send_cancel(run_id, expect_uid=live.uid if live else None)
         except (ConnectionRefusedError, FileNotFoundError):
             if live is None or not alive(live.pid, live.pid_start):
                 raise
+            if not woken:
+                woken = True
+                from slotq.host.away import SIGUSR1, away_pid
+
+                if away_pid(live.pid):  # waiting away (host/away.py): it comes back, and listens
+                    os.kill(live.pid, SIGUSR1)  # type: ignore[arg-type]
+                    deadline = time.monotonic() + LISTEN_WAIT
             if time.monotonic() >= deadline:
                 raise _NotListening(live.pid) from None
             time.sleep(0.02)

@@ -57,6 +57,9 @@ the test host, over ssh or in a Slurm job.
                                 (same user only)
   run [options] -- CMD          the runner of one run; stdin is the caller's
                                 channel (`slotq host run --help`)
+  away-gone                     a run that waited away died: close its wait
+                                and bury its ticket (started by the run's
+                                watcher, with $SLOTQ_AWAY_GONE)
 """,
     "hello": """\
 usage: slotq host hello
@@ -87,6 +90,10 @@ def main(args: list[str]) -> int:
         return init(args[1:])
     if args == ["hello"]:
         return hello()
+    if args == ["away-gone"]:
+        from slotq.host.away import gone
+
+        return gone()
     if args[:1] == ["reap"]:
         if len(args) != 2 or not (args[1].isalnum() and args[1].isascii()):
             raise UsageError("usage: slotq host reap RUN_ID")

@@ -11,6 +11,7 @@ from slotq.errors import UsageError
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from slotq.spec import RunSpec
+    from slotq.transports.local import LocalTransport
     from slotq.transports.ssh import SshTransport
 
 EPILOG = """\
@@ -89,6 +90,7 @@ def main(args: list[str]) -> int:
         say, live = line.say, line.update
         report_every = min(report_every, 1.0)
     transport: Transport
+    local: LocalTransport | None = None
     if use_slurm(opts):
         from slotq.config import HostConfig
         from slotq.transports.slurm import SlurmTransport
@@ -108,7 +110,7 @@ def main(args: list[str]) -> int:
     else:
         from slotq.transports.local import LocalTransport
 
-        local = LocalTransport()
+        local = LocalTransport(away=True)
         if opts.cls not in local.config.classes:
             known = ", ".join(sorted(local.config.classes))
             if not class_given:
@@ -117,6 +119,8 @@ def main(args: list[str]) -> int:
             raise UsageError(f"unknown class {opts.cls!r} (this host knows: {known})")
         transport = local
     spec = _spec(opts, command, report_every)
+    if local is not None:
+        local.come_back(spec)  # a run that waited away (host/away.py) takes back its place and run id
     cwd = str(spec.cwd)
     json_result = JsonResult(opts.json)  # a bad --json path is a usage error before the run joins the line
     transport.reserve(spec)  # join the host's line before the rest of slotq loads, where a transport can

@@ -218,6 +218,8 @@ def run(
         return made[0]
 
     queue_start = clock.monotonic()
+    if transport.came_back and transport.queued_since is not None:
+        queue_start -= max(0.0, clock.wall() - transport.queued_since)  # in line since, away meanwhile
     stops: list[int] = []  # the stop signals this run was sent (handle_sigint)
 
     def catch_stops(handler: Callable[[int, object], None]) -> dict[int, object]:
@@ -294,6 +296,8 @@ def run(
                             warn=_silent).closer("queue")
 
     transport.keep_wait_end(wait_closer)
+    if transport.came_back:
+        waits().adopt("queue")  # opened before this process waited away (host/away.py)
     to_fd, from_fd = transport.start(spec)
     decoder = protocol.Decoder()
     exited = False
@@ -398,6 +402,16 @@ def run(
                             # nothing to refresh, no wake-up until our turn.
                             kept = ev.get("wait_kept") is True and not transport.remote
                             beat_at = INF if kept else clock.monotonic() + heartbeat_every
+                    elif ev.get("event") == protocol.AWAY:
+                        # Far back in a slow local line: wait away, as a
+                        # shell (host/away.py; this process is replaced and
+                        # comes back before its turn), unless we cannot.
+                        if made and made[0].opened:
+                            transport.go_away(ev, recorder=made[0], stops=stops)
+                        try:
+                            os.write(to_fd, b"stay\n")
+                        except OSError:
+                            pass
                     elif ev.get("event") == protocol.SLOT:
                         now = clock.wall()
                         end = _wait_end(ev, queue_wall, now, transport.remote)

@@ -469,6 +469,11 @@ class WaitRecorder:
             if kind == "queue" and self._spool_size > SPOOL_MOVE_BYTES:
                 self._move_in()  # in line (a transfer's time is the run's own)
 
+    def adopt(self, kind: str) -> None:
+        """The run's `kind` wait is open already: this process took the run
+        over from itself (a run that waited away, host/away.py)."""
+        self._open = f"{self.run_id}:{kind}"
+
     def _move_in(self) -> None:
         """Move the spool into SQLite ourselves: no reader may ever come
         (a user who never runs `slotq task` or `slotq waits`). We are

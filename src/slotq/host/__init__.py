@@ -11,6 +11,7 @@
     libc.py        libc calls the standard library lacks (prctl, inotify), via _ctypes
     process.py     the keeper: supervises the command, survives its caller
     child.py       the runner's view of a keeper
+    away.py        a quiet run far back in a slow line waits as a shell (flock)
     orphans.py     a run's processes when its keeper is gone
     terminate.py   the stopping policy (TERM, grace, KILL)
     control.py     a run's control socket (`slotq cancel`)

@@ -3,7 +3,9 @@
 - out: the framed stream (protocol.py) on `out_fd`; a write error means
   nobody listens any more (`gone`).
 - in: the caller's channel on `in_fd`: `cancel <reason>` lines (an
-  outcome, or the stop signal the caller was sent: `cancel SIGTERM`);
+  outcome, or the stop signal the caller was sent: `cancel SIGTERM`),
+  `close stdout|stderr` (its reader is gone), `stay` (it will not wait
+  away after all: host/away.py);
   end-of-file or a read error means the caller is gone.
 - signals: SIGTERM/SIGHUP to the runner's process (`slotq host run` over
   ssh, or a forked local runner) cancel the run, through a wake-up pipe;
@@ -49,6 +51,7 @@ class CallerLink:
         self.control_tried = False
         self.cancel_note: str | None = None  # who cancelled us through `slotq cancel`
         self.stopped_by: str | None = None  # the stop signal that cancelled us, as the history names it
+        self.stayed = False  # the caller said `stay`: it will not wait away (host/away.py)
         self.closed: set[bytes] = set()  # streams whose reader is gone (`close stdout`): close them, as a pipe would
 
     # ------------------------------------------------------------ out
@@ -151,6 +154,8 @@ class CallerLink:
                 if self.stopped_by is None:
                     self.stopped_by = signal.word_name(words[1])
                 return _CANCEL_REASONS.get(words[1], Outcome.CANCELLED)
+            if words == ["stay"]:
+                self.stayed = True
             if len(words) == 2 and words[0] == "close" and words[1] in _STREAMS:
                 self.closed.add(_STREAMS[words[1]])
         return None

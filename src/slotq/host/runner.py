@@ -18,6 +18,7 @@ import os
 import select
 
 from .. import __version__, history, protocol
+from .. import signals as signal
 from ..clock import INF, Clock
 from ..config import HostConfig
 from ..durations import format_duration
@@ -73,12 +74,16 @@ class HostRunner:
         allocation: str | None = None,
         ticket: Ticket | None = None,
         wait_closer: Callable[[], Callable[[float], None]] | None = None,
+        may_go_away: bool = False,
+        came_back: bool = False,
     ) -> None:
         """`ticket`: the run's place in line, taken before this runner was
         made (LocalTransport.reserve); the runner adopts it, or withdraws it
         if the run never queues. `wait_closer` (LocalTransport.keep_wait_end):
         how a standby keeper closes the caller's queue wait if the caller
-        dies in line; a quiet caller is then told it need not refresh it."""
+        dies in line; a quiet caller is then told it need not refresh it.
+        `may_go_away`: the caller can wait away (host/away.py: `slotq run`
+        with the local transport, the runner a thread of it)."""
         self.spec = spec
         self._reserved = ticket
         # A slot a scheduler already granted (Slurm: "slurm:JOBID"): this
@@ -103,6 +108,8 @@ class HostRunner:
         self._ack_w = -1  # a byte here tells our keeper we wrote the history line
         self._children: list[Child] = []  # keepers to reap at the end
         self.wait_closer = wait_closer
+        self.may_go_away = may_go_away and not came_back
+        self.came_back = came_back  # it waited away: its wait began before this process
 
     def close_stream(self) -> None:
         """End the stream to the caller (once)."""
@@ -189,6 +196,8 @@ class HostRunner:
         waiter = self._waiter = Waiter(self.state_dir, self.config, pool, info, defer_leave=True,
                                        wait=self._pass_time, ticket=reserved)
         start = self.clock.monotonic()
+        if self.came_back:
+            start -= max(0.0, self.clock.wall() - now_wall)  # in line since then (--max-wait counts from there)
         next_report = start
         standby: tuple[Child, dict[int, bytes]] | None = None
         # A one-slot line waits in the kernel, like flock(1): each waiter's
@@ -235,6 +244,9 @@ class HostRunner:
                     else:
                         self._report(waiter, pool, now - start, with_eta=not first and not spec.quiet)
                     next_report = now + spec.report_every if not spec.quiet or at_head else INF
+                if standby is None and keeps_wait and self.may_go_away and spec.quiet and not waiter.is_head:
+                    self.may_go_away = False  # one look: a run that stays, stays
+                    self._offer_away(waiter, None if give_up == INF else give_up - now)
                 if standby is None and by_keeper:
                     # After the first report: what that loads and touches is
                     # then shared with the keeper, not copied (about 1 MB
@@ -296,6 +308,32 @@ class HostRunner:
             waiter.withdraw()
             raise
         return lease
+
+    def _offer_away(self, waiter: Waiter, max_wait_left: float | None) -> None:
+        """Far back in a slow line, offer the caller to wait away
+        (host/away.py): it execs -- this thread ends with its process -- or
+        says `stay` (a stop signal came first, or the exec failed), and the
+        run waits here as any other. Raises _Ended if the caller ended it
+        meanwhile."""
+        from . import away
+
+        ahead_fd = away.plan(self.state_dir, waiter.pool, waiter.ticket.path)
+        if ahead_fd is None:
+            return
+        # The stop signals go to the caller's thread only: there they are
+        # either handled (a cancel, and `stay`) or held across its exec.
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+        try:
+            self.link.event(protocol.AWAY, ticket=waiter.ticket.path, ticket_fd=waiter.ticket.fd, ahead_fd=ahead_fd,
+                            **({} if max_wait_left is None else {"max_wait_s": round(max_wait_left, 3)}))
+            while not self.link.stayed:
+                ready, _, _ = select.select(self.link.fds(), [], [])
+                ended = self.link.check(ready)
+                if ended is not None:
+                    raise _Ended(ended, None)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            os.close(ahead_fd)
 
     def _pass_time(self, seconds: float) -> None:
         """Someone holds the ticket counter: wait a moment, still listening

@@ -16,6 +16,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from ..client.ledger import WaitRecorder
     from ..spec import RunSpec
 
 
@@ -30,6 +31,9 @@ class Transport:
     # When the run joined the host's line, if the transport did that before
     # `start` (LocalTransport.reserve): the client's wait counts from then.
     queued_since: float | None = None
+    # The run waited away and came back (local only: host/away.py): its
+    # queue wait is open in the ledger already, since `queued_since`.
+    came_back = False
 
     def prepare(self, spec: RunSpec) -> None:
         """Connect, check the host's slotq, transfer the work tree. Raises
@@ -52,6 +56,14 @@ class Transport:
         outlive the caller on the caller's machine (local: the standby
         keeper) keeps it, so a caller killed in line still gets its wait's
         true end without waking to refresh the record; the others ignore it."""
+
+    def go_away(self, ev: dict[str, object], *, recorder: WaitRecorder, stops: list[int]) -> str:
+        """The host offers to let the caller wait away (an `away` event:
+        host/away.py). Only `slotq run` on this machine can (its process is
+        replaced by a shell until shortly before its turn, then started
+        again from its own command line): this returns only if the caller
+        stays, saying why."""
+        return "not a local run of `slotq run`"
 
     def describe(self) -> dict[str, object]:
         """Facts about the connection for the result (e.g. master reuse)."""

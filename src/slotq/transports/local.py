@@ -38,6 +38,10 @@ def _reap_done() -> None:
             _unreaped.discard(pid)
 
 
+def _ignore(signum: int, frame: object) -> None:
+    pass
+
+
 class LocalTransport(Transport):
     """This machine is the host.
 
@@ -52,7 +56,10 @@ class LocalTransport(Transport):
     """
 
     def __init__(self, state_dir: str | None = None, config: HostConfig | None = None, *,
-                 in_process: bool = True) -> None:
+                 in_process: bool = True, away: bool = False) -> None:
+        """`away`: the caller may wait away (host/away.py) -- only `slotq
+        run` itself, whose process can be replaced and started again from
+        its command line."""
         from ..config import state_dir_from_env
 
         self.state_dir = state_dir or state_dir_from_env()
@@ -65,6 +72,8 @@ class LocalTransport(Transport):
         self._failure = ""  # why the in-process runner failed, if it did
         self._ticket: Ticket | None = None  # taken early (reserve), for the runner to adopt
         self._wait_closer: Callable[[], Callable[[float], None]] | None = None  # keep_wait_end
+        self.away = away and in_process
+        self.came_back = False  # this process is a run that waited away and came back
 
     def reserve(self, spec: RunSpec) -> None:
         """Take the run's place in line now, before the client and the
@@ -77,6 +86,8 @@ class LocalTransport(Transport):
         which reports it as it always does."""
         if not self.in_process or self._ticket is not None:
             return
+        if self.came_back:
+            return  # its ticket is adopted already (come_back)
         try:
             pool = self.config.pool_for(spec.cls)
         except KeyError:
@@ -88,6 +99,52 @@ class LocalTransport(Transport):
                                   slots=self.config.pools.get(pool, 0))
         if self._ticket is not None:
             self.queued_since = now
+
+    def come_back(self, spec: RunSpec) -> None:
+        """A run that waited away (host/away.py) starts again: it takes back
+        its ticket -- its place in line -- and its run id, and the time it
+        joined the line. A stop signal that brought it back is taken as
+        one sent to this run now. Raises UsageError if the environment
+        says it comes back with a ticket that is not its own."""
+        if "SLOTQ_AWAY" not in os.environ and "SLOTQ_AWAY_STOP" not in os.environ:
+            return  # (every local run asks: no import for the answer)
+        from ..host import away
+
+        try:
+            back = away.back(self.state_dir)
+        except away.BackError as e:
+            from ..errors import UsageError
+
+            raise UsageError(f"cannot take back the run's place in line: {e}") from None
+        if back is None:
+            return
+        from .. import signals
+
+        signals.signal(away.SIGUSR1, _ignore)  # `slotq cancel`'s wake-up, if it comes late; default in the command
+        info = back.ticket.info
+        run_id, since = info.get("run_id"), info.get("since")
+        if isinstance(run_id, str):
+            spec.run_id = run_id
+        self._ticket = back.ticket
+        self.came_back = True
+        self.queued_since = float(since) if isinstance(since, (int, float)) else time.time()
+        if back.stop is not None:
+            signals.early.append(back.stop)
+
+    def go_away(self, ev: dict[str, object], *, recorder: Any, stops: list[int]) -> str:
+        if not self.away or not self.in_process:
+            return "not a local run of `slotq run`"
+        from ..host import away
+
+        ticket_fd, ahead_fd, path = ev.get("ticket_fd"), ev.get("ahead_fd"), ev.get("ticket")
+        if not isinstance(ticket_fd, int) or not isinstance(ahead_fd, int) or not isinstance(path, str):
+            return "a malformed away event"
+        left = ev.get("max_wait_s")
+        from ..host.ticket import Ticket
+
+        return away.go(Ticket(path, ticket_fd, 0, "", {}), ahead_fd,
+                       float(left) if isinstance(left, (int, float)) else None, run_id=recorder.run_id,
+                       ledger=recorder.path, workdir=recorder.workdir, host=recorder.host, stopped=stops)
 
     def keep_wait_end(self, make_closer: Callable[[], Callable[[float], None]]) -> None:
         """The runner's standby keeper (a fork of this process, in a session
@@ -133,7 +190,8 @@ class LocalTransport(Transport):
             from ..host.runner import HostRunner
 
             runner = HostRunner(spec, state_dir=self.state_dir, config=self.config, in_fd=ctl_r, out_fd=ev_w,
-                                ticket=ticket, wait_closer=self._wait_closer)
+                                ticket=ticket, wait_closer=self._wait_closer, may_go_away=self.away and done is not None,
+                                came_back=self.came_back)
             runner.run()
         except BaseException as e:
             why = (f"{e.strerror}" + (f" ({e.filename})" if e.filename else "") if isinstance(e, OSError)

@@ -1,0 +1,416 @@
+"""Waiting away: a quiet local run far back in a slow line sheds its
+interpreter while it waits, and comes back a few places before its turn.
+
+A queued caller is a CPython process (and, in a one-slot line, its standby
+keeper): about 6 MB each. Far back in a line of test suites that is memory
+held for minutes for nothing. So a run that
+
+- is quiet (-q: no reports to make), local (the host side is a thread of
+  the caller), in a one-slot pool, without --prepare,
+- has more than AWAY_AHEAD runs ahead of it at its first look, and
+- expects a long wait: that many runs of the pool's typical length (the
+  median of its recent runs in the history; a pool with no history is
+  not known to be slow, and nobody goes away there)
+
+execs, with its own pid, a `sh` (NAME in `ps`) that waits in `flock -s` on
+the ticket AWAY_AHEAD + 1 places ahead. Its own ticket stays locked on an
+inherited descriptor: its place in line, as before. When that ticket goes
+(or at a stop signal, `slotq cancel`'s wake-up, or the end of --max-wait:
+`flock -w`), the `sh` execs the run's own command line again, with the
+ticket's descriptor in the environment (ENV). The run is parsed from its
+own argv, in its own work dir and environment, adopts its ticket (`back`),
+and goes on as a run AWAY_AHEAD places from the head -- whose extra
+interpreter start is paid while others run. A stop signal the `sh` caught
+is raised again once slotq's handlers are in place: `cancelled`, as ever.
+
+If the run dies away (a `kill -9` of its group), a watcher -- `flock -x` on
+a descriptor of its ticket, in a session of its own, started before the
+exec -- gets the lock and starts `slotq host away-gone`, which closes the
+run's wait record at the moment of the death and buries the ticket (the
+run's `caller_gone` history line), as a standby keeper would. A run that
+comes back ends its watcher first.
+
+Measured (docs/architecture.md, "Memory per waiter"): sh, flock and the
+watcher together are about 0.35 MB, against about 6 MB for a caller and its
+keeper.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .. import signals as signal
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .ticket import Ticket
+
+AWAY_AHEAD = 4  # a run comes back when this many runs are ahead of it
+AWAY_MIN_WAIT = 60.0  # ... and goes away only if it expects to wait this long
+ENV = "SLOTQ_AWAY"  # the come-back's ticket (JSON), set by the exec, read once
+ENV_STOP = "SLOTQ_AWAY_STOP"  # the signal the sh caught: TERM, INT, HUP, or USR1 (slotq cancel's wake-up)
+ENV_GONE = "SLOTQ_AWAY_GONE"  # for `slotq host away-gone` (JSON)
+NAME = "slotq-away"  # the sh's $0: how `ps` and `slotq cancel` know a run waiting away
+MAX_ENV = 8192
+_STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+SIGUSR1 = 10  # Linux; `_signal` has it, but this module is read by `slotq cancel` too
+
+# The sh's script: descriptor {ahead} is the ticket to wait for, {own} our
+# own ticket (closed in flock: a `kill -9` of the sh alone must free our
+# place); sh names descriptors by one digit only; $1: flock, $2: its -w seconds or "", the rest: the run's
+# command line. A signal slotq was started with ignored (nohup's SIGHUP)
+# cannot be trapped by sh: it stays ignored.
+# USR1 is ignored across the exec back: slotq sets its own handler at once.
+_SCRIPT = """\
+# slotq run {run_id} waiting away (slotq status shows its place)
+w=
+trap 'w=TERM' TERM
+trap 'w=INT' INT
+trap 'w=HUP' HUP
+trap 'w=USR1' USR1
+f=$1 t=$2
+shift 2
+if [ -z "$w" ]; then
+  if [ -n "$t" ]; then "$f" -s -w "$t" {ahead} {own}<&- </dev/null & p=$!
+  else "$f" -s {ahead} {own}<&- </dev/null & p=$!; fi
+  while :; do wait $p; s=$?; [ -n "$w" ] && break; [ $s -le 128 ] && break; done
+  [ -n "$w" ] && kill $p 2>/dev/null
+fi
+exec {ahead}<&-
+trap '' USR1
+export SLOTQ_AWAY_STOP="$w"
+exec "$@"
+"""
+
+
+def _program(name: str) -> str | None:
+    for d in os.environ.get("PATH", "/usr/bin:/bin").split(":"):
+        path = os.path.join(d or ".", name)
+        if os.access(path, os.X_OK) and os.path.isfile(path):
+            return path
+    return None
+
+
+def plan(state_dir: str, pool: str, ticket_path: str) -> int | None:
+    """Should the run holding `ticket_path` go away? A descriptor of the
+    ticket to wait for (AWAY_AHEAD + 1 places ahead), else None."""
+    from .ticket import ahead_of
+
+    ahead = ahead_of(os.path.dirname(ticket_path), ticket_path)
+    if len(ahead) <= AWAY_AHEAD or _program("flock") is None:
+        return None
+    from .. import history
+    from ..eta import RECENT, typical_run
+
+    try:
+        typical, runs = typical_run(history.once_each(history.recent(state_dir, 2 * RECENT)), pool)
+    except Exception:  # an unreadable history: not known to be slow
+        return None
+    if runs == 0 or len(ahead) * typical < AWAY_MIN_WAIT:
+        return None
+    from ..statefile import StateFileError, open_state
+
+    try:
+        fd, _ = open_state(ahead[-(AWAY_AHEAD + 1)], os.O_RDONLY)
+    except (OSError, StateFileError):
+        return None  # gone already: the line moves; stay
+    return fd
+
+
+def _launcher() -> list[str]:
+    """How this slotq was started, up to its own arguments: the interpreter,
+    its options and the script (`python -S .../slotq`, `python -m slotq`)."""
+    orig = list(sys.orig_argv)
+    return [sys.executable, *orig[1:len(orig) - len(sys.argv) + 1]]
+
+
+def go(ticket: Ticket, ahead_fd: int, max_wait_left: float | None, *, run_id: str, ledger: str,
+       workdir: str, host: str, stopped: list[int]) -> str:
+    """Exec the waiting `sh` (never returns), or say why not: a stop signal
+    came first (`stopped`: the caller's list of them), or the watcher or
+    the exec failed. Called in the caller's main thread; the runner thread
+    has blocked the stop signals and waits for `stay`."""
+    flock = _program("flock")
+    if flock is None:
+        return "no flock(1)"
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, set(_STOPS))
+    watcher = -1
+    try:
+        if _came(stopped):
+            return "a stop signal came"
+        watcher = _watch(flock, ticket.path, run_id=run_id, ledger=ledger, workdir=workdir, host=host)
+        from ..records import to_json
+
+        env = dict(os.environ)
+        env.pop(ENV_STOP, None)
+        own, ahead = _free_digits()
+        env[ENV] = to_json({"fd": own, "path": ticket.path, "watcher": watcher})
+        wait = "" if max_wait_left is None else f"{max(0.0, max_wait_left):.3f}"
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError, AttributeError):
+                pass
+        argv = ["sh", "-c", _SCRIPT.format(own=own, ahead=ahead, run_id=_plain(run_id)), NAME, flock, wait, *_launcher(), *sys.argv[1:]]
+        saved = _place({own: ticket.fd, ahead: ahead_fd})
+        try:
+            # The stop signals unblocked for the exec (a shell does not
+            # unblock them itself while it waits): one held back meanwhile
+            # is handled now -- a cancel, and we stay. One in the few
+            # microseconds before the exec's system call is lost (the
+            # harness's KILL that follows is then seen as a death).
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            if not _came(stopped):
+                os.execve("/bin/sh", argv, env)
+        finally:
+            _put_back(saved)
+    except OSError as e:
+        return f"cannot wait away: {e.strerror or e}"
+    finally:  # (only if we stay)
+        if watcher > 0:
+            end_watcher(watcher)
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    return "a stop signal came"
+
+
+def _free_digits() -> tuple[int, int]:
+    """Two descriptors from 3 to 9 (sh names descriptors by one digit) that
+    nothing holds or only we do (close-on-exec: gone at the exec anyway),
+    where the sh gets our ticket and the one to wait for. Never one a
+    program that started us passed on (a make jobserver's pipe)."""
+    import fcntl
+
+    usable = []
+    for fd in range(3, 10):
+        try:
+            if fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC:
+                usable.append(fd)
+        except OSError:
+            usable.append(fd)  # free
+    if len(usable) < 2:
+        raise OSError(0, "no two descriptors below 10 to give the shell")
+    return usable[0], usable[1]
+
+
+def _place(moves: dict[int, int]) -> dict[int, int | None]:
+    """dup2 each source onto its target, inherited; what the targets held
+    is kept (above 9), to put back should the exec fail."""
+    import fcntl
+
+    copies = {dst: fcntl.fcntl(src, fcntl.F_DUPFD_CLOEXEC, 10) for dst, src in moves.items()}
+    saved: dict[int, int | None] = {}
+    try:
+        for dst in moves:
+            try:
+                saved[dst] = fcntl.fcntl(dst, fcntl.F_DUPFD_CLOEXEC, 10)
+            except OSError:
+                saved[dst] = None
+        for dst, copy in copies.items():
+            os.dup2(copy, dst, inheritable=True)
+    except OSError:
+        _put_back(saved)
+        raise
+    finally:
+        for fd in copies.values():
+            os.close(fd)
+    return saved
+
+
+def _put_back(saved: dict[int, int | None]) -> None:
+    for dst, old in saved.items():
+        if old is None:
+            try:
+                os.close(dst)
+            except OSError:
+                pass
+        else:
+            os.dup2(old, dst, inheritable=False)
+            os.close(old)
+
+
+def _plain(text: str) -> str:
+    return "".join(c for c in text if c.isascii() and c.isalnum())[:64]
+
+
+def _came(stopped: list[int]) -> bool:
+    """A function call: the stop signals' Python handlers, pending since
+    they were blocked, run on its entry, before the list is read."""
+    return bool(stopped)
+
+
+def _watch(flock: str, path: str, **gone: str) -> int:
+    """Start the watcher: `flock -x` on a new descriptor of our ticket (the
+    lock comes when we die), in a session of its own, holding nothing else
+    of ours, then `slotq host away-gone`."""
+    from ..records import to_json
+    from ..statefile import open_state
+
+    fd, _ = open_state(path, os.O_RDONLY)
+    try:
+        os.set_inheritable(fd, True)
+        env = dict(os.environ)
+        env[ENV_GONE] = to_json({"path": path, "fd": fd, **gone})
+        env.pop(ENV, None)
+        env.pop(ENV_STOP, None)
+        null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            actions: list[tuple[int, ...]] = [(os.POSIX_SPAWN_DUP2, null, 0), (os.POSIX_SPAWN_DUP2, null, 1),
+                                              (os.POSIX_SPAWN_DUP2, null, 2)]
+            for name in os.listdir("/proc/self/fd"):
+                other = int(name)
+                if other > 2 and other != fd:
+                    try:
+                        if os.get_inheritable(other):  # one our own caller passed us (a pipe's end)
+                            actions.append((os.POSIX_SPAWN_CLOSE, other))
+                    except OSError:
+                        pass
+            return os.posix_spawn(flock, [flock, "-x", f"/dev/fd/{fd}", *_launcher(), "host", "away-gone"], env,
+                                  file_actions=actions, setsid=True, setsigmask=())
+        finally:
+            os.close(null)
+    finally:
+        os.close(fd)
+
+
+def end_watcher(pid: int) -> None:
+    """End our watcher (a child of this process), if it is one."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        ppid = -1
+    if ppid != os.getpid():
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except OSError:
+        pass
+
+
+class Back:
+    """A run that came back: its ticket, and the stop signal (if any) that
+    brought it back."""
+
+    __slots__ = ("ticket", "stop", "cancel_woke")
+
+    def __init__(self, ticket: Ticket, stop: int | None, cancel_woke: bool) -> None:
+        self.ticket = ticket
+        self.stop = stop
+        self.cancel_woke = cancel_woke
+
+
+class BackError(Exception):
+    """The environment says the run comes back, but its ticket is not ours."""
+
+
+def back(state_dir: str) -> Back | None:
+    """A run coming back (ENV set by `go`'s exec): end its watcher and
+    adopt its ticket. Clears ENV and ENV_STOP (never the command's).
+    Raises BackError naming what is wrong; None for a run that was never
+    away."""
+    raw = os.environ.pop(ENV, None)
+    stop_word = os.environ.pop(ENV_STOP, None)
+    if raw is None:
+        return None
+    if len(raw) > MAX_ENV:
+        raise BackError(f"${ENV} is {len(raw)} bytes long (at most {MAX_ENV})")
+    from ..records import from_json
+
+    try:
+        what = from_json(raw, max_depth=2)
+    except ValueError as e:
+        raise BackError(f"${ENV} is not JSON ({e})") from None
+    if not isinstance(what, dict) or not all(isinstance(what.get(k), t) and not isinstance(what.get(k), bool)
+                                             for k, t in (("fd", int), ("path", str), ("watcher", int))):
+        raise BackError(f"${ENV} does not name a ticket (fd, path, watcher)")
+    fd, path = int(what["fd"]), str(what["path"])
+    if int(what["watcher"]) > 0:
+        end_watcher(int(what["watcher"]))
+    import fcntl
+
+    from .ticket import MAX_INFO, Ticket, pool_dir
+
+    try:
+        st = os.fstat(fd)
+        named = os.lstat(path)
+        if (st.st_dev, st.st_ino) != (named.st_dev, named.st_ino) or st.st_uid != os.getuid():
+            raise BackError(f"descriptor {fd} is not our ticket {path}")
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # ours already: a no-op; another's: refused
+        info = from_json(os.pread(fd, MAX_INFO, 0).decode("utf-8", "replace") or "null")
+    except (OSError, ValueError) as e:
+        raise BackError(f"ticket {path} on descriptor {fd}: {getattr(e, 'strerror', None) or e}") from None
+    os.set_inheritable(fd, False)
+    pool = info.get("pool") if isinstance(info, dict) else None
+    seq = info.get("seq") if isinstance(info, dict) else None
+    if (not isinstance(info, dict) or not isinstance(pool, str) or not isinstance(seq, int)
+            or os.path.dirname(path) != pool_dir(state_dir, pool)):
+        raise BackError(f"ticket {path} is not one of this state dir's ({state_dir})")
+    stop = {"TERM": signal.SIGTERM, "INT": signal.SIGINT, "HUP": signal.SIGHUP}.get(stop_word or "")
+    return Back(Ticket(path, fd, seq, pool, info), stop, stop_word == "USR1")
+
+
+def is_away(pid: object) -> bool:
+    """Is `pid` a run waiting away, whoever's it is (`slotq status`)? Its
+    command line says so: `sh -c SCRIPT slotq-away ...`."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read(65536).split(b"\0")
+    except OSError:
+        return False
+    return argv[:2] == [b"sh", b"-c"] and argv[3:4] == [NAME.encode()]
+
+
+def away_pid(pid: object) -> bool:
+    """Is process `pid` a run of ours waiting away (`slotq cancel` wakes it
+    with SIGUSR1)?"""
+    try:
+        return is_away(pid) and os.stat(f"/proc/{pid}").st_uid == os.getuid()
+    except OSError:
+        return False
+
+
+def gone() -> int:
+    """`slotq host away-gone`: the watcher's lock came -- the run died away.
+    Close its wait record now and bury its ticket (its history line)."""
+    import time
+
+    from ..records import from_json
+
+    raw = os.environ.get(ENV_GONE, "")
+    try:
+        what = from_json(raw, max_depth=2) if 0 < len(raw) <= MAX_ENV else None
+    except ValueError:
+        what = None
+    if not isinstance(what, dict) or not all(isinstance(what.get(k), str) for k in
+                                             ("path", "run_id", "ledger", "workdir", "host")) \
+            or not isinstance(what.get("fd"), int):
+        sys.stderr.write(f"slotq host away-gone: error: ${ENV_GONE} is missing or malformed\n")
+        return 2
+    now = time.time()
+    try:
+        st = os.fstat(int(what["fd"]))
+        named = os.lstat(str(what["path"]))
+    except OSError as e:
+        sys.stderr.write(f"slotq host away-gone: error: {what['path']}: {e.strerror or e}\n")
+        return 1
+    from .proclocks import holder_pids
+
+    # Only for a ticket whose lock our watcher (our parent) holds now: its
+    # run is dead. Never a live run's, whatever the environment says.
+    if (st.st_dev, st.st_ino) != (named.st_dev, named.st_ino) or \
+            holder_pids(st.st_dev, st.st_ino) != [os.getppid()]:
+        sys.stderr.write(f"slotq host away-gone: error: the lock of {what['path']} is not held by this "
+                         "watcher: nothing done\n")
+        return 1
+    from ..client.ledger import WaitRecorder
+
+    WaitRecorder(run_id=str(what["run_id"]), workdir=str(what["workdir"]), host=str(what["host"]),
+                 path=str(what["ledger"]), warn=lambda line: None).closer("queue")(now)
+    from .ticket import bury
+
+    bury(str(what["path"]), int(what["fd"]))
+    return 0

@@ -1,0 +1,260 @@
+"""Waiting away (host/away.py): a quiet local run far back in a slow
+one-slot line waits as a shell and flock(1), at a fraction of an
+interpreter's memory, and comes back before its turn -- in its place, with
+its run id, its wait record and its clocks; a stop signal, `slotq cancel`,
+--max-wait and a `kill -9` of its group while away end it as they end any
+waiting run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import Run, Start, live_tickets, slotq_cmd, spool_ops, start_holder, wait_for
+from slotq import history
+from slotq.host.away import AWAY_AHEAD, away_pid
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def seed_history(state_dir: Path, ran_s: float = 60.0, runs: int = 3) -> None:
+    """The pool's history says its runs take `ran_s`: a slow line."""
+    state_dir.mkdir(exist_ok=True)
+    now = time.time() - 3600
+    for i in range(runs):
+        history.append(str(state_dir), history.run_record(
+            run_id=f"seed{i}", label="seed", cls="shared", host="h", outcome="passed", exit_code=0, message="",
+            pool="shared", phases={"submitted": now, "slot": now, "started": now, "ended": now + ran_s}))
+
+
+def line_of(runs: Start, state_dir: Path, log: Path, n: int, *extra: str) -> list[Run]:
+    """`n` quiet runs in line, in this order, each appending its name to `log`."""
+    out = []
+    for i in range(n):
+        out.append(runs("-q", *extra, "--", "sh", "-c", f"echo w{i} >> {log}", name=f"w{i}"))
+        wait_for(lambda: len(live_tickets(state_dir)) == i + 1, what=f"w{i} in line")
+    return out
+
+
+def children_of(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    if int(f.read().rsplit(b")", 1)[1].split()[1]) == pid:
+                        out.append(int(entry))
+            except OSError:
+                pass
+    return out
+
+
+def cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode(errors="replace") for a in f.read().split(b"\0")[:-1]]
+    except OSError:
+        return []
+
+
+def pss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
+
+
+def ticket_info(state_dir: Path, pid: int) -> dict[str, Any]:
+    from slotq.host.ticket import list_tickets, pool_dir, read_info
+
+    for _, path in list_tickets(pool_dir(str(state_dir), "shared")):
+        info = read_info(path) or {}
+        if info.get("pid") == pid:
+            return info
+    return {}
+
+
+def history_of(state_dir: Path, run_id: str) -> list[dict[str, Any]]:
+    return [r for r in history.recent(str(state_dir), 100) if r.get("run_id") == run_id]
+
+
+def gone_away(run: Run) -> bool:
+    return away_pid(run.proc.pid)
+
+
+def test_a_quiet_run_far_back_in_a_slow_line_waits_as_a_shell_and_runs_in_its_turn(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    seed_history(state_dir)
+    gate, log = tmp_path / "gate", tmp_path / "log"
+    start_holder(runs, state_dir, gate)
+    near = line_of(runs, state_dir, log, AWAY_AHEAD + 1, "--credit-dir", str(tmp_path))
+    far = runs("-q", "--", "sh", "-c", f"echo far >> {log}; env > {tmp_path / 'far.env'}", name="far")
+    wait_for(lambda: gone_away(far), what="the far run waiting away")
+    info = ticket_info(state_dir, far.proc.pid)
+    assert info.get("run_id"), "its ticket names it, with its own pid"
+    helpers = {" ".join(cmdline(p)[:2]): p for p in children_of(far.proc.pid)}
+    assert set(helpers) == {"/usr/bin/flock -s", "/usr/bin/flock -x"}, helpers
+    assert os.getsid(helpers["/usr/bin/flock -x"]) != os.getsid(far.proc.pid), "the watcher has a session of its own"
+    total = pss_kb(far.proc.pid) + sum(pss_kb(p) for p in helpers.values())
+    assert total < 1024, f"a run waiting away is {total} kB (sh, flock and its watcher)"
+    for w in near:
+        assert not gone_away(w), "the runs near the head keep their interpreter"
+    shown = subprocess.run(slotq_cmd() + ["status"], capture_output=True, text=True, timeout=20).stdout
+    (line,) = [x for x in shown.splitlines() if f"run {info['run_id']}" in x]
+    assert line.startswith(f"  waiting {AWAY_AHEAD + 2}: ") and "[waiting away" in line, line
+    assert sum("[waiting away" in x for x in shown.splitlines()) == 1
+    gate.touch()
+    for w in [*near, far]:
+        assert w.wait() == 0, w.err
+    assert log.read_text().split() == [f"w{i}" for i in range(AWAY_AHEAD + 1)] + ["far"]
+    result = far.result()
+    assert result["outcome"] == "passed" and result["run_id"] == info["run_id"]
+    assert result["phases"]["submitted"] == pytest.approx(info["since"], abs=0.01), "its wait began when it joined"
+    env = (tmp_path / "far.env").read_text()
+    assert "SLOTQ_AWAY" not in env and f"SLOTQ_RUN_ID={info['run_id']}" in env
+    key = f"{info['run_id']}:queue"
+    ledger = os.environ["SLOTQ_LEDGER"]
+    assert len(spool_ops(ledger, key, "open")) == 1 and len(spool_ops(ledger, key, "close")) == 1
+    assert spool_ops(ledger, key, "close")[0]["end"] == pytest.approx(result["phases"]["slot"], abs=0.5)
+    wait_for(lambda: not children_of(far.proc.pid) or far.proc.poll() is not None, what="helpers gone")
+    assert not any("slotq host away-gone" in " ".join(cmdline(int(p))) for p in os.listdir("/proc") if p.isdigit())
+
+
+@pytest.mark.parametrize("why", ["no history", "a fast pool", "not quiet"])
+def test_a_run_stays_unless_it_is_quiet_and_its_wait_is_known_to_be_long(
+        state_dir: Path, runs: Start, tmp_path: Path, why: str) -> None:
+    if why != "no history":
+        seed_history(state_dir, ran_s=1.0 if why == "a fast pool" else 60.0)
+    gate, log = tmp_path / "gate", tmp_path / "log"
+    start_holder(runs, state_dir, gate)
+    line_of(runs, state_dir, log, AWAY_AHEAD + 2)
+    far = runs(*([] if why == "not quiet" else ["-q"]), "--", "true", name="far")
+    # It waits in its standby keeper, a fork of it (the same program).
+    wait_for(lambda: any(cmdline(p) == cmdline(far.proc.pid) for p in children_of(far.proc.pid)),
+             what="the far run's standby keeper")
+    assert not gone_away(far) and cmdline(far.proc.pid)[0] != "sh"
+    gate.touch()
+    assert far.wait() == 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_stop_signal_while_away_cancels_the_run(state_dir: Path, runs: Start, tmp_path: Path, sig: int) -> None:
+    seed_history(state_dir)
+    gate, log = tmp_path / "gate", tmp_path / "log"
+    start_holder(runs, state_dir, gate)
+    line_of(runs, state_dir, log, AWAY_AHEAD + 1)
+    far = runs("-q", "--", "sh", "-c", f"echo far >> {log}", name="far")
+    wait_for(lambda: gone_away(far), what="the far run waiting away")
+    run_id = ticket_info(state_dir, far.proc.pid)["run_id"]
+    helpers = children_of(far.proc.pid)
+    far.proc.send_signal(sig)
+    assert far.wait() == 130
+    result = far.result()
+    name = "Ctrl-C" if sig == signal.SIGINT else signal.Signals(sig).name
+    assert result["outcome"] == "cancelled" and f"({name})" in result["message"], result["message"]
+    assert [r["outcome"] for r in history_of(state_dir, run_id)] == ["cancelled"]
+    assert len(live_tickets(state_dir)) == AWAY_AHEAD + 1, "its place left the line; the others kept theirs"
+    wait_for(lambda: not any(os.path.exists(f"/proc/{p}") for p in helpers), what="its flock and watcher gone")
+    key = f"{run_id}:queue"
+    assert spool_ops(os.environ["SLOTQ_LEDGER"], key, "close"), "its wait record was closed"
+    gate.touch()
+    wait_for(lambda: len(log.read_text().split()) == AWAY_AHEAD + 1 if log.exists() else False,
+             what="the others ran")
+    assert "far" not in log.read_text().split()
+
+
+def test_slotq_cancel_reaches_a_run_waiting_away(state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    seed_history(state_dir)
+    gate, log = tmp_path / "gate", tmp_path / "log"
+    start_holder(runs, state_dir, gate)
+    line_of(runs, state_dir, log, AWAY_AHEAD + 1)
+    far = runs("-q", "--", "true", name="far")
+    wait_for(lambda: gone_away(far), what="the far run waiting away")
+    run_id = ticket_info(state_dir, far.proc.pid)["run_id"]
+    done = subprocess.run(slotq_cmd() + ["cancel", run_id], capture_output=True, text=True, timeout=20)
+    assert done.returncode == 0, done.stderr
+    assert far.wait() == 130
+    assert "cancelled by slotq cancel" in far.result()["message"]
+    gate.touch()
+
+
+def test_max_wait_while_away_turns_the_run_away_in_time(state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    seed_history(state_dir)
+    gate, log = tmp_path / "gate", tmp_path / "log"
+    start_holder(runs, state_dir, gate)
+    line_of(runs, state_dir, log, AWAY_AHEAD + 1)
+    t0 = time.monotonic()
+    far = runs("-q", "--max-wait", "3s", "--", "true", name="far")
+    wait_for(lambda: gone_away(far), what="the far run waiting away")
+    assert far.wait() == 117
+    took = time.monotonic() - t0
+    result = far.result()
+    assert result["outcome"] == "not_admitted" and "--max-wait" in result["message"]
+    assert 3.0 <= took < 10.0, f"turned away after {took:.1f}s for --max-wait 3s"
+    gate.touch()
+
+
+def test_a_kill_of_its_group_while_away_ends_its_wait_then_and_records_it(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    seed_history(state_dir)
+    gate, log = tmp_path / "gate", tmp_path / "log"
+    start_holder(runs, state_dir, gate)
+    line_of(runs, state_dir, log, AWAY_AHEAD + 1)
+    far = subprocess.Popen(slotq_cmd() + ["run", "-q", "--", "true"], cwd=tmp_path, stdin=subprocess.DEVNULL,
+                           start_new_session=True)
+    try:
+        wait_for(lambda: away_pid(far.pid), what="the far run waiting away")
+        run_id = ticket_info(state_dir, far.pid)["run_id"]
+        killed = time.time()
+        os.killpg(far.pid, signal.SIGKILL)
+        far.wait(timeout=10)
+    finally:
+        if far.poll() is None:
+            far.kill()
+            far.wait()
+    key = f"{run_id}:queue"
+    ledger = os.environ["SLOTQ_LEDGER"]
+    wait_for(lambda: spool_ops(ledger, key, "close"), what="its wait record closed by its watcher")
+    assert spool_ops(ledger, key, "close")[0]["end"] == pytest.approx(killed, abs=2.0)
+    wait_for(lambda: history_of(state_dir, run_id), what="its history line")
+    assert [r["outcome"] for r in history_of(state_dir, run_id)] == ["caller_gone"]
+    assert len(live_tickets(state_dir)) == AWAY_AHEAD + 1
+    gate.touch()
+    wait_for(lambda: len(log.read_text().split()) == AWAY_AHEAD + 1 if log.exists() else False,
+             what="the others ran")
+
+
+def test_a_run_told_it_comes_back_with_a_ticket_not_its_own_is_refused(state_dir: Path, tmp_path: Path) -> None:
+    seed_history(state_dir)
+    for value, says in ((json.dumps({"fd": 0, "path": str(tmp_path), "watcher": 0}), "is not our ticket"),
+                        ("{", "is not JSON"), ('{"fd": 1}', "does not name a ticket")):
+        done = subprocess.run(slotq_cmd() + ["run", "-q", "--", "true"], cwd=tmp_path, capture_output=True, text=True,
+                              env=dict(os.environ, SLOTQ_AWAY=value), timeout=20)
+        assert done.returncode == 2, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and "cannot take back the run's place in line" in lines[0] and says in lines[0]
+
+
+def test_away_gone_leaves_a_live_runs_ticket_alone(state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    # `slotq host away-gone` is the watcher's: started by anyone else, with a
+    # live run's ticket named, it must do nothing to it.
+    gate, log = tmp_path / "gate", tmp_path / "log"
+    start_holder(runs, state_dir, gate)
+    (waiter,) = line_of(runs, state_dir, log, 1)
+    (path,) = live_tickets(state_dir)
+    run_id = ticket_info(state_dir, waiter.proc.pid)["run_id"]
+    gone = json.dumps({"path": path, "fd": 0, "run_id": run_id, "ledger": os.environ["SLOTQ_LEDGER"],
+                       "workdir": str(tmp_path), "host": "h"})
+    with open(path, "rb") as ticket:
+        done = subprocess.run(slotq_cmd() + ["host", "away-gone"], stdin=ticket, capture_output=True, text=True,
+                              env=dict(os.environ, SLOTQ_AWAY_GONE=gone), timeout=20)
+    assert done.returncode == 1 and "is not held by this watcher: nothing done" in done.stderr
+    assert live_tickets(state_dir) == [path] and not history_of(state_dir, run_id)
+    assert not spool_ops(os.environ["SLOTQ_LEDGER"], f"{run_id}:queue", "close")
+    gate.touch()
+    assert waiter.wait() == 0
