@@ -1,8 +1,13 @@
 """A thousand waiters (`--only waiters`): N callers queued behind one
-holder in a one-slot pool, then in a two-slot pool.
+holder in a one-slot pool whose history says its runs take a minute (a
+line of test suites: the quiet runs far back wait away, slotq/host/away.py),
+then N = 100 in a fresh one-slot pool (no history: nobody knows the line is
+slow, and every run keeps its interpreter; reported, not judged), then a
+two-slot pool.
 
   Pss per queued caller   the caller's process and any helper of it (its
-                          standby keeper), /proc/PID/smaps_rollup, summed
+                          standby keeper; waiting away, its flock and its
+                          watcher), /proc/PID/smaps_rollup, summed
                           and divided by N, once all N are in line and
                           again after the CPU windows (a full run: 60 s
                           later; the target is judged on the larger)
@@ -34,7 +39,7 @@ import sys
 import tempfile
 import time
 
-from tools import SLOTQ, proc_cpu, proc_cpu_ticks, settle
+from tools import REPO, SLOTQ, proc_cpu, proc_cpu_ticks, settle
 
 WINDOW_S = 30.0  # = the default --report-every, and a quiet caller's heartbeat period
 
@@ -68,10 +73,46 @@ def _children(pids: set[int]) -> list[int]:
     return out
 
 
-def line_of(n: int, slots: int, windows: int = 2) -> dict[str, object]:
+SLOW_RUN_S = 60.0  # a slow line: the pool's history says its runs take a minute (test suites)
+
+
+def _seed_history(state: str, ran_s: float, runs: int = 5) -> None:
+    """The pool's history, as a machine that has run test suites of
+    `ran_s` has it: what a waiting run reads to decide whether to wait away
+    (slotq's own history API; the runs are an hour old)."""
+    sys.path.insert(0, str(REPO / "src"))
+    from slotq import history
+
+    os.makedirs(state, exist_ok=True)
+    t = time.time() - 3600
+    for i in range(runs):
+        history.append(state, history.run_record(
+            run_id=f"seed{i}", label="earlier suite", cls="shared", host=os.uname().nodename, outcome="passed",
+            exit_code=0, message="", pool="shared", phases={"submitted": t, "slot": t, "started": t, "ended": t + ran_s}))
+
+
+def _away(pids: list[int]) -> int:
+    """How many of the callers wait away (a shell: slotq/host/away.py)."""
+    n = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                n += f.read(4096).split(b"\0")[3:4] == [b"slotq-away"]
+        except OSError:
+            pass
+    return n
+
+
+def line_of(n: int, slots: int, windows: int = 2, slow: bool = True) -> dict[str, object]:
+    """`slow`: the pool's history says its runs take a minute (a line of
+    test suites: far-back quiet runs wait away); else a fresh pool, with
+    no history (nobody knows the line is slow: every run keeps its
+    interpreter)."""
     work = tempfile.mkdtemp(prefix="slotq-bench-waiters-")
     try:
         state = os.path.join(work, "state")
+        if slow:
+            _seed_history(state, SLOW_RUN_S)
         with open(os.path.join(work, "host.toml"), "w") as f:
             f.write(f"[pools]\nshared = {slots}\nlanding = 1\n")
         env = dict(os.environ, SLOTQ_STATE_DIR=state, SLOTQ_LEDGER=os.path.join(work, "ledger.sqlite"),
@@ -98,6 +139,7 @@ def line_of(n: int, slots: int, windows: int = 2) -> dict[str, object]:
         helpers = _children(pids)
         everyone = [*pids, *helpers]
         pss = sum(_pss_kb(p) for p in everyone)
+        away = _away(list(pids))
         cpu0, ticks0 = sum(proc_cpu(p) for p in everyone), sum(proc_cpu_ticks(p) for p in everyone)
         time.sleep(WINDOW_S)
         cpu1 = sum(proc_cpu(p) for p in everyone)
@@ -108,7 +150,7 @@ def line_of(n: int, slots: int, windows: int = 2) -> dict[str, object]:
             time.sleep(WINDOW_S)
             cpu2 = sum(proc_cpu(p) for p in everyone)
             steady, cpu1 = cpu2 - cpu1, cpu2
-        pss_later = sum(_pss_kb(p) for p in everyone)
+        pss_later = sum(_pss_kb(p) for p in [*pids, *_children(pids)])  # (helpers may come and go)
         with open(gate, "w"):
             pass
         codes = [p.wait(timeout=600) for p in procs]
@@ -119,7 +161,7 @@ def line_of(n: int, slots: int, windows: int = 2) -> dict[str, object]:
         started = [int(x) for x in open(order_file).read().split()]
         by_ticket = sorted(range(n), key=lambda i: tickets[i])
         inversions = sum(1 for a, b in zip(started, started[1:]) if tickets[a] > tickets[b]) if slots == 1 else None
-        return {"n": n, "slots": slots, "pss_mb_per_caller": round(pss / n / 1024, 2),
+        return {"n": n, "slots": slots, "slow": slow, "away": away, "pss_mb_per_caller": round(pss / n / 1024, 2),
                 "pss_mb_per_caller_later": round(pss_later / n / 1024, 2), "in_line_s": windows * WINDOW_S,
                 "helpers": len(helpers), "idle_cpu_s": round(cpu, 3),
                 "idle_cpu_next_window_s": None if steady is None else round(steady, 3),
@@ -130,14 +172,19 @@ def line_of(n: int, slots: int, windows: int = 2) -> dict[str, object]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def run(ns: tuple[int, ...] = (100, 1000), two_slots: int | None = None, windows: int = 2) -> dict[str, object]:
-    """One-slot lines of each N in `ns`, then a two-slot line of
-    `two_slots` callers (default: the last N); each measured over
-    `windows` report periods (--quick: one)."""
+def run(ns: tuple[int, ...] = (100, 1000), two_slots: int | None = None, windows: int = 2,
+        fresh: int | None = 100) -> dict[str, object]:
+    """Slow one-slot lines of each N in `ns`, a fresh one-slot pool of
+    `fresh` callers (none: skipped), then a two-slot line of `two_slots`
+    callers (default: the last N); each measured over `windows` report
+    periods (--quick: one)."""
     out: dict[str, object] = {}
     for n in ns:
         out[f"one_slot_{n}"] = line_of(n, 1, windows)
         print(f"waiters: {out[f'one_slot_{n}']}", file=sys.stderr)
+    if fresh:
+        out[f"one_slot_{fresh}_fresh"] = line_of(fresh, 1, 1, slow=False)
+        print(f"waiters: {out[f'one_slot_{fresh}_fresh']}", file=sys.stderr)
     n2 = ns[-1] if two_slots is None else two_slots
     out[f"two_slots_{n2}"] = line_of(n2, 2, windows)
     print(f"waiters: {out[f'two_slots_{n2}']}", file=sys.stderr)
@@ -149,14 +196,14 @@ def targets(r: dict[str, object]) -> list[tuple[str, bool, str]]:
     for v in r.values():
         d: dict[str, float] = v  # type: ignore[assignment]
         n, slots = int(d["n"]), int(d["slots"])
-        where = f"{slots} slot(s), N={n}"
+        where = f"{slots} slot(s), N={n}" + ("" if d.get("slow", True) else ", fresh pool")
         out.append((f"waiters, {where}: every run passed" + (", in ticket order" if slots == 1 else ""),
                     d["passed"] == n and (slots != 1 or bool(d["in_ticket_order"])),
                     f"{d['passed']} of {n} passed" + (f", {d['inversions']} inversions" if slots == 1 else "")))
         limit = CPU_PER_WAITER_S * n * WINDOW_S
         out.append((f"waiters, {where}: idle CPU over {WINDOW_S:g} s <= {limit:.2f} s (20 us per waiter-second)",
                     d["idle_cpu_s"] <= limit, f"{d['idle_cpu_s']} s"))
-        if slots == 1:
+        if slots == 1 and d.get("slow", True):  # (a fresh pool: reported, not judged -- nobody goes away there)
             pss = max(d["pss_mb_per_caller"], d.get("pss_mb_per_caller_later") or 0)
             out.append((f"waiters, {where}: Pss per queued caller <= {PSS_LIMIT_MB} MB (at entry and "
                         f"{d.get('in_line_s', WINDOW_S):g} s later)", pss <= PSS_LIMIT_MB,
@@ -166,16 +213,17 @@ def targets(r: dict[str, object]) -> list[tuple[str, bool, str]]:
 
 def format_waiters(r: dict[str, object]) -> list[str]:
     lines = ["waiters (one holder, N queued callers), per queued caller and for all of them:",
-             "| pool | N | Pss per queued caller (caller + its keeper), at entry / later | idle CPU of all, "
-             f"first {WINDOW_S:g} s / next {WINDOW_S:g} s | passed | start order |",
-             "|---|---|---|---|---|---|"]
+             "| pool | N | waiting away | Pss per queued caller (its process + its helpers), at entry / later "
+             f"| idle CPU of all, first {WINDOW_S:g} s / next {WINDOW_S:g} s | passed | start order |",
+             "|---|---|---|---|---|---|---|"]
     for key, v in r.items():
         d: dict[str, object] = v  # type: ignore[assignment]
         order = ("ticket order" if d["in_ticket_order"] else f"{d['inversions']} inversions") \
             if d["slots"] == 1 else "–"
         later = d.get("pss_mb_per_caller_later")
         nxt = d.get("idle_cpu_next_window_s")
-        lines.append(f"| {d['slots']} slot(s) | {d['n']} | {d['pss_mb_per_caller']}"
+        pool = f"{d['slots']} slot(s)" + (f", runs of {SLOW_RUN_S:g} s" if d.get("slow", True) else ", fresh")
+        lines.append(f"| {pool} | {d['n']} | {d.get('away', '–')} | {d['pss_mb_per_caller']}"
                      f"{'' if later is None else f' / {later}'} MB (after {d.get('in_line_s', WINDOW_S):g} s) "
                      f"| {d['idle_cpu_s']}{'' if nxt is None else f' / {nxt}'} s "
                      f"| {d['passed']} of {d['n']} | {order} |")
