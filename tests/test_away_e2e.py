@@ -258,3 +258,37 @@ def test_away_gone_leaves_a_live_runs_ticket_alone(state_dir: Path, runs: Start,
     assert not spool_ops(os.environ["SLOTQ_LEDGER"], f"{run_id}:queue", "close")
     gate.touch()
     assert waiter.wait() == 0
+
+
+def test_a_kill_of_the_waiting_shell_alone_frees_its_place_and_its_readers_pipe(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    # The harness kills the pid only, and reads the run's output to its end:
+    # nothing of the run (its flock, its watcher) may keep the pipe open or
+    # the place in line.
+    import select
+
+    seed_history(state_dir)
+    gate, log = tmp_path / "gate", tmp_path / "log"
+    start_holder(runs, state_dir, gate)
+    line_of(runs, state_dir, log, AWAY_AHEAD + 1)
+    far = subprocess.Popen(slotq_cmd() + ["run", "-q", "--", "true"], cwd=tmp_path, stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: away_pid(far.pid), what="the far run waiting away")
+        run_id = ticket_info(state_dir, far.pid)["run_id"]
+        os.kill(far.pid, signal.SIGKILL)
+        assert far.stdout is not None and far.stderr is not None
+        for stream in (far.stdout, far.stderr):
+            ready, _, _ = select.select([stream], [], [], 10)
+            assert ready and stream.read() == b"", "end-of-file for the run's reader"
+        far.wait(timeout=10)
+    finally:
+        if far.poll() is None:
+            far.kill()
+            far.wait()
+    wait_for(lambda: history_of(state_dir, run_id), what="its history line")
+    assert [r["outcome"] for r in history_of(state_dir, run_id)] == ["caller_gone"]
+    assert len(live_tickets(state_dir)) == AWAY_AHEAD + 1
+    gate.touch()
+    wait_for(lambda: len(log.read_text().split()) == AWAY_AHEAD + 1 if log.exists() else False,
+             what="the others ran")

@@ -54,14 +54,16 @@ ENV_GONE = "SLOTQ_AWAY_GONE"  # for `slotq host away-gone` (JSON)
 NAME = "slotq-away"  # the sh's $0: how `ps` and `slotq cancel` know a run waiting away
 MAX_ENV = 8192
 _STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-SIGUSR1 = 10  # Linux; `_signal` has it, but this module is read by `slotq cancel` too
+SIGUSR1 = 10  # (Linux; slotq.signals does not export it)
 
 # The sh's script: descriptor {ahead} is the ticket to wait for, {own} our
 # own ticket (closed in flock: a `kill -9` of the sh alone must free our
-# place); sh names descriptors by one digit only; $1: flock, $2: its -w seconds or "", the rest: the run's
-# command line. A signal slotq was started with ignored (nohup's SIGHUP)
-# cannot be trapped by sh: it stays ignored.
-# USR1 is ignored across the exec back: slotq sets its own handler at once.
+# place; nor does flock hold the caller's stdout, whose reader must see
+# end-of-file when the caller is gone); sh names descriptors by one digit.
+# $1: flock, $2: its -w seconds or "", the rest: the run's command line. A
+# signal slotq was started with ignored (nohup's SIGHUP) cannot be trapped
+# by sh: it stays ignored. USR1 is ignored across the exec back: slotq sets
+# its own handler at once.
 _SCRIPT = """\
 # slotq run {run_id} waiting away (slotq status shows its place)
 w=
@@ -72,8 +74,8 @@ trap 'w=USR1' USR1
 f=$1 t=$2
 shift 2
 if [ -z "$w" ]; then
-  if [ -n "$t" ]; then "$f" -s -w "$t" {ahead} {own}<&- </dev/null & p=$!
-  else "$f" -s {ahead} {own}<&- </dev/null & p=$!; fi
+  if [ -n "$t" ]; then "$f" -s -w "$t" {ahead} {own}<&- </dev/null >/dev/null 2>&1 & p=$!
+  else "$f" -s {ahead} {own}<&- </dev/null >/dev/null 2>&1 & p=$!; fi
   while :; do wait $p; s=$?; [ -n "$w" ] && break; [ $s -le 128 ] && break; done
   [ -n "$w" ] && kill $p 2>/dev/null
 fi
@@ -152,7 +154,8 @@ def go(ticket: Ticket, ahead_fd: int, max_wait_left: float | None, *, run_id: st
                 stream.flush()
             except (OSError, ValueError, AttributeError):
                 pass
-        argv = ["sh", "-c", _SCRIPT.format(own=own, ahead=ahead, run_id=_plain(run_id)), NAME, flock, wait, *_launcher(), *sys.argv[1:]]
+        script = _SCRIPT.format(own=own, ahead=ahead, run_id=_plain(run_id))
+        argv = ["sh", "-c", script, NAME, flock, wait, *_launcher(), *sys.argv[1:]]
         saved = _place({own: ticket.fd, ahead: ahead_fd})
         try:
             # The stop signals unblocked for the exec (a shell does not

@@ -190,8 +190,8 @@ class LocalTransport(Transport):
             from ..host.runner import HostRunner
 
             runner = HostRunner(spec, state_dir=self.state_dir, config=self.config, in_fd=ctl_r, out_fd=ev_w,
-                                ticket=ticket, wait_closer=self._wait_closer, may_go_away=self.away and done is not None,
-                                came_back=self.came_back)
+                                ticket=ticket, wait_closer=self._wait_closer,
+                                may_go_away=self.away and done is not None, came_back=self.came_back)
             runner.run()
         except BaseException as e:
             why = (f"{e.strerror}" + (f" ({e.filename})" if e.filename else "") if isinstance(e, OSError)
