@@ -1,5 +1,6 @@
 """The runner's view of a keeper (process.py): the report it reads on the
-keeper's done pipe, and what it makes of it.
+keeper's done pipe, and what it makes of it; and the command's output,
+streamed to the caller until the command ends, under its budget (`pump`).
 
 A standby keeper asked to (`tell_head`) writes `head` once no ticket has
 been ahead of its own for a while. The keeper writes
@@ -15,8 +16,18 @@ from __future__ import annotations
 
 import errno
 import os
+import select
 
+from .. import protocol
 from .. import signals as signal
+from ..outcome import Outcome
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ..clock import Clock
+    from .callerlink import CallerLink
 
 
 class ChildEnd:
@@ -159,3 +170,60 @@ def _parse_report(raw: bytes) -> ChildEnd:
     # The keeper died without a word (killed): how the command ended, if
     # it even did, nobody knows. The runner deals with it (orphans.py).
     return ChildEnd(None, None, stopped, lost=True)
+
+
+# A running command becomes reachable by `slotq cancel` after this long:
+# nobody cancels a run by hand sooner, and a run that ends first never pays
+# for the socket module (about 0.5 ms of start-up, on every run).
+CONTROL_AFTER = 0.1
+
+
+def pump(link: CallerLink, clock: Clock, child: Child, streams: dict[int, bytes], limit: float,
+         end_lost: Callable[[Child], None]) -> tuple[ChildEnd, Outcome | None]:
+    """Stream the command's output until it ends; the limit starts now.
+    `end_lost`: what to do when its keeper was killed (end its processes).
+    Returns how it ended, and why slotq stopped it (None: it ended)."""
+    timer = clock.timer("budget", limit)
+    reason: Outcome | None = None
+    done = False
+    control_at = clock.monotonic() + CONTROL_AFTER
+    while not done or streams:
+        now = clock.monotonic()
+        if not link.control_tried and now >= control_at:
+            link.listen_for_cancel()
+        fds = list(streams)
+        if not done:
+            fds.append(child.done_fd)
+        fds += link.fds()
+        timeout = None if reason is not None else max(0.0, timer.remaining(now))
+        if not link.control_tried:
+            timeout = max(0.0, control_at - now) if timeout is None else min(timeout, max(0.0, control_at - now))
+        ready, _, _ = select.select(fds, [], [], timeout)
+        if reason is None and timer.remaining(clock.monotonic()) <= 0:
+            reason = Outcome.EXEC_TIMEOUT
+            child.stop()
+        for fd in ready:
+            if fd in streams:
+                chunk = os.read(fd, 65536)
+                if chunk:
+                    link.send(protocol.frame(streams[fd], chunk))
+                else:
+                    os.close(fd)
+                    del streams[fd]
+            elif fd == child.done_fd:
+                done = child.on_readable()
+                if done and child.end is not None and child.end.lost:
+                    end_lost(child)  # its output pipes close as its processes go
+        ended = link.check(ready)
+        if ended is not None and reason is None:
+            reason = ended
+            child.stop()
+        for fd in [fd for fd, kind in streams.items() if kind in link.closed]:
+            # The caller's reader is gone (`slotq run ... | head`): close
+            # our end, so the command meets EPIPE/SIGPIPE as it would
+            # without slotq, and ends its own way.
+            os.close(fd)
+            del streams[fd]
+    assert child.end is not None
+    return child.end, reason
+

@@ -28,7 +28,7 @@ from ..records import load_scanner
 from ..spec import RunSpec
 from . import orphans, verdict
 from .callerlink import CallerLink
-from .child import Child, ChildEnd
+from .child import Child, ChildEnd, pump
 from .hostqueue import Waiter, ensure_state_dir
 from .process import preload_for_start, spawn
 from .slot import GrantedSlot, SlotLease, slot_name
@@ -40,10 +40,6 @@ if TYPE_CHECKING:
 
     from ..eta import Basis
 
-# A running command becomes reachable by `slotq cancel` after this long:
-# nobody cancels a run by hand sooner, and a run that ends first never pays
-# for the socket module (about 0.5 ms of start-up, on every run).
-CONTROL_AFTER = 0.1
 # A scheduler's job that says it was submitted longer ago than this has a
 # clock that is wrong, not a wait: its runner's start is taken instead.
 MAX_SCHEDULER_WAIT = 30 * 86400.0
@@ -558,50 +554,7 @@ class HostRunner:
             self._lost_message = f"{who} before the command started; nothing ran"
 
     def _pump(self, child: Child, streams: dict[int, bytes], limit: float) -> tuple[ChildEnd, Outcome | None]:
-        """Stream the command's output until it ends; the limit starts now."""
-        timer = self.clock.timer("budget", limit)
-        reason: Outcome | None = None
-        done = False
-        control_at = self.clock.monotonic() + CONTROL_AFTER
-        while not done or streams:
-            now = self.clock.monotonic()
-            if not self.link.control_tried and now >= control_at:
-                self.link.listen_for_cancel()
-            fds = list(streams)
-            if not done:
-                fds.append(child.done_fd)
-            fds += self.link.fds()
-            timeout = None if reason is not None else max(0.0, timer.remaining(now))
-            if not self.link.control_tried:
-                timeout = max(0.0, control_at - now) if timeout is None else min(timeout, max(0.0, control_at - now))
-            ready, _, _ = select.select(fds, [], [], timeout)
-            if reason is None and timer.remaining(self.clock.monotonic()) <= 0:
-                reason = Outcome.EXEC_TIMEOUT
-                child.stop()
-            for fd in ready:
-                if fd in streams:
-                    chunk = os.read(fd, 65536)
-                    if chunk:
-                        self.link.send(protocol.frame(streams[fd], chunk))
-                    else:
-                        os.close(fd)
-                        del streams[fd]
-                elif fd == child.done_fd:
-                    done = child.on_readable()
-                    if done and child.end is not None and child.end.lost:
-                        self._end_lost(child)  # its output pipes close as its processes go
-            ended = self.link.check(ready)
-            if ended is not None and reason is None:
-                reason = ended
-                child.stop()
-            for fd in [fd for fd, kind in streams.items() if kind in self.link.closed]:
-                # The caller's reader is gone (`slotq run ... | head`): close
-                # our end, so the command meets EPIPE/SIGPIPE as it would
-                # without slotq, and ends its own way.
-                os.close(fd)
-                del streams[fd]
-        assert child.end is not None
-        return child.end, reason
+        return pump(self.link, self.clock, child, streams, limit, self._end_lost)
 
     def _finish(self, outcome: Outcome, end: ChildEnd | None, lease: SlotLease | None,
                 message: str) -> Outcome:
