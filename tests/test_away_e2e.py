@@ -292,3 +292,25 @@ def test_a_kill_of_the_waiting_shell_alone_frees_its_place_and_its_readers_pipe(
     gate.touch()
     wait_for(lambda: len(log.read_text().split()) == AWAY_AHEAD + 1 if log.exists() else False,
              what="the others ran")
+
+
+def test_a_host_can_keep_every_waiting_run_an_interpreter(state_dir: Path, runs: Start, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    seed_history(state_dir)
+    config = tmp_path / "host.toml"
+    config.write_text('[pools]\nshared = 1\nlanding = 1\n\n[waiting]\naway = "yes"\n')
+    monkeypatch.setenv("SLOTQ_CONFIG", str(config))
+    done = subprocess.run(slotq_cmd() + ["run", "-q", "--", "true"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=20)
+    assert done.returncode == 78 and done.stderr.count("\n") == 1
+    assert "[waiting] takes only away = true or false" in done.stderr
+    config.write_text("[pools]\nshared = 1\nlanding = 1\n\n[waiting]\naway = false\n")
+    gate, log = tmp_path / "gate", tmp_path / "log"
+    start_holder(runs, state_dir, gate)
+    line_of(runs, state_dir, log, AWAY_AHEAD + 2)
+    far = runs("-q", "--", "true", name="far")
+    wait_for(lambda: any(cmdline(p) == cmdline(far.proc.pid) for p in children_of(far.proc.pid)),
+             what="the far run's standby keeper")
+    assert not gone_away(far)
+    gate.touch()
+    assert far.wait() == 0

@@ -20,6 +20,10 @@ State directory: `$SLOTQ_STATE_DIR`, else `$XDG_STATE_HOME/slotq/host`, else
     max_waiting = 50            # runs waiting in one pool's line
     max_waiting_per_user = 10   # of them, one user's
 
+    [waiting]          # optional
+    away = true        # quiet local runs far back in a slow one-slot line wait
+                       # as a shell (about 0.35 MB instead of 6): host/away.py
+
     [slurm]            # optional: `slotq run --slurm` (transports/slurm.py)
     slotq = "/opt/slotq/bin/slotq"   # slotq on the nodes (default: this one, by path)
     options = ["--account=ci"]       # given to Slurm (srun) for every run
@@ -107,7 +111,7 @@ class HostConfig:
     """Pools, class -> pool mapping and host defaults."""
 
     __slots__ = ("pools", "classes", "budget", "kill_grace", "prepare_timeout", "path", "max_waiting",
-                 "max_waiting_per_user", "warnings", "slurm", "retention")
+                 "max_waiting_per_user", "warnings", "slurm", "retention", "wait_away")
 
     def __init__(
         self,
@@ -121,6 +125,7 @@ class HostConfig:
         max_waiting_per_user: int | None = None,
         slurm: SlurmConfig | None = None,
         retention: float = DEFAULT_RETENTION,
+        wait_away: bool = True,
     ) -> None:
         self.pools = dict(DEFAULT_POOLS if pools is None else pools)
         self.classes = {name: name for name in self.pools}
@@ -134,6 +139,7 @@ class HostConfig:
         self.warnings: list[str] = []  # e.g. a config file ignored as untrusted
         self.slurm = slurm or SlurmConfig()
         self.retention = retention  # how long the run history is kept, seconds
+        self.wait_away = wait_away  # [waiting] away (host/away.py)
         where = f"host config {path}: " if path else ""
         for cls, pool in self.classes.items():
             if pool not in self.pools:
@@ -256,7 +262,7 @@ class HostConfig:
 
     @classmethod
     def _from_dict(cls, data: dict[str, object], path: str | None) -> "HostConfig":
-        unknown = set(data) - {"pools", "classes", "defaults", "admission", "slurm", "history"}
+        unknown = set(data) - {"pools", "classes", "defaults", "admission", "slurm", "history", "waiting"}
         if unknown:
             raise ConfigError(f"host config {path}: unknown section(s) {sorted(unknown)}", path)
         pools_raw = data.get("pools", DEFAULT_POOLS)
@@ -315,8 +321,11 @@ class HostConfig:
                                        limit=10 * 365 * 86400.0)
         except ValueError as e:
             raise ConfigError(f"host config {path}: {e}", path) from None
+        waiting = data.get("waiting", {})
+        if not isinstance(waiting, dict) or set(waiting) - {"away"} or not isinstance(waiting.get("away", True), bool):
+            raise ConfigError(f"host config {path}: [waiting] takes only away = true or false", path)
         return cls(pools, dict(classes_raw), path=path, slurm=slurm, retention=retention,
-                   **values, **limits)  # type: ignore[arg-type]
+                   wait_away=bool(waiting.get("away", True)), **values, **limits)  # type: ignore[arg-type]
 
 
 # srun options that would break how slotq runs a job: one task, whose input

@@ -104,7 +104,7 @@ class HostRunner:
         self._ack_w = -1  # a byte here tells our keeper we wrote the history line
         self._children: list[Child] = []  # keepers to reap at the end
         self.wait_closer = wait_closer
-        self.may_go_away = may_go_away and not came_back
+        self.may_go_away = may_go_away and not came_back and config.wait_away
         self.came_back = came_back  # it waited away: its wait began before this process
 
     def close_stream(self) -> None:
