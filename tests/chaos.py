@@ -85,16 +85,44 @@ def _known(state: Path, label: str) -> bool:
     return False
 
 
+def _seed_slow_history(state: Path) -> None:
+    """The pools' history says their runs take a minute: the quiet runs
+    far back in the one-slot pool wait away (slotq/host/away.py)."""
+    sys.path.insert(0, str(HERE.parent / "src"))
+    from slotq import history
+
+    state.mkdir(parents=True, exist_ok=True)
+    t = time.time() - 3600
+    for pool in SLOTS:
+        for k in range(3):
+            history.append(str(state), history.run_record(
+                run_id=f"seed{pool}{k}", label="seed", cls=pool, host="h", outcome="passed", exit_code=0,
+                message="", pool=pool, phases={"submitted": t, "slot": t, "started": t, "ended": t + 60}))
+
+
+def _is_away(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read(4096).split(b"\0")[3:4] == [b"slotq-away"]
+    except OSError:
+        return False
+
+
 def run_chaos(work: Path, callers: int = 60, kill_share: float = 0.2, hung_share: float = 0.15,
-              seed: int | None = None, spacing: float = 0.03, timeout: float = 120.0) -> dict[str, Any]:
+              seed: int | None = None, spacing: float = 0.03, timeout: float = 120.0, slow: bool = False,
+              landing_share: float = 0.25) -> dict[str, Any]:
+    """`slow`: the pools' history says their runs take a minute, so that
+    quiet runs far back in the one-slot pool (landing) wait away."""
     rng = random.Random(seed)
     state, log = work / "state", work / "log"
     (work / "host.toml").write_text("[pools]\nshared = 2\nlanding = 1\n")
+    if slow:
+        _seed_slow_history(state)
     env = dict(os.environ, SLOTQ_STATE_DIR=str(state), SLOTQ_LEDGER=str(work / "ledger.sqlite"),
                SLOTQ_CONFIG=str(work / "host.toml"))
     plan = []
     for i in range(callers):
-        pool = "landing" if rng.random() < 0.25 else "shared"
+        pool = "landing" if rng.random() < landing_share else "shared"
         hung = rng.random() < hung_share
         style = rng.choice(["pid", "group", "keeper"]) if rng.random() < kill_share else None
         # A victim's command hangs (until its budget ends it): it is still
@@ -121,6 +149,9 @@ def run_chaos(work: Path, callers: int = 60, kill_share: float = 0.2, hung_share
                 if p and p[0] == "S" and int(p[3]) not in starts:
                     starts[int(p[3])] = (p[1], int(p[2]))
                     started_at[int(p[3])] = int(p[4]) / 1e9
+            for i, proc in enumerate(list(procs)):
+                if i not in went_away and proc.poll() is None and _is_away(proc.pid):
+                    went_away.add(i)
             live = _groups()
             now = time.monotonic()
             for g in starts:
@@ -130,6 +161,7 @@ def run_chaos(work: Path, callers: int = 60, kill_share: float = 0.2, hung_share
 
     procs: list[subprocess.Popen[bytes]] = []
     kills: dict[int, str] = {}  # caller index -> style applied
+    went_away: set[int] = set()  # callers seen waiting away
 
     def kill(i: int, style: str, delay: float) -> None:
         proc, label = procs[i], f"chaos#{i}#"
@@ -234,7 +266,8 @@ def run_chaos(work: Path, callers: int = 60, kill_share: float = 0.2, hung_share
         holds[style] = max(holds.get(style, 0.0), died_at[found] - started_at[found])
     overlaps = [line for line in log.read_text().splitlines() if line.startswith("OVERLAP")] if log.exists() else []
     return {
-        "callers": callers, "elapsed_s": round(elapsed, 1), "killed": {s: sum(1 for v in kills.values() if v == s)
+        "callers": callers, "went_away": len(went_away), "killed_away": sorted(set(kills) & went_away),
+        "elapsed_s": round(elapsed, 1), "killed": {s: sum(1 for v in kills.values() if v == s)
                                                                        for s in ("pid", "group", "keeper")},
         "overlaps": overlaps, "fifo_inversions": inversions, "survivors": len(survivors),
         "survivors_not_as_expected": bad, "stale_tickets": stale, "orphan_groups": orphans,

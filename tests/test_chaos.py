@@ -23,3 +23,19 @@ def test_sixty_callers_with_random_sigkills_keep_every_promise(tmp_path: Path) -
     assert report["orphan_groups"] == [], json.dumps(report)
     assert max(report["longest_hold_s"].values()) <= report["hold_limit_s"], json.dumps(report)
     assert report["killed_without_history"] == [], json.dumps(report)
+
+
+@pytest.mark.timeout(150)
+def test_callers_waiting_away_with_random_sigkills_keep_every_promise(tmp_path: Path) -> None:
+    # The same chaos in a slow one-slot pool: far-back quiet runs wait away
+    # (a shell and flock), come back, or are killed there in every style
+    # (`keeper`: one of their flocks).
+    report = run_chaos(tmp_path, callers=40, timeout=120, seed=5, slow=True, landing_share=0.8, kill_share=0.3)
+    assert report["went_away"] >= 10 and report["killed_away"], json.dumps(report)
+    assert report["overlaps"] == [], json.dumps(report)
+    assert report["fifo_inversions"] == 0, json.dumps(report)
+    assert report["survivors_not_as_expected"] == {}, json.dumps(report)
+    assert report["stale_tickets"] == [], json.dumps(report)
+    assert report["orphan_groups"] == [], json.dumps(report)
+    assert max(report["longest_hold_s"].values()) <= report["hold_limit_s"], json.dumps(report)
+    assert report["killed_without_history"] == [], json.dumps(report)
