@@ -58,7 +58,10 @@ PARSER = Parser(
             help="no status lines on stderr, but for the one line of an ending slotq decided (a timeout, "
                  "unavailable, not admitted...) or of a command that could not be started; behind others in "
                  "line the run then sleeps until it is next (no reports to make): in a local one-slot pool, "
-                 "without --prepare, not waking once; elsewhere waking every 30 s to refresh its wait record"),
+                 "without --prepare, not waking once -- and, more than 4 places back in a line whose history says "
+                 "it is slow (a minute or more), waiting away: as a shell, at about 0.35 MB rather than 6, until 4 "
+                 "places before its turn (slotq status shows it) --; elsewhere waking every 30 s to refresh its "
+                 "wait record"),
         *host_options(),
         *slurm_options(),
         Opt("--sync", metavar="MODE", default="rsync", choices=("rsync", "none"),
