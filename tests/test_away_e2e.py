@@ -97,8 +97,9 @@ def test_a_quiet_run_far_back_in_a_slow_line_waits_as_a_shell_and_runs_in_its_tu
     wait_for(lambda: gone_away(far), what="the far run waiting away")
     info = ticket_info(state_dir, far.proc.pid)
     assert info.get("run_id"), "its ticket names it, with its own pid"
-    helpers = {" ".join(cmdline(p)[:2]): p for p in children_of(far.proc.pid)}
-    assert set(helpers) == {"/usr/bin/flock -s", "/usr/bin/flock -x"}, helpers
+    # Its two helpers (the sh forks, then execs the flock it waits in).
+    helpers = wait_for(lambda: h if set(h := {" ".join(cmdline(p)[:2]): p for p in children_of(far.proc.pid)})
+                       == {"/usr/bin/flock -s", "/usr/bin/flock -x"} else None, what="its flock and its watcher")
     assert os.getsid(helpers["/usr/bin/flock -x"]) != os.getsid(far.proc.pid), "the watcher has a session of its own"
     total = pss_kb(far.proc.pid) + sum(pss_kb(p) for p in helpers.values())
     assert total < 1024, f"a run waiting away is {total} kB (sh, flock and its watcher)"
@@ -314,3 +315,21 @@ def test_a_host_can_keep_every_waiting_run_an_interpreter(state_dir: Path, runs:
     assert not gone_away(far)
     gate.touch()
     assert far.wait() == 0
+
+
+def test_a_stop_signal_the_moment_a_run_goes_away_cancels_it(state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    # The signal sent the instant the process has become the shell, before
+    # the shell has set its traps: it must wait for them, not kill the run.
+    seed_history(state_dir)
+    gate, log = tmp_path / "gate", tmp_path / "log"
+    start_holder(runs, state_dir, gate)
+    line_of(runs, state_dir, log, AWAY_AHEAD + 1)
+    for attempt in range(5):
+        far = runs("-q", "--", "true", name=f"far{attempt}")
+        end = time.monotonic() + 10
+        while not away_pid(far.proc.pid):  # no sleep: the earliest moment
+            assert time.monotonic() < end and far.proc.poll() is None, "the far run waiting away"
+        far.proc.send_signal(signal.SIGTERM)
+        assert far.wait() == 130, f"attempt {attempt}: {far.err}"
+        assert far.result()["outcome"] == "cancelled"
+    gate.touch()

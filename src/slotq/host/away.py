@@ -62,8 +62,12 @@ SIGUSR1 = 10  # (Linux; slotq.signals does not export it)
 # end-of-file when the caller is gone); sh names descriptors by one digit.
 # $1: flock, $2: its -w seconds or "", the rest: the run's command line. A
 # signal slotq was started with ignored (nohup's SIGHUP) cannot be trapped
-# by sh: it stays ignored. USR1 is ignored across the exec back: slotq sets
-# its own handler at once.
+# by sh: it stays ignored. The stop signals come blocked across the exec
+# (one sent meanwhile is pending, never lost nor fatal). dash has no way to
+# unblock them but this: when it has had to wait for a foreground child
+# (the child still ran when it looked), it clears its signal mask. So, once
+# the traps are set, a short `sleep` until /proc says nothing is blocked.
+# USR1 is ignored across the exec back: slotq sets its own handler at once.
 _SCRIPT = """\
 # slotq run {run_id} waiting away (slotq status shows its place)
 w=
@@ -73,6 +77,14 @@ trap 'w=HUP' HUP
 trap 'w=USR1' USR1
 f=$1 t=$2
 shift 2
+n=0
+while [ $n -lt 100 ]; do
+  m=
+  while read -r k v; do [ "$k" = SigBlk: ] && m=$v; done </proc/$$/status
+  case $m in *[1-9a-f]*) ;; *) break ;; esac
+  sleep 0.01 </dev/null >/dev/null 2>&1
+  n=$((n + 1))
+done
 if [ -z "$w" ]; then
   if [ -n "$t" ]; then "$f" -s -w "$t" {ahead} {own}<&- </dev/null >/dev/null 2>&1 & p=$!
   else "$f" -s {ahead} {own}<&- </dev/null >/dev/null 2>&1 & p=$!; fi
@@ -158,14 +170,9 @@ def go(ticket: Ticket, ahead_fd: int, max_wait_left: float | None, *, run_id: st
         argv = ["sh", "-c", script, NAME, flock, wait, *_launcher(), *sys.argv[1:]]
         saved = _place({own: ticket.fd, ahead: ahead_fd})
         try:
-            # The stop signals unblocked for the exec (a shell does not
-            # unblock them itself while it waits): one held back meanwhile
-            # is handled now -- a cancel, and we stay. One in the few
-            # microseconds before the exec's system call is lost (the
-            # harness's KILL that follows is then seen as a death).
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
-            if not _came(stopped):
-                os.execve("/bin/sh", argv, env)
+            # The stop signals stay blocked across the exec: one sent from
+            # now on is pending, and the sh's trap gets it (_SCRIPT).
+            os.execve("/bin/sh", argv, env)
         finally:
             _put_back(saved)
     except OSError as e:
@@ -174,7 +181,7 @@ def go(ticket: Ticket, ahead_fd: int, max_wait_left: float | None, *, run_id: st
         if watcher > 0:
             end_watcher(watcher)
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
-    return "a stop signal came"
+    return "exec returned"  # (never)
 
 
 def _free_digits() -> tuple[int, int]:

@@ -108,8 +108,12 @@ class LocalTransport(Transport):
         says it comes back with a ticket that is not its own."""
         if "SLOTQ_AWAY" not in os.environ and "SLOTQ_AWAY_STOP" not in os.environ:
             return  # (every local run asks: no import for the answer)
+        from .. import signals
         from ..host import away
 
+        # Should the shell not have unblocked the stop signals (it does, once
+        # its traps are set): one pending now is a stop of this run (early).
+        signals.pthread_sigmask(signals.SIG_UNBLOCK, {signals.SIGTERM, signals.SIGINT, signals.SIGHUP})
         try:
             back = away.back(self.state_dir)
         except away.BackError as e:
@@ -118,8 +122,6 @@ class LocalTransport(Transport):
             raise UsageError(f"cannot take back the run's place in line: {e}") from None
         if back is None:
             return
-        from .. import signals
-
         signals.signal(away.SIGUSR1, _ignore)  # `slotq cancel`'s wake-up, if it comes late; default in the command
         info = back.ticket.info
         run_id, since = info.get("run_id"), info.get("since")
