@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import statistics
 import subprocess
@@ -54,7 +53,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tools import PYTHON, SLOTQ, TOOLS, Slotq, Tool, Tsp, proc_cpu, settle
+from tools import PYTHON, SLOTQ, TOOLS, Slotq, Tool, Tsp, proc_cpu, remove_work, settle
 
 HERE = Path(__file__).resolve().parent
 
@@ -273,7 +272,7 @@ def measure(tool_names: list[str], scenario: str, fn, reps: int, slots: int = 1,
                 notes[name] = str(e)
             finally:
                 tool.teardown()
-                shutil.rmtree(work, ignore_errors=True)
+                remove_work(work)
         print(f"  {scenario}: repetition {rep + 1}/{reps} done", file=sys.stderr, flush=True)
     out: dict[str, dict[str, object]] = {}
     for name in tool_names:
@@ -405,7 +404,7 @@ def chaos(callers: int, reps: int) -> dict[str, object]:
         try:
             r = run_chaos(work, callers, seed=seed, spacing=0.02, timeout=900)
         finally:
-            shutil.rmtree(work, ignore_errors=True)
+            remove_work(work)
         print(f"chaos seed {seed}: {json.dumps(r)}", file=sys.stderr)
         runs.append(r)
     holds: dict[str, float] = {}

@@ -33,13 +33,12 @@ from __future__ import annotations
 import glob
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
 
-from tools import REPO, SLOTQ, proc_cpu, proc_cpu_ticks, settle
+from tools import REPO, SLOTQ, proc_cpu, proc_cpu_ticks, remove_work, settle
 
 WINDOW_S = 30.0  # = the default --report-every, and a quiet caller's heartbeat period
 
@@ -169,7 +168,7 @@ def line_of(n: int, slots: int, windows: int = 2, slow: bool = True) -> dict[str
                 "passed": sum(1 for c, o in zip(codes, outcomes) if c == 0 and o == "passed"),
                 "inversions": inversions, "in_ticket_order": started == by_ticket if slots == 1 else None}
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        remove_work(work)
 
 
 def run(ns: tuple[int, ...] = (100, 1000), two_slots: int | None = None, windows: int = 2,

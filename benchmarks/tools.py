@@ -6,6 +6,7 @@ GNU parallel's `sem`, task-spooler (`tsp`); and slotq itself."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -67,6 +68,31 @@ def settle(cap: float = 10.0, window: float = 0.3, busy: float = 0.1) -> float:
         if now - prev <= busy * window or time.monotonic() - t0 >= cap:
             return time.monotonic() - t0
         prev = now
+
+
+def remove_work(work: Path | str, timeout: float = 10.0) -> None:
+    """Remove a scenario's work dir once no process uses it any more (none
+    has it in its environment): a run killed at teardown has a keeper, in a
+    session of its own, that closes its wait record in the work dir's
+    ledger a moment later -- and would make the dir again after an early
+    removal (found left behind in /tmp after a full run)."""
+    needle = os.fsencode(str(work))
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        users = False
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and int(entry) != os.getpid():
+                try:
+                    with open(f"/proc/{entry}/environ", "rb") as f:
+                        users = needle in f.read()
+                except OSError:
+                    continue
+                if users:
+                    break
+        if not users:
+            break
+        time.sleep(0.05)
+    shutil.rmtree(work, ignore_errors=True)
 
 
 def descendants(pid: int) -> list[int]:
