@@ -301,14 +301,14 @@ def end_watcher(pid: int) -> None:
 
 class Back:
     """A run that came back: its ticket, and the stop signal (if any) that
-    brought it back."""
+    brought it back (slotq cancel's wake-up is none: its cancel follows
+    through the control socket)."""
 
-    __slots__ = ("ticket", "stop", "cancel_woke")
+    __slots__ = ("ticket", "stop")
 
-    def __init__(self, ticket: Ticket, stop: int | None, cancel_woke: bool) -> None:
+    def __init__(self, ticket: Ticket, stop: int | None) -> None:
         self.ticket = ticket
         self.stop = stop
-        self.cancel_woke = cancel_woke
 
 
 class BackError(Exception):
@@ -358,7 +358,7 @@ def back(state_dir: str) -> Back | None:
             or os.path.dirname(path) != pool_dir(state_dir, pool)):
         raise BackError(f"ticket {path} is not one of this state dir's ({state_dir})")
     stop = {"TERM": signal.SIGTERM, "INT": signal.SIGINT, "HUP": signal.SIGHUP}.get(stop_word or "")
-    return Back(Ticket(path, fd, seq, pool, info), stop, stop_word == "USR1")
+    return Back(Ticket(path, fd, seq, pool, info), stop)
 
 
 def is_away(pid: object) -> bool:
