@@ -13,7 +13,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
@@ -87,6 +87,25 @@ def gone_away(run: Run) -> bool:
     return away_pid(run.proc.pid)
 
 
+@pytest.fixture
+def slow_line(state_dir: Path, runs: Start, tmp_path: Path) -> Iterator[Path]:
+    """A pool whose history says it is slow, its slot held (until the test
+    ends) and AWAY_AHEAD + 1 quiet runs in line, each appending its name to
+    the log this yields: the next quiet run goes away."""
+    seed_history(state_dir)
+    gate, log = tmp_path / "gate", tmp_path / "log"
+    start_holder(runs, state_dir, gate)
+    line_of(runs, state_dir, log, AWAY_AHEAD + 1)
+    yield log
+    gate.touch()
+
+
+def release_and_see_the_others_run(tmp_path: Path, log: Path) -> None:
+    (tmp_path / "gate").touch()
+    wait_for(lambda: len(log.read_text().split()) == AWAY_AHEAD + 1 if log.exists() else False,
+             what="the others ran")
+
+
 def test_a_quiet_run_far_back_in_a_slow_line_waits_as_a_shell_and_runs_in_its_turn(
         state_dir: Path, runs: Start, tmp_path: Path) -> None:
     seed_history(state_dir)
@@ -144,12 +163,9 @@ def test_a_run_stays_unless_it_is_quiet_and_its_wait_is_known_to_be_long(
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
-def test_a_stop_signal_while_away_cancels_the_run(state_dir: Path, runs: Start, tmp_path: Path, sig: int) -> None:
-    seed_history(state_dir)
-    gate, log = tmp_path / "gate", tmp_path / "log"
-    start_holder(runs, state_dir, gate)
-    line_of(runs, state_dir, log, AWAY_AHEAD + 1)
-    far = runs("-q", "--", "sh", "-c", f"echo far >> {log}", name="far")
+def test_a_stop_signal_while_away_cancels_the_run(state_dir: Path, runs: Start, tmp_path: Path, sig: int,
+                                                  slow_line: Path) -> None:
+    far = runs("-q", "--", "sh", "-c", f"echo far >> {slow_line}", name="far")
     wait_for(lambda: gone_away(far), what="the far run waiting away")
     run_id = ticket_info(state_dir, far.proc.pid)["run_id"]
     helpers = children_of(far.proc.pid)
@@ -163,17 +179,11 @@ def test_a_stop_signal_while_away_cancels_the_run(state_dir: Path, runs: Start, 
     wait_for(lambda: not any(os.path.exists(f"/proc/{p}") for p in helpers), what="its flock and watcher gone")
     key = f"{run_id}:queue"
     assert spool_ops(os.environ["SLOTQ_LEDGER"], key, "close"), "its wait record was closed"
-    gate.touch()
-    wait_for(lambda: len(log.read_text().split()) == AWAY_AHEAD + 1 if log.exists() else False,
-             what="the others ran")
-    assert "far" not in log.read_text().split()
+    release_and_see_the_others_run(tmp_path, slow_line)
+    assert "far" not in slow_line.read_text().split()
 
 
-def test_slotq_cancel_reaches_a_run_waiting_away(state_dir: Path, runs: Start, tmp_path: Path) -> None:
-    seed_history(state_dir)
-    gate, log = tmp_path / "gate", tmp_path / "log"
-    start_holder(runs, state_dir, gate)
-    line_of(runs, state_dir, log, AWAY_AHEAD + 1)
+def test_slotq_cancel_reaches_a_run_waiting_away(state_dir: Path, runs: Start, slow_line: Path) -> None:
     far = runs("-q", "--", "true", name="far")
     wait_for(lambda: gone_away(far), what="the far run waiting away")
     run_id = ticket_info(state_dir, far.proc.pid)["run_id"]
@@ -181,14 +191,9 @@ def test_slotq_cancel_reaches_a_run_waiting_away(state_dir: Path, runs: Start, t
     assert done.returncode == 0, done.stderr
     assert far.wait() == 130
     assert "cancelled by slotq cancel" in far.result()["message"]
-    gate.touch()
 
 
-def test_max_wait_while_away_turns_the_run_away_in_time(state_dir: Path, runs: Start, tmp_path: Path) -> None:
-    seed_history(state_dir)
-    gate, log = tmp_path / "gate", tmp_path / "log"
-    start_holder(runs, state_dir, gate)
-    line_of(runs, state_dir, log, AWAY_AHEAD + 1)
+def test_max_wait_while_away_turns_the_run_away_in_time(runs: Start, slow_line: Path) -> None:
     t0 = time.monotonic()
     far = runs("-q", "--max-wait", "3s", "--", "true", name="far")
     wait_for(lambda: gone_away(far), what="the far run waiting away")
@@ -197,15 +202,10 @@ def test_max_wait_while_away_turns_the_run_away_in_time(state_dir: Path, runs: S
     result = far.result()
     assert result["outcome"] == "not_admitted" and "--max-wait" in result["message"]
     assert 3.0 <= took < 10.0, f"turned away after {took:.1f}s for --max-wait 3s"
-    gate.touch()
 
 
 def test_a_kill_of_its_group_while_away_ends_its_wait_then_and_records_it(
-        state_dir: Path, runs: Start, tmp_path: Path) -> None:
-    seed_history(state_dir)
-    gate, log = tmp_path / "gate", tmp_path / "log"
-    start_holder(runs, state_dir, gate)
-    line_of(runs, state_dir, log, AWAY_AHEAD + 1)
+        state_dir: Path, runs: Start, tmp_path: Path, slow_line: Path) -> None:
     far = subprocess.Popen(slotq_cmd() + ["run", "-q", "--", "true"], cwd=tmp_path, stdin=subprocess.DEVNULL,
                            start_new_session=True)
     try:
@@ -225,9 +225,7 @@ def test_a_kill_of_its_group_while_away_ends_its_wait_then_and_records_it(
     wait_for(lambda: history_of(state_dir, run_id), what="its history line")
     assert [r["outcome"] for r in history_of(state_dir, run_id)] == ["caller_gone"]
     assert len(live_tickets(state_dir)) == AWAY_AHEAD + 1
-    gate.touch()
-    wait_for(lambda: len(log.read_text().split()) == AWAY_AHEAD + 1 if log.exists() else False,
-             what="the others ran")
+    release_and_see_the_others_run(tmp_path, slow_line)
 
 
 def test_a_run_told_it_comes_back_with_a_ticket_not_its_own_is_refused(state_dir: Path, tmp_path: Path) -> None:
@@ -262,16 +260,12 @@ def test_away_gone_leaves_a_live_runs_ticket_alone(state_dir: Path, runs: Start,
 
 
 def test_a_kill_of_the_waiting_shell_alone_frees_its_place_and_its_readers_pipe(
-        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+        state_dir: Path, runs: Start, tmp_path: Path, slow_line: Path) -> None:
     # The harness kills the pid only, and reads the run's output to its end:
     # nothing of the run (its flock, its watcher) may keep the pipe open or
     # the place in line.
     import select
 
-    seed_history(state_dir)
-    gate, log = tmp_path / "gate", tmp_path / "log"
-    start_holder(runs, state_dir, gate)
-    line_of(runs, state_dir, log, AWAY_AHEAD + 1)
     far = subprocess.Popen(slotq_cmd() + ["run", "-q", "--", "true"], cwd=tmp_path, stdin=subprocess.DEVNULL,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
@@ -290,9 +284,7 @@ def test_a_kill_of_the_waiting_shell_alone_frees_its_place_and_its_readers_pipe(
     wait_for(lambda: history_of(state_dir, run_id), what="its history line")
     assert [r["outcome"] for r in history_of(state_dir, run_id)] == ["caller_gone"]
     assert len(live_tickets(state_dir)) == AWAY_AHEAD + 1
-    gate.touch()
-    wait_for(lambda: len(log.read_text().split()) == AWAY_AHEAD + 1 if log.exists() else False,
-             what="the others ran")
+    release_and_see_the_others_run(tmp_path, slow_line)
 
 
 def test_a_host_can_keep_every_waiting_run_an_interpreter(state_dir: Path, runs: Start, tmp_path: Path,
@@ -317,13 +309,9 @@ def test_a_host_can_keep_every_waiting_run_an_interpreter(state_dir: Path, runs:
     assert far.wait() == 0
 
 
-def test_a_stop_signal_the_moment_a_run_goes_away_cancels_it(state_dir: Path, runs: Start, tmp_path: Path) -> None:
+def test_a_stop_signal_the_moment_a_run_goes_away_cancels_it(runs: Start, slow_line: Path) -> None:
     # The signal sent the instant the process has become the shell, before
     # the shell has set its traps: it must wait for them, not kill the run.
-    seed_history(state_dir)
-    gate, log = tmp_path / "gate", tmp_path / "log"
-    start_holder(runs, state_dir, gate)
-    line_of(runs, state_dir, log, AWAY_AHEAD + 1)
     for attempt in range(5):
         far = runs("-q", "--", "true", name=f"far{attempt}")
         end = time.monotonic() + 10
@@ -332,4 +320,3 @@ def test_a_stop_signal_the_moment_a_run_goes_away_cancels_it(state_dir: Path, ru
         far.proc.send_signal(signal.SIGTERM)
         assert far.wait() == 130, f"attempt {attempt}: {far.err}"
         assert far.result()["outcome"] == "cancelled"
-    gate.touch()
