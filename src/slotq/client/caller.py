@@ -402,16 +402,10 @@ def run(
                             # nothing to refresh, no wake-up until our turn.
                             kept = ev.get("wait_kept") is True and not transport.remote
                             beat_at = INF if kept else clock.monotonic() + heartbeat_every
-                    elif ev.get("event") == protocol.AWAY:
-                        # Far back in a slow local line: wait away, as a
-                        # shell (host/away.py; this process is replaced and
-                        # comes back before its turn), unless we cannot.
+                    elif ev.get("event") == protocol.AWAY:  # wait away as a shell (host/away.py), if we can
                         if made and made[0].opened:
-                            transport.go_away(ev, recorder=made[0], stops=stops)
-                        try:
-                            os.write(to_fd, b"stay\n")
-                        except OSError:
-                            pass
+                            transport.go_away(ev, recorder=made[0], stops=stops)  # returns only if we stay
+                        _write_line(to_fd, "stay")
                     elif ev.get("event") == protocol.SLOT:
                         now = clock.wall()
                         end = _wait_end(ev, queue_wall, now, transport.remote)
