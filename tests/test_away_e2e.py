@@ -117,9 +117,14 @@ def test_a_quiet_run_far_back_in_a_slow_line_waits_as_a_shell_and_runs_in_its_tu
     info = ticket_info(state_dir, far.proc.pid)
     assert info.get("run_id"), "its ticket names it, with its own pid"
     # Its two helpers (the sh forks, then execs the flock it waits in).
-    helpers = wait_for(lambda: h if set(h := {" ".join(cmdline(p)[:2]): p for p in children_of(far.proc.pid)})
-                       == {"/usr/bin/flock -s", "/usr/bin/flock -x"} else None, what="its flock and its watcher")
-    assert os.getsid(helpers["/usr/bin/flock -x"]) != os.getsid(far.proc.pid), "the watcher has a session of its own"
+    # (Named by program and first option: flock is /usr/bin/flock or /bin/flock, as PATH finds it.)
+    def named(pid: int) -> str:
+        argv = cmdline(pid) or ["?"]
+        return " ".join([os.path.basename(argv[0]), *argv[1:2]])
+
+    helpers = wait_for(lambda: h if set(h := {named(p): p for p in children_of(far.proc.pid)})
+                       == {"flock -s", "flock -x"} else None, what="its flock and its watcher")
+    assert os.getsid(helpers["flock -x"]) != os.getsid(far.proc.pid), "the watcher has a session of its own"
     total = pss_kb(far.proc.pid) + sum(pss_kb(p) for p in helpers.values())
     assert total < 1024, f"a run waiting away is {total} kB (sh, flock and its watcher)"
     for w in near:
