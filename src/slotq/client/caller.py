@@ -297,7 +297,7 @@ def run(
 
     transport.keep_wait_end(wait_closer)
     if transport.came_back:
-        waits().adopt("queue")  # opened before this process waited away (host/away.py)
+        waits().adopt("queue")  # opened before this process waited away (transports/away.py)
     to_fd, from_fd = transport.start(spec)
     decoder = protocol.Decoder()
     exited = False

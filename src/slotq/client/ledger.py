@@ -471,7 +471,7 @@ class WaitRecorder:
 
     def adopt(self, kind: str) -> None:
         """The run's `kind` wait is open already: this process took the run
-        over from itself (a run that waited away, host/away.py)."""
+        over from itself (a run that waited away, transports/away.py)."""
         self._open = f"{self.run_id}:{kind}"
 
     def _move_in(self) -> None:

@@ -57,7 +57,7 @@ class LocalTransport(Transport):
 
     def __init__(self, state_dir: str | None = None, config: HostConfig | None = None, *,
                  in_process: bool = True, away: bool = False) -> None:
-        """`away`: the caller may wait away (host/away.py) -- only `slotq
+        """`away`: the caller may wait away (transports/away.py) -- only `slotq
         run` itself, whose process can be replaced and started again from
         its command line."""
         from ..config import state_dir_from_env
@@ -101,7 +101,7 @@ class LocalTransport(Transport):
             self.queued_since = now
 
     def come_back(self, spec: RunSpec) -> None:
-        """A run that waited away (host/away.py) starts again: it takes back
+        """A run that waited away (transports/away.py) starts again: it takes back
         its ticket -- its place in line -- and its run id, and the time it
         joined the line. A stop signal that brought it back is taken as
         one sent to this run now. Raises UsageError if the environment
@@ -109,7 +109,7 @@ class LocalTransport(Transport):
         if "SLOTQ_AWAY" not in os.environ and "SLOTQ_AWAY_STOP" not in os.environ:
             return  # (every local run asks: no import for the answer)
         from .. import signals
-        from ..host import away
+        from . import away
 
         # Should the shell not have unblocked the stop signals (it does, once
         # its traps are set): one pending now is a stop of this run (early).
@@ -122,7 +122,9 @@ class LocalTransport(Transport):
             raise UsageError(f"cannot take back the run's place in line: {e}") from None
         if back is None:
             return
-        signals.signal(away.SIGUSR1, _ignore)  # `slotq cancel`'s wake-up, if it comes late; default in the command
+        from ..host.away import SIGUSR1
+
+        signals.signal(SIGUSR1, _ignore)  # `slotq cancel`'s wake-up, if it comes late; default in the command
         info = back.ticket.info
         run_id, since = info.get("run_id"), info.get("since")
         if isinstance(run_id, str):
@@ -136,7 +138,7 @@ class LocalTransport(Transport):
     def go_away(self, ev: dict[str, object], *, recorder: Any, stops: list[int]) -> str:
         if not self.away or not self.in_process:
             return "not a local run of `slotq run`"
-        from ..host import away
+        from . import away
 
         ticket_fd, ahead_fd, path = ev.get("ticket_fd"), ev.get("ahead_fd"), ev.get("ticket")
         if not isinstance(ticket_fd, int) or not isinstance(ahead_fd, int) or not isinstance(path, str):

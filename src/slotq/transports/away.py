@@ -1,0 +1,306 @@
+"""Waiting away, the local transport's side (the host's: host/away.py):
+the caller's process -- with its own pid -- becomes a shell while its run
+waits far back in a slow line, and slotq again a few places before its
+turn.
+
+When the runner offers it (an `away` event), `go` execs a `sh` that waits
+in `flock -s` on the ticket AWAY_AHEAD + 1 places ahead, after starting
+the watcher (host/away.py). The run's own ticket stays locked on an
+inherited descriptor: its place in line, as before. When that ticket goes
+(or at a stop signal, `slotq cancel`'s wake-up, or the end of --max-wait:
+`flock -w`), the `sh` execs the run's own command line again, with the
+ticket's descriptor in the environment (ENV). The run is parsed from its
+own argv, in its own work dir and environment, takes back its ticket
+(`back`) and goes on as a run AWAY_AHEAD places from the head -- whose
+extra interpreter start is paid while others run. A stop signal the `sh`
+caught is raised again once slotq's handlers are in place: `cancelled`, as
+ever. A run that comes back ends its watcher first.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .. import signals as signal
+from ..host.away import ENV_GONE, MAX_ENV, NAME, program
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ..host.ticket import Ticket
+
+ENV = "SLOTQ_AWAY"  # the come-back's ticket (JSON), set by the exec, read once
+ENV_STOP = "SLOTQ_AWAY_STOP"  # the signal the sh caught: TERM, INT, HUP, or USR1 (slotq cancel's wake-up)
+_STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+# The sh's script: descriptor {ahead} is the ticket to wait for, {own} our
+# own ticket (closed in flock: a `kill -9` of the sh alone must free our
+# place; nor does flock hold the caller's stdout, whose reader must see
+# end-of-file when the caller is gone); sh names descriptors by one digit.
+# $1: flock, $2: its -w seconds or "", the rest: the run's command line. A
+# signal slotq was started with ignored (nohup's SIGHUP) cannot be trapped
+# by sh: it stays ignored. The stop signals come blocked across the exec
+# (one sent meanwhile is pending, never lost nor fatal). dash has no way to
+# unblock them but this: when it has had to wait for a foreground child
+# (the child still ran when it looked), it clears its signal mask. So, once
+# the traps are set, a short `sleep` until /proc says nothing is blocked.
+# USR1 is ignored across the exec back: slotq sets its own handler at once.
+_SCRIPT = """\
+# slotq run {run_id} waiting away (slotq status shows its place)
+w=
+trap 'w=TERM' TERM
+trap 'w=INT' INT
+trap 'w=HUP' HUP
+trap 'w=USR1' USR1
+f=$1 t=$2
+shift 2
+n=0
+while [ $n -lt 100 ]; do
+  m=
+  while read -r k v; do [ "$k" = SigBlk: ] && m=$v; done </proc/$$/status
+  case $m in *[1-9a-f]*) ;; *) break ;; esac
+  sleep 0.01 </dev/null >/dev/null 2>&1
+  n=$((n + 1))
+done
+if [ -z "$w" ]; then
+  if [ -n "$t" ]; then "$f" -s -w "$t" {ahead} {own}<&- </dev/null >/dev/null 2>&1 & p=$!
+  else "$f" -s {ahead} {own}<&- </dev/null >/dev/null 2>&1 & p=$!; fi
+  while :; do wait $p; s=$?; [ -n "$w" ] && break; [ $s -le 128 ] && break; done
+  [ -n "$w" ] && kill $p 2>/dev/null
+fi
+exec {ahead}<&-
+trap '' USR1
+export SLOTQ_AWAY_STOP="$w"
+exec "$@"
+"""
+
+
+def _launcher() -> list[str]:
+    """How this slotq was started, up to its own arguments: the interpreter,
+    its options and the script (`python -S .../slotq`, `python -m slotq`)."""
+    orig = list(sys.orig_argv)
+    return [sys.executable, *orig[1:len(orig) - len(sys.argv) + 1]]
+
+
+def go(ticket: Ticket, ahead_fd: int, max_wait_left: float | None, *, run_id: str, ledger: str,
+       workdir: str, host: str, stopped: list[int]) -> str:
+    """Exec the waiting `sh` (never returns), or say why not: a stop signal
+    came first (`stopped`: the caller's list of them), or the watcher or
+    the exec failed. Called in the caller's main thread; the runner thread
+    has blocked the stop signals and waits for `stay`."""
+    flock = program("flock")
+    if flock is None:
+        return "no flock(1)"
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, set(_STOPS))
+    watcher = -1
+    try:
+        if _came(stopped):
+            return "a stop signal came"
+        watcher = _watch(flock, ticket.path, run_id=run_id, ledger=ledger, workdir=workdir, host=host)
+        from ..records import to_json
+
+        env = dict(os.environ)
+        env.pop(ENV_STOP, None)
+        own, ahead = _free_digits()
+        env[ENV] = to_json({"fd": own, "path": ticket.path, "watcher": watcher})
+        wait = "" if max_wait_left is None else f"{max(0.0, max_wait_left):.3f}"
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError, AttributeError):
+                pass
+        script = _SCRIPT.format(own=own, ahead=ahead, run_id=_plain(run_id))
+        argv = ["sh", "-c", script, NAME, flock, wait, *_launcher(), *sys.argv[1:]]
+        saved = _place({own: ticket.fd, ahead: ahead_fd})
+        try:
+            # The stop signals stay blocked across the exec: one sent from
+            # now on is pending, and the sh's trap gets it (_SCRIPT).
+            os.execve("/bin/sh", argv, env)
+        finally:
+            _put_back(saved)
+    except OSError as e:
+        return f"cannot wait away: {e.strerror or e}"
+    finally:  # (only if we stay)
+        if watcher > 0:
+            end_watcher(watcher)
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    return "exec returned"  # (never)
+
+
+def _free_digits() -> tuple[int, int]:
+    """Two descriptors from 3 to 9 (sh names descriptors by one digit) that
+    nothing holds or only we do (close-on-exec: gone at the exec anyway),
+    where the sh gets our ticket and the one to wait for. Never one a
+    program that started us passed on (a make jobserver's pipe)."""
+    import fcntl
+
+    usable = []
+    for fd in range(3, 10):
+        try:
+            if fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC:
+                usable.append(fd)
+        except OSError:
+            usable.append(fd)  # free
+    if len(usable) < 2:
+        raise OSError(0, "no two descriptors below 10 to give the shell")
+    return usable[0], usable[1]
+
+
+def _place(moves: dict[int, int]) -> dict[int, int | None]:
+    """dup2 each source onto its target, inherited; what the targets held
+    is kept (above 9), to put back should the exec fail."""
+    import fcntl
+
+    copies = {dst: fcntl.fcntl(src, fcntl.F_DUPFD_CLOEXEC, 10) for dst, src in moves.items()}
+    saved: dict[int, int | None] = {}
+    try:
+        for dst in moves:
+            try:
+                saved[dst] = fcntl.fcntl(dst, fcntl.F_DUPFD_CLOEXEC, 10)
+            except OSError:
+                saved[dst] = None
+        for dst, copy in copies.items():
+            os.dup2(copy, dst, inheritable=True)
+    except OSError:
+        _put_back(saved)
+        raise
+    finally:
+        for fd in copies.values():
+            os.close(fd)
+    return saved
+
+
+def _put_back(saved: dict[int, int | None]) -> None:
+    for dst, old in saved.items():
+        if old is None:
+            try:
+                os.close(dst)
+            except OSError:
+                pass
+        else:
+            os.dup2(old, dst, inheritable=False)
+            os.close(old)
+
+
+def _plain(text: str) -> str:
+    return "".join(c for c in text if c.isascii() and c.isalnum())[:64]
+
+
+def _came(stopped: list[int]) -> bool:
+    """A function call: the stop signals' Python handlers, pending since
+    they were blocked, run on its entry, before the list is read."""
+    return bool(stopped)
+
+
+def _watch(flock: str, path: str, **gone: str) -> int:
+    """Start the watcher: `flock -x` on a new descriptor of our ticket (the
+    lock comes when we die), in a session of its own, holding nothing else
+    of ours, then `slotq host away-gone`."""
+    from ..records import to_json
+    from ..statefile import open_state
+
+    fd, _ = open_state(path, os.O_RDONLY)
+    try:
+        os.set_inheritable(fd, True)
+        env = dict(os.environ)
+        env[ENV_GONE] = to_json({"path": path, "fd": fd, **gone})
+        env.pop(ENV, None)
+        env.pop(ENV_STOP, None)
+        null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            actions: list[tuple[int, ...]] = [(os.POSIX_SPAWN_DUP2, null, 0), (os.POSIX_SPAWN_DUP2, null, 1),
+                                              (os.POSIX_SPAWN_DUP2, null, 2)]
+            for name in os.listdir("/proc/self/fd"):
+                other = int(name)
+                if other > 2 and other != fd:
+                    try:
+                        if os.get_inheritable(other):  # one our own caller passed us (a pipe's end)
+                            actions.append((os.POSIX_SPAWN_CLOSE, other))
+                    except OSError:
+                        pass
+            return os.posix_spawn(flock, [flock, "-x", f"/dev/fd/{fd}", *_launcher(), "host", "away-gone"], env,
+                                  file_actions=actions, setsid=True, setsigmask=())
+        finally:
+            os.close(null)
+    finally:
+        os.close(fd)
+
+
+def end_watcher(pid: int) -> None:
+    """End our watcher (a child of this process), if it is one."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        ppid = -1
+    if ppid != os.getpid():
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except OSError:
+        pass
+
+
+class Back:
+    """A run that came back: its ticket, and the stop signal (if any) that
+    brought it back (slotq cancel's wake-up is none: its cancel follows
+    through the control socket)."""
+
+    __slots__ = ("ticket", "stop")
+
+    def __init__(self, ticket: Ticket, stop: int | None) -> None:
+        self.ticket = ticket
+        self.stop = stop
+
+
+class BackError(Exception):
+    """The environment says the run comes back, but its ticket is not ours."""
+
+
+def back(state_dir: str) -> Back | None:
+    """A run coming back (ENV set by `go`'s exec): end its watcher and
+    adopt its ticket. Clears ENV and ENV_STOP (never the command's).
+    Raises BackError naming what is wrong; None for a run that was never
+    away."""
+    raw = os.environ.pop(ENV, None)
+    stop_word = os.environ.pop(ENV_STOP, None)
+    if raw is None:
+        return None
+    if len(raw) > MAX_ENV:
+        raise BackError(f"${ENV} is {len(raw)} bytes long (at most {MAX_ENV})")
+    from ..records import from_json
+
+    try:
+        what = from_json(raw, max_depth=2)
+    except ValueError as e:
+        raise BackError(f"${ENV} is not JSON ({e})") from None
+    if not isinstance(what, dict) or not all(isinstance(what.get(k), t) and not isinstance(what.get(k), bool)
+                                             for k, t in (("fd", int), ("path", str), ("watcher", int))):
+        raise BackError(f"${ENV} does not name a ticket (fd, path, watcher)")
+    fd, path = int(what["fd"]), str(what["path"])
+    if int(what["watcher"]) > 0:
+        end_watcher(int(what["watcher"]))
+    import fcntl
+
+    from ..host.ticket import MAX_INFO, Ticket, pool_dir
+
+    try:
+        st = os.fstat(fd)
+        named = os.lstat(path)
+        if (st.st_dev, st.st_ino) != (named.st_dev, named.st_ino) or st.st_uid != os.getuid():
+            raise BackError(f"descriptor {fd} is not our ticket {path}")
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # ours already: a no-op; another's: refused
+        info = from_json(os.pread(fd, MAX_INFO, 0).decode("utf-8", "replace") or "null")
+    except (OSError, ValueError) as e:
+        raise BackError(f"ticket {path} on descriptor {fd}: {getattr(e, 'strerror', None) or e}") from None
+    os.set_inheritable(fd, False)
+    pool = info.get("pool") if isinstance(info, dict) else None
+    seq = info.get("seq") if isinstance(info, dict) else None
+    if (not isinstance(info, dict) or not isinstance(pool, str) or not isinstance(seq, int)
+            or os.path.dirname(path) != pool_dir(state_dir, pool)):
+        raise BackError(f"ticket {path} is not one of this state dir's ({state_dir})")
+    stop = {"TERM": signal.SIGTERM, "INT": signal.SIGINT, "HUP": signal.SIGHUP}.get(stop_word or "")
+    return Back(Ticket(path, fd, seq, pool, info), stop)
+
+
