@@ -93,14 +93,10 @@ def _seed_history(state: str, ran_s: float, runs: int = 5) -> None:
 
 def _away(pids: list[int]) -> int:
     """How many of the callers wait away (a shell: slotq/host/away.py)."""
-    n = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                n += f.read(4096).split(b"\0")[3:4] == [b"slotq-away"]
-        except OSError:
-            pass
-    return n
+    sys.path.insert(0, str(REPO / "src"))
+    from slotq.host.away import is_away
+
+    return sum(1 for pid in pids if is_away(pid))
 
 
 def line_of(n: int, slots: int, windows: int = 2, slow: bool = True) -> dict[str, object]:

@@ -100,19 +100,14 @@ def _seed_slow_history(state: Path) -> None:
                 message="", pool=pool, phases={"submitted": t, "slot": t, "started": t, "ended": t + 60}))
 
 
-def _is_away(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read(4096).split(b"\0")[3:4] == [b"slotq-away"]
-    except OSError:
-        return False
-
-
 def run_chaos(work: Path, callers: int = 60, kill_share: float = 0.2, hung_share: float = 0.15,
               seed: int | None = None, spacing: float = 0.03, timeout: float = 120.0, slow: bool = False,
               landing_share: float = 0.25) -> dict[str, Any]:
     """`slow`: the pools' history says their runs take a minute, so that
     quiet runs far back in the one-slot pool (landing) wait away."""
+    sys.path.insert(0, str(HERE.parent / "src"))
+    from slotq.host.away import is_away
+
     rng = random.Random(seed)
     state, log = work / "state", work / "log"
     (work / "host.toml").write_text("[pools]\nshared = 2\nlanding = 1\n")
@@ -150,7 +145,7 @@ def run_chaos(work: Path, callers: int = 60, kill_share: float = 0.2, hung_share
                     starts[int(p[3])] = (p[1], int(p[2]))
                     started_at[int(p[3])] = int(p[4]) / 1e9
             for i, proc in enumerate(list(procs)):
-                if i not in went_away and proc.poll() is None and _is_away(proc.pid):
+                if i not in went_away and proc.poll() is None and is_away(proc.pid):
                     went_away.add(i)
             live = _groups()
             now = time.monotonic()
