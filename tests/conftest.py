@@ -207,17 +207,22 @@ def running_with(*parts: str) -> list[str]:
 
 def _commands_running() -> set[int]:
     """Pids of processes started by a slotq run (SLOTQ_RUN_ID in their
-    environment), whoever's."""
+    environment), and of runs waiting away and their watchers (by their
+    command lines), whoever's."""
     out = set()
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == os.getpid():
             continue
         try:
             with open(f"/proc/{name}/environ", "rb") as f:
-                if b"SLOTQ_RUN_ID=" in f.read(1 << 20) and alive(int(name)):
-                    out.add(int(name))
+                started = b"SLOTQ_RUN_ID=" in f.read(1 << 20)
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                argv = f.read(1 << 16).split(b"\0")
         except OSError:
-            pass
+            continue
+        away = argv[3:4] == [b"slotq-away"] or argv[-3:] == [b"host", b"away-gone", b""]
+        if (started or away) and alive(int(name)):
+            out.add(int(name))
     return out
 
 
