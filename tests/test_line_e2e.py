@@ -195,10 +195,10 @@ def test_every_waiter_of_a_one_slot_line_waits_in_its_keeper_in_flock(
 def keeper_fork_refused(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """No process to spare for a standby keeper in this process's runners
     (EAGAIN at its fork); the list gets the slot each was refused for."""
-    from slotq.host import runner
+    from slotq.host import launch, process
 
     refused: list[str] = []
-    real_spawn = runner.spawn  # type: ignore[attr-defined]
+    real_spawn = process.spawn
 
     def spawn(argv: list[str], **kw: Any) -> Any:
         if kw.get("lock_path"):  # the standby keeper's fork, only
@@ -206,7 +206,7 @@ def keeper_fork_refused(monkeypatch: pytest.MonkeyPatch) -> list[str]:
             raise BlockingIOError(11, "Resource temporarily unavailable")
         return real_spawn(argv, **kw)
 
-    monkeypatch.setattr(runner, "spawn", spawn)
+    monkeypatch.setattr(launch, "spawn", spawn)
     return refused
 
 

@@ -30,8 +30,9 @@ from . import orphans, verdict
 from .callerlink import CallerLink
 from .child import Child, ChildEnd, pump
 from .hostqueue import Waiter, ensure_state_dir
-from .process import preload_for_start, spawn
-from .slot import GrantedSlot, SlotLease, slot_name
+from .launch import Launch
+from .process import preload_for_start
+from .slot import GrantedSlot, SlotLease
 from .ticket import Ticket, run_info
 
 TYPE_CHECKING = False
@@ -92,17 +93,15 @@ class HostRunner:
         self.host = os.uname().nodename
         self.slot: str | None = None  # the slot held, e.g. shared#0
         self._typical: Basis | None = None  # the pool's typical run for the ETA (eta.basis)
-        self.phases: dict[str, float | None] = dict.fromkeys(
-            ("submitted", "slot", "prepared", "started", "ended"))
         self.budget = spec.budget if spec.budget is not None else config.budget
         self.grace = spec.kill_grace if spec.kill_grace is not None else config.kill_grace
+        # How its command is started, and what the host keeps about it.
+        self.launch = Launch(spec, state_dir=state_dir, host=self.host, budget=self.budget, grace=self.grace)
+        self.phases = self.launch.phases
         self._waiter: Waiter | None = None
-        self._slot_path: str | None = None  # the slot our command holds
         self._lost_message: str | None = None  # set when our keeper was killed
         self._healed: set[str] = set()  # orphaned holders we ended
         self._next_heal = 0.0  # when a wake-up may look for orphaned holders again
-        self._ack_w = -1  # a byte here tells our keeper we wrote the history line
-        self._children: list[Child] = []  # keepers to reap at the end
         self.wait_closer = wait_closer
         self.may_go_away = may_go_away and not came_back and config.wait_away
         self.came_back = came_back  # it waited away: its wait began before this process
@@ -121,11 +120,7 @@ class HostRunner:
                 self._reserved.withdraw()  # the run ended before it queued (a bad work dir)
                 self._reserved = None
             self.link.close()
-            if self._ack_w >= 0:
-                os.close(self._ack_w)  # without a byte: the keeper records the run
-                self._ack_w = -1
-            for child in self._children:
-                child.reap()
+            self.launch.end()
 
     def _run(self) -> Outcome:
         self.link.take_signals()
@@ -249,7 +244,7 @@ class HostRunner:
                     # less for each of the two).
                     waiter.stand_down()  # one waiter for the slot, not two (they would deadlock)
                     try:
-                        standby = self._start(spec.argv, None, last=True, wait_for=waiter.slot_paths()[0],
+                        standby = self.launch.start(spec.argv, None, last=True, wait_for=waiter.slot_paths()[0],
                                               ticket=waiter.ticket,
                                               wait_end=self.wait_closer() if self.wait_closer else None)
                     except OSError:
@@ -381,7 +376,7 @@ class HostRunner:
         self.phases["slot"] = wall
         self.slot = lease.name
         waited = wall - (self.phases["submitted"] or wall)
-        record = self._holder_record("prepare" if spec.prepare else "running")
+        record = self.launch.holder_record("prepare" if spec.prepare else "running")
         record["since"] = wall
         slot_event = protocol.event_frame(protocol.SLOT, wall, slot=lease.name, waited_s=round(waited, 3),
                                           budget=self.budget, ticket=self._ticket_seq())
@@ -392,7 +387,7 @@ class HostRunner:
                 self.link.send(slot_event)
                 self._close_waiter()
                 limit = spec.prepare_timeout if spec.prepare_timeout is not None else self.config.prepare_timeout
-                child, streams = self._start(["/bin/sh", "-c", spec.prepare], lease, last=False)
+                child, streams = self.launch.start(["/bin/sh", "-c", spec.prepare], lease, last=False)
                 lease.record(keeper=child.keeper_pid, keeper_start=orphans.start_ticks(child.keeper_pid))
                 end, reason = self._pump(child, streams, limit)
                 if end.lost:  # the prepare step's keeper was killed: not the work's failure
@@ -410,14 +405,14 @@ class HostRunner:
                            if reason is Outcome.EXEC_TIMEOUT else f"prepare step exited {end.exit_code}")
                     return self._finish(Outcome.PREPARE_FAILED, end, lease, why)
                 started = self.phases["started"] = self.clock.wall()
-                child, streams = self._start(spec.argv, lease, last=True, record=dict(lease.info, phase="running"))
+                child, streams = self.launch.start(spec.argv, lease, last=True, record=dict(lease.info, phase="running"))
                 self.link.event(protocol.STARTED, budget=self.budget)
             else:
                 # The hand-over path: start the command first, then the
                 # bookkeeping (times were taken before), so the command
                 # starts as soon after the release as we can make it.
                 started = self.phases["started"] = wall
-                child, streams = self._start(spec.argv, lease, last=True, record=record)
+                child, streams = self.launch.start(spec.argv, lease, last=True, record=record)
                 self._leave_line()
                 self.link.send(slot_event + protocol.event_frame(protocol.STARTED, started, budget=self.budget))
                 self._close_waiter()
@@ -467,74 +462,6 @@ class HostRunner:
 
     def _waited(self) -> float:
         return (self.phases["slot"] or 0) - (self.phases["submitted"] or 0)
-
-    def _start(self, argv: list[str], lease: SlotLease | None, last: bool,
-               record: dict[str, object] | None = None, wait_for: str | None = None,
-               ticket: Ticket | None = None,
-               wait_end: Callable[[float], None] | None = None) -> tuple[Child, dict[int, bytes]]:
-        """Start argv under a keeper; its output streams are returned.
-
-        With `last`, the lease passes to the command: once the holder
-        record is written we close our copy of the lock, so the slot is free
-        the moment the command's last process is gone, not after our
-        bookkeeping (a faster hand-over, and still never while any of it
-        runs)."""
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        if wait_for is not None:  # the keeper writes the holder record once it has the slot
-            record = self._holder_record("running")
-        elif lease is not None and record is not None:
-            # Who holds the slot, before anything is started: a record that
-            # names a live runner is never taken for an orphan's. The keeper
-            # completes it (its own and the command's pid).
-            lease.record(**record)
-        ack_r = -1
-        if last:
-            self._slot_path = wait_for or (lease.path if lease is not None and lease.fd >= 0 else None)
-            ack_r, self._ack_w = os.pipe()
-        if lease is not None:
-            pool, index, name = lease.pool, lease.index, lease.name
-        else:  # a standby keeper: the slot it waits for (slots/<pool>.<n>)
-            pool, _, n = os.path.basename(wait_for or "").rpartition(".")
-            index = int(n) if n.isdigit() else 0
-            name = slot_name(pool, index)
-        # What the command knows of its slot (a per-slot port or database).
-        slot_env = {"SLOTQ_POOL": pool or self.spec.cls, "SLOTQ_SLOT": name, "SLOTQ_SLOT_INDEX": str(index),
-                    "SLOTQ_BUDGET": f"{self.budget:g}"}
-        try:
-            child = spawn(argv, cwd=self.spec.cwd, env=self.spec.env, stdout_fd=out_w, stderr_fd=err_w,
-                          slot_env=slot_env,
-                          inherit_fds=(lease.fd,) if lease is not None and lease.fd >= 0 else (), grace=self.grace,
-                          lock_path=wait_for, record=record if last else None,
-                          history=(self.state_dir, {"run_id": self.spec.run_id, "label": self.spec.label,
-                                                    "class": self.spec.cls, "host": self.host, "pool": pool,
-                                                    "slot": name, "phases": dict(self.phases)}),
-                          ticket=(ticket.fd, ticket.path, ticket.seq) if ticket is not None else None,
-                          tell_head=self.spec.report_every if self.spec.quiet and ticket is not None else None,
-                          run_id=self.spec.run_id, slot_path=self._slot_path if last else None,
-                          ack_fd=ack_r if last else None, wait_end=wait_end)
-        except OSError:
-            for fd in (out_r, out_w, err_r, err_w):
-                os.close(fd)
-            if last:
-                os.close(self._ack_w)
-                self._ack_w = -1
-            raise
-        finally:
-            if ack_r >= 0:
-                os.close(ack_r)
-        self._children.append(child)
-        if ticket is not None:
-            ticket.hand_over()  # the keeper holds our place now
-        if lease is not None and last:
-            lease.release()
-        return child, {out_r: protocol.STDOUT, err_r: protocol.STDERR}
-
-    def _holder_record(self, phase: str) -> dict[str, object]:
-        spec = self.spec
-        return {"run_id": spec.run_id, "label": spec.label, "pid": os.getpid(), "pid_start": orphans.own_start(),
-                "uid": os.getuid(), "phase": phase, "budget": self.budget, "grace": self.grace, "cls": spec.cls,
-                "host": self.host}
 
     def _end_lost(self, child: Child) -> None:
         """Our keeper was killed: end the command's processes ourselves (TERM,
@@ -587,12 +514,6 @@ class HostRunner:
         # thread with it), our keeper, still waiting for our word, writes it.
         self.close_stream()
         history.append(self.state_dir, record)
-        if self._ack_w >= 0:
-            try:
-                os.write(self._ack_w, b"1")  # recorded: the keeper need not
-            except OSError:
-                pass  # the keeper is gone (killed): nobody to tell
-            os.close(self._ack_w)
-            self._ack_w = -1
+        self.launch.recorded()
         self._close_waiter()
         return outcome

@@ -1,0 +1,128 @@
+"""Starting a run's command under its keeper (process.py), with what the
+host keeps about it: the holder record of its slot, the slot's environment
+for the command, the history line its keeper writes if the runner vanishes,
+and the ack pipe on which the runner says it wrote that line itself.
+
+One `Launch` per run: the runner (runner.py) starts its prepare step, its
+command or its standby keeper through it, and acks or reaps the keepers at
+the end.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .. import protocol
+from ..spec import RunSpec
+from . import orphans
+from .process import spawn
+from .slot import SlotLease, slot_name
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from .child import Child
+    from .ticket import Ticket
+
+
+class Launch:
+    def __init__(self, spec: RunSpec, *, state_dir: str, host: str, budget: float, grace: float) -> None:
+        self.spec = spec
+        self.state_dir = state_dir
+        self.host = host
+        self.budget = budget
+        self.grace = grace
+        self.phases: dict[str, float | None] = dict.fromkeys(("submitted", "slot", "prepared", "started", "ended"))
+        self.slot_path: str | None = None  # the slot our command holds
+        self.ack_w = -1  # a byte here tells our keeper we wrote the history line
+        self.children: list[Child] = []  # keepers to reap at the end
+
+    def start(self, argv: list[str], lease: SlotLease | None, last: bool,
+              record: dict[str, object] | None = None, wait_for: str | None = None,
+              ticket: Ticket | None = None,
+              wait_end: Callable[[float], None] | None = None) -> tuple[Child, dict[int, bytes]]:
+        """Start argv under a keeper; its output streams are returned.
+
+        With `last`, the lease passes to the command: once the holder
+        record is written we close our copy of the lock, so the slot is free
+        the moment the command's last process is gone, not after our
+        bookkeeping (a faster hand-over, and still never while any of it
+        runs)."""
+        spec = self.spec
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        if wait_for is not None:  # the keeper writes the holder record once it has the slot
+            record = self.holder_record("running")
+        elif lease is not None and record is not None:
+            # Who holds the slot, before anything is started: a record that
+            # names a live runner is never taken for an orphan's. The keeper
+            # completes it (its own and the command's pid).
+            lease.record(**record)
+        ack_r = -1
+        if last:
+            self.slot_path = wait_for or (lease.path if lease is not None and lease.fd >= 0 else None)
+            ack_r, self.ack_w = os.pipe()
+        if lease is not None:
+            pool, index, name = lease.pool, lease.index, lease.name
+        else:  # a standby keeper: the slot it waits for (slots/<pool>.<n>)
+            pool, _, n = os.path.basename(wait_for or "").rpartition(".")
+            index = int(n) if n.isdigit() else 0
+            name = slot_name(pool, index)
+        # What the command knows of its slot (a per-slot port or database).
+        slot_env = {"SLOTQ_POOL": pool or spec.cls, "SLOTQ_SLOT": name, "SLOTQ_SLOT_INDEX": str(index),
+                    "SLOTQ_BUDGET": f"{self.budget:g}"}
+        try:
+            child = spawn(argv, cwd=spec.cwd, env=spec.env, stdout_fd=out_w, stderr_fd=err_w,
+                          slot_env=slot_env,
+                          inherit_fds=(lease.fd,) if lease is not None and lease.fd >= 0 else (), grace=self.grace,
+                          lock_path=wait_for, record=record if last else None,
+                          history=(self.state_dir, {"run_id": spec.run_id, "label": spec.label,
+                                                    "class": spec.cls, "host": self.host, "pool": pool,
+                                                    "slot": name, "phases": dict(self.phases)}),
+                          ticket=(ticket.fd, ticket.path, ticket.seq) if ticket is not None else None,
+                          tell_head=spec.report_every if spec.quiet and ticket is not None else None,
+                          run_id=spec.run_id, slot_path=self.slot_path if last else None,
+                          ack_fd=ack_r if last else None, wait_end=wait_end)
+        except OSError:
+            for fd in (out_r, out_w, err_r, err_w):
+                os.close(fd)
+            if last:
+                os.close(self.ack_w)
+                self.ack_w = -1
+            raise
+        finally:
+            if ack_r >= 0:
+                os.close(ack_r)
+        self.children.append(child)
+        if ticket is not None:
+            ticket.hand_over()  # the keeper holds our place now
+        if lease is not None and last:
+            lease.release()
+        return child, {out_r: protocol.STDOUT, err_r: protocol.STDERR}
+
+    def holder_record(self, phase: str) -> dict[str, object]:
+        spec = self.spec
+        return {"run_id": spec.run_id, "label": spec.label, "pid": os.getpid(), "pid_start": orphans.own_start(),
+                "uid": os.getuid(), "phase": phase, "budget": self.budget, "grace": self.grace, "cls": spec.cls,
+                "host": self.host}
+
+    def recorded(self) -> None:
+        """The run's history line is written: the keeper need not write it."""
+        if self.ack_w >= 0:
+            try:
+                os.write(self.ack_w, b"1")
+            except OSError:
+                pass  # the keeper is gone (killed): nobody to tell
+            os.close(self.ack_w)
+            self.ack_w = -1
+
+    def end(self) -> None:
+        """The runner is done: a keeper not told the run was recorded writes
+        its history line itself (end-of-file without a byte); every keeper
+        is reaped."""
+        if self.ack_w >= 0:
+            os.close(self.ack_w)
+            self.ack_w = -1
+        for child in self.children:
+            child.reap()
