@@ -4,6 +4,7 @@ and each waiter of a one-slot line waiting in its keeper, in flock(2)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -55,7 +56,9 @@ def test_commands_of_a_line_never_overlap_and_start_in_order(state_dir: Path, ru
 
 
 # A run joins the line before the client and the runner are loaded
-# (LocalTransport.reserve): its ticket marks when the caller arrived.
+# (LocalTransport.reserve): its ticket marks when the caller arrived. At the
+# head of its line with its slot free, it starts its command there too
+# (launch.start_now): the keeper's fork comes before those imports.
 
 AUDIT_ORDER = """
 import os, runpy, sys
@@ -65,6 +68,8 @@ def hook(event, args):
         os.write(fd, b"ticket\\n")
     elif event == "import" and args[0] in ("slotq.client.caller", "slotq.host.runner"):
         os.write(fd, args[0].encode() + b"\\n")
+    elif event == "os.fork":
+        os.write(fd, b"fork\\n")
 sys.addaudithook(hook)
 script = sys.argv[2]
 sys.argv = [script, *sys.argv[3:]]
@@ -80,7 +85,57 @@ def test_slotq_run_takes_its_ticket_before_loading_the_client_and_the_runner(sta
     proc = subprocess.run([sys.executable, "-c", AUDIT_ORDER, str(events), *slotq_cmd(), "run", "-q", "--", "true"],
                           cwd=tmp_path, timeout=20)
     assert proc.returncode == 0
-    assert events.read_text().split() == ["ticket", "slotq.client.caller", "slotq.host.runner"]
+    # Its slot was free: the command's keeper was forked before those loaded.
+    assert events.read_text().split() == ["ticket", "fork", "slotq.client.caller", "slotq.host.runner"]
+
+
+@pytest.mark.timeout(30)
+def test_a_run_whose_slot_is_taken_starts_nothing_before_its_runner(state_dir: Path, runs: Start,
+                                                                     tmp_path: Path) -> None:
+    gate, events, log = tmp_path / "gate", tmp_path / "events", tmp_path / "log"
+    start_holder(runs, state_dir, gate)
+    proc = subprocess.Popen([sys.executable, "-c", AUDIT_ORDER, str(events), *slotq_cmd(), "run", "-q", "--",
+                             "sh", "-c", f"echo ran >> {log}"], cwd=tmp_path, stdin=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: len(live_tickets(state_dir)) == 1 and first_waited(state_dir) > 0, what="the run in line")
+        assert not log.exists()
+        gate.touch()
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # In line, it forks its keeper once its runner is there (a standby keeper).
+    assert events.read_text().split() == ["ticket", "slotq.client.caller", "slotq.host.runner", "fork"]
+    assert log.read_text() == "ran\n"
+
+
+@pytest.mark.timeout(30)
+def test_a_run_started_at_once_whose_keeper_cannot_fork_has_its_runner_try_again(
+        state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slotq.host import launch, process
+
+    assert subprocess.run(slotq_cmd() + ["run", "-q", "--", "true"], cwd=tmp_path, timeout=20).returncode == 0
+    forks: list[str] = []
+
+    def spawn(argv: list[str], **kw: Any) -> Any:
+        forks.append(threading.current_thread().name)
+        if len(forks) == 1:  # the start at once (reserve): no process to spare
+            raise BlockingIOError(11, "Resource temporarily unavailable")
+        return process.spawn(argv, **kw)
+
+    monkeypatch.setattr(launch, "spawn", spawn)
+    out = tmp_path / "out"
+    transport = LocalTransport()
+    spec = RunSpec(["sh", "-c", f"echo ran > {out}"], budget=30, cwd=str(tmp_path), quiet=True)
+    transport.reserve(spec)
+    assert forks == [threading.current_thread().name]
+    with open(state_dir / "slots" / "shared.0", "rb") as slot:  # leased by the start at once all the same
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(slot, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    result = run(spec, transport)
+    assert result.exit_code == 0 and out.read_text() == "ran\n"
+    assert len(forks) == 2 and forks[1] != forks[0]  # the runner's thread tried again
 
 
 @pytest.mark.timeout(30)
@@ -122,8 +177,6 @@ def test_a_reserved_ticket_is_withdrawn_when_the_run_never_queues(state_dir: Pat
 
 @pytest.mark.timeout(30)
 def test_an_early_ticket_is_never_waited_for(state_dir: Path, tmp_path: Path) -> None:
-    import fcntl
-
     from slotq.config import HostConfig
     from slotq.host.ticket import run_info, take_early
 

@@ -6,6 +6,12 @@ and the ack pipe on which the runner says it wrote that line itself.
 One `Launch` per run: the runner (runner.py) starts its prepare step, its
 command or its standby keeper through it, and acks or reaps the keepers at
 the end.
+
+`start_now`: a local `slotq run` whose ticket is the head of its line and
+whose slot is free starts its command here, before the rest of slotq --
+the client and the runner -- is loaded: the keeper's fork and set-up (a
+millisecond or two) then overlap the caller's start-up instead of
+following it. Its runner, once loaded, carries the run on (`Early`).
 """
 
 from __future__ import annotations
@@ -13,8 +19,13 @@ from __future__ import annotations
 import os
 
 from .. import protocol
+from ..clock import Clock
+from ..config import HostConfig
+from ..errors import SlotqError
 from ..spec import RunSpec
 from . import orphans
+from .hostqueue import Waiter
+from .orphans import MARKER
 from .process import spawn
 from .slot import SlotLease, slot_name
 
@@ -27,12 +38,15 @@ if TYPE_CHECKING:
 
 
 class Launch:
-    def __init__(self, spec: RunSpec, *, state_dir: str, host: str, budget: float, grace: float) -> None:
+    def __init__(self, spec: RunSpec, *, state_dir: str, config: HostConfig, host: str,
+                 clock: Clock | None = None) -> None:
         self.spec = spec
         self.state_dir = state_dir
         self.host = host
-        self.budget = budget
-        self.grace = grace
+        self.clock = clock or Clock()
+        self.budget = spec.budget if spec.budget is not None else config.budget
+        self.grace = spec.kill_grace if spec.kill_grace is not None else config.kill_grace
+        self.started_at = 0.0  # (monotonic) just before the keeper that starts the command was forked
         self.phases: dict[str, float | None] = dict.fromkeys(("submitted", "slot", "prepared", "started", "ended"))
         self.slot_path: str | None = None  # the slot our command holds
         self.ack_w = -1  # a byte here tells our keeper we wrote the history line
@@ -101,6 +115,25 @@ class Launch:
             lease.release()
         return child, {out_r: protocol.STDOUT, err_r: protocol.STDERR}
 
+    def start_holding(self, lease: SlotLease, waiter: Waiter | None) -> tuple[Child, dict[int, bytes], bytes]:
+        """Start the command on `lease` (no prepare step): the slot passes
+        to it, and the run leaves its line (`waiter`). Returns its keeper,
+        its output streams, and the events that say so (`slot`, `started`)
+        for the runner to send. Raises OSError if no keeper could be forked."""
+        wall = self.clock.wall()
+        self.phases["slot"] = self.phases["started"] = wall
+        waited = wall - (self.phases["submitted"] or wall)
+        record = self.holder_record("running")
+        record["since"] = wall
+        events = (protocol.event_frame(protocol.SLOT, wall, slot=lease.name, waited_s=round(waited, 3),
+                                       budget=self.budget, ticket=waiter.ticket.seq if waiter else None)
+                  + protocol.event_frame(protocol.STARTED, wall, budget=self.budget))
+        self.started_at = self.clock.monotonic()
+        child, streams = self.start(self.spec.argv, lease, last=True, record=record)
+        if waiter is not None:
+            waiter.leave()
+        return child, streams, events
+
     def holder_record(self, phase: str) -> dict[str, object]:
         spec = self.spec
         return {"run_id": spec.run_id, "label": spec.label, "pid": os.getpid(), "pid_start": orphans.own_start(),
@@ -126,3 +159,54 @@ class Launch:
             self.ack_w = -1
         for child in self.children:
             child.reap()
+
+
+class Early:
+    """A run's command started by `start_now`, before its runner: the run's
+    `Launch`, its line (`waiter`, left) and slot (`lease`, passed to the
+    command), and the keeper, output streams and events `start_holding`
+    returned -- or no keeper (`child` None) if none could be forked: the
+    runner then tries again, and says why if it fails."""
+
+    __slots__ = ("launch", "waiter", "lease", "child", "streams", "events")
+
+    def __init__(self, launch: Launch, waiter: Waiter, lease: SlotLease) -> None:
+        self.launch = launch
+        self.waiter = waiter
+        self.lease = lease
+        self.child: Child | None = None
+        self.streams: dict[int, bytes] = {}
+        self.events = b""
+
+
+def start_now(spec: RunSpec, config: HostConfig, state_dir: str, ticket: Ticket) -> Early | None:
+    """Start the run's command now if `ticket` -- the run's place, just
+    taken -- is the head of its line and a slot of its pool is free. For a
+    caller whose runner will be a thread of its own process
+    (LocalTransport.reserve), before it loads that runner.
+
+    None when nothing was done, and the ticket is still the caller's: a
+    slot taken or a ticket ahead, a prepare step (its slot event comes
+    before it), a run started inside another (its admission is the
+    runner's to judge), a work dir that is not there, any error -- the
+    runner then goes the usual way, and says what is wrong."""
+    if spec.prepare or os.environ.get(MARKER) or (spec.cwd is not None and not os.path.isdir(spec.cwd)):
+        return None
+    # (Without the marker, a Waiter given a ticket of its pool cannot refuse it.)
+    waiter = Waiter(state_dir, config, ticket.pool, ticket.info, defer_leave=True, ticket=ticket)
+    try:
+        lease = waiter.attempt(watch=False)
+    except (OSError, SlotqError):
+        lease = None
+    if lease is None:
+        waiter.close()  # (not the ticket: the runner waits with it)
+        return None
+    launch = Launch(spec, state_dir=state_dir, config=config, host=os.uname().nodename)
+    since = ticket.info.get("since")
+    launch.phases["submitted"] = since if isinstance(since, float) else launch.clock.wall()
+    early = Early(launch, waiter, lease)
+    try:
+        early.child, early.streams, early.events = launch.start_holding(lease, waiter)
+    except OSError:
+        pass
+    return early

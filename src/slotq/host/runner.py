@@ -30,7 +30,7 @@ from . import orphans, verdict
 from .callerlink import CallerLink
 from .child import Child, ChildEnd, pump
 from .hostqueue import Waiter, ensure_state_dir
-from .launch import Launch
+from .launch import Early, Launch
 from .process import preload_for_start
 from .slot import GrantedSlot, SlotLease
 from .ticket import Ticket, run_info
@@ -73,6 +73,7 @@ class HostRunner:
         wait_closer: Callable[[], Callable[[float], None]] | None = None,
         may_go_away: bool = False,
         came_back: bool = False,
+        early: Early | None = None,
     ) -> None:
         """`ticket`: the run's place in line, taken before this runner was
         made (LocalTransport.reserve); the runner adopts it, or withdraws it
@@ -80,7 +81,9 @@ class HostRunner:
         how a standby keeper closes the caller's queue wait if the caller
         dies in line; a quiet caller is then told it need not refresh it.
         `may_go_away`: the caller can wait away (host/away.py: `slotq run`
-        with the local transport, the runner a thread of it)."""
+        with the local transport, the runner a thread of it). `early`: the
+        command started before this runner was made (launch.start_now), in
+        place of a ticket; the runner carries the run on."""
         self.spec = spec
         self._reserved = ticket
         # A slot a scheduler already granted (Slurm: "slurm:JOBID"): this
@@ -93,12 +96,14 @@ class HostRunner:
         self.host = os.uname().nodename
         self.slot: str | None = None  # the slot held, e.g. shared#0
         self._typical: Basis | None = None  # the pool's typical run for the ETA (eta.basis)
-        self.budget = spec.budget if spec.budget is not None else config.budget
-        self.grace = spec.kill_grace if spec.kill_grace is not None else config.kill_grace
         # How its command is started, and what the host keeps about it.
-        self.launch = Launch(spec, state_dir=state_dir, host=self.host, budget=self.budget, grace=self.grace)
+        self.launch = early.launch if early is not None else Launch(spec, state_dir=state_dir, config=config,
+                                                                     host=self.host, clock=self.clock)
         self.phases = self.launch.phases
-        self._waiter: Waiter | None = None
+        self.budget = self.launch.budget
+        self.grace = self.launch.grace
+        self._waiter: Waiter | None = early.waiter if early is not None else None
+        self._early = early
         self._lost_message: str | None = None  # set when our keeper was killed
         self._healed: set[str] = set()  # orphaned holders we ended
         self._next_heal = 0.0  # when a wake-up may look for orphaned holders again
@@ -128,6 +133,12 @@ class HostRunner:
         self.link.event(protocol.HELLO, protocol=protocol.PROTOCOL_VERSION, version=__version__,
                     host=self.host, pid=os.getpid(), run_id=self.spec.run_id,
                     **({"warnings": self.config.warnings} if self.config.warnings else {}))
+        early, self._early = self._early, None
+        if early is not None:
+            if early.child is None:  # its keeper could not be forked: once more, and said if it fails
+                return self._hold(early.lease)
+            self.slot = early.lease.name
+            return self._carry(early.lease, early.child, early.streams, early.events)
         if self.allocation is not None:
             return self._run_allocated(self.allocation)
         try:
@@ -372,51 +383,62 @@ class HostRunner:
 
     def _hold(self, lease: SlotLease) -> Outcome:
         spec = self.spec
+        self.slot = lease.name
+        if not spec.prepare:
+            # The hand-over path: start the command first, then the
+            # bookkeeping (times were taken before), so the command
+            # starts as soon after the release as we can make it.
+            try:
+                child, streams, events = self.launch.start_holding(lease, self._waiter)
+            except OSError as e:
+                return self._finish(Outcome.UNAVAILABLE, None, lease, f"cannot start the command: {e.strerror}")
+            return self._carry(lease, child, streams, events)
         wall = self.clock.wall()
         self.phases["slot"] = wall
-        self.slot = lease.name
         waited = wall - (self.phases["submitted"] or wall)
-        record = self.launch.holder_record("prepare" if spec.prepare else "running")
+        record = self.launch.holder_record("prepare")
         record["since"] = wall
         slot_event = protocol.event_frame(protocol.SLOT, wall, slot=lease.name, waited_s=round(waited, 3),
                                           budget=self.budget, ticket=self._ticket_seq())
         try:
-            if spec.prepare:
-                lease.record(**record)  # before we leave the line: the next head must not see a stale one
-                self._leave_line()
-                self.link.send(slot_event)
-                self._close_waiter()
-                limit = spec.prepare_timeout if spec.prepare_timeout is not None else self.config.prepare_timeout
-                child, streams = self.launch.start(["/bin/sh", "-c", spec.prepare], lease, last=False)
-                lease.record(keeper=child.keeper_pid, keeper_start=orphans.start_ticks(child.keeper_pid))
-                end, reason = self._pump(child, streams, limit)
-                if end.lost:  # the prepare step's keeper was killed: not the work's failure
-                    return self._finish(Outcome.UNAVAILABLE, None, lease, self._lost_message or "keeper killed")
-                if end.setup_error:
-                    return self._finish(Outcome.UNAVAILABLE, None, lease, self._judge(end, None)[1])
-                self.phases["prepared"] = self.clock.wall()
-                ok = reason is None and end.exec_errno is None and end.exit_code == 0
-                self.link.event(protocol.PREPARED, ok=ok, exit_code=end.exit_code)
-                if reason is not None and reason is not Outcome.EXEC_TIMEOUT and end.stopped:
-                    message = verdict.stop_message(self.link, reason, WHILE_PREPARING)
-                    return self._finish(reason, end, lease, message or "stopped during the prepare step")
-                if not ok:
-                    why = (f"prepare step ran past its limit of {format_duration(limit)}"
-                           if reason is Outcome.EXEC_TIMEOUT else f"prepare step exited {end.exit_code}")
-                    return self._finish(Outcome.PREPARE_FAILED, end, lease, why)
-                started = self.phases["started"] = self.clock.wall()
-                child, streams = self.launch.start(spec.argv, lease, last=True, record=dict(lease.info, phase="running"))
-                self.link.event(protocol.STARTED, budget=self.budget)
-            else:
-                # The hand-over path: start the command first, then the
-                # bookkeeping (times were taken before), so the command
-                # starts as soon after the release as we can make it.
-                started = self.phases["started"] = wall
-                child, streams = self.launch.start(spec.argv, lease, last=True, record=record)
-                self._leave_line()
-                self.link.send(slot_event + protocol.event_frame(protocol.STARTED, started, budget=self.budget))
-                self._close_waiter()
+            lease.record(**record)  # before we leave the line: the next head must not see a stale one
+            self._leave_line()
+            self.link.send(slot_event)
+            self._close_waiter()
+            limit = spec.prepare_timeout if spec.prepare_timeout is not None else self.config.prepare_timeout
+            child, streams = self.launch.start(["/bin/sh", "-c", spec.prepare], lease, last=False)
+            lease.record(keeper=child.keeper_pid, keeper_start=orphans.start_ticks(child.keeper_pid))
+            end, reason = self._pump(child, streams, limit)
+            if end.lost:  # the prepare step's keeper was killed: not the work's failure
+                return self._finish(Outcome.UNAVAILABLE, None, lease, self._lost_message or "keeper killed")
+            if end.setup_error:
+                return self._finish(Outcome.UNAVAILABLE, None, lease, self._judge(end, None)[1])
+            self.phases["prepared"] = self.clock.wall()
+            ok = reason is None and end.exec_errno is None and end.exit_code == 0
+            self.link.event(protocol.PREPARED, ok=ok, exit_code=end.exit_code)
+            if reason is not None and reason is not Outcome.EXEC_TIMEOUT and end.stopped:
+                message = verdict.stop_message(self.link, reason, WHILE_PREPARING)
+                return self._finish(reason, end, lease, message or "stopped during the prepare step")
+            if not ok:
+                why = (f"prepare step ran past its limit of {format_duration(limit)}"
+                       if reason is Outcome.EXEC_TIMEOUT else f"prepare step exited {end.exit_code}")
+                return self._finish(Outcome.PREPARE_FAILED, end, lease, why)
+            self.phases["started"] = self.clock.wall()
+            child, streams = self.launch.start(spec.argv, lease, last=True, record=dict(lease.info, phase="running"))
+            self.link.event(protocol.STARTED, budget=self.budget)
             end, reason = self._pump(child, streams, self.budget)
+        except OSError as e:
+            return self._finish(Outcome.UNAVAILABLE, None, lease, f"cannot start the command: {e.strerror}")
+        outcome, message = self._judge(end, reason)
+        return self._finish(outcome, end, lease, message)
+
+    def _carry(self, lease: SlotLease, child: Child, streams: dict[int, bytes], events: bytes) -> Outcome:
+        """The command Launch.start_holding started: say so, stream its
+        output under its budget (from its start), judge and record its end."""
+        try:
+            self.link.send(events)
+            self._close_waiter()
+            end, reason = self._pump(child, streams, self.budget - (self.clock.monotonic() - self.launch.started_at))
         except OSError as e:
             return self._finish(Outcome.UNAVAILABLE, None, lease, f"cannot start the command: {e.strerror}")
         outcome, message = self._judge(end, reason)

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
+    from ..host.launch import Early
     from ..host.ticket import Ticket
 
 
@@ -71,6 +72,7 @@ class LocalTransport(Transport):
         self._killed = False
         self._failure = ""  # why the in-process runner failed, if it did
         self._ticket: Ticket | None = None  # taken early (reserve), for the runner to adopt
+        self._early: Early | None = None  # or the command started at once (reserve), for the runner to carry on
         self._wait_closer: Callable[[], Callable[[float], None]] | None = None  # keep_wait_end
         self.away = away and in_process
         self.came_back = False  # this process is a run that waited away and came back
@@ -97,8 +99,16 @@ class LocalTransport(Transport):
         now = time.time()
         self._ticket = take_early(self.state_dir, pool, run_info(spec, self.config, now), self.config.waiting_limits,
                                   slots=self.config.pools.get(pool, 0))
-        if self._ticket is not None:
-            self.queued_since = now
+        if self._ticket is None:
+            return
+        self.queued_since = now
+        # The head of its line with a slot free: the command starts now,
+        # while the rest of slotq loads (its runner carries the run on).
+        from ..host.launch import start_now
+
+        self._early = start_now(spec, self.config, self.state_dir, self._ticket)
+        if self._early is not None:
+            self._ticket = None  # the run has left the line
 
     def come_back(self, spec: RunSpec) -> None:
         """A run that waited away (transports/away.py) starts again: it takes back
@@ -165,7 +175,8 @@ class LocalTransport(Transport):
             done = self._done = _thread.allocate_lock()
             done.acquire()
             ticket, self._ticket = self._ticket, None
-            _thread.start_new_thread(self._host_side, (spec, ctl_r, ev_w, done, ticket))
+            early, self._early = self._early, None
+            _thread.start_new_thread(self._host_side, (spec, ctl_r, ev_w, done, ticket, early))
             return ctl_w, ev_r
         pid = os.fork()
         if pid == 0:
@@ -188,14 +199,15 @@ class LocalTransport(Transport):
         self.pid = pid
         return ctl_w, ev_r
 
-    def _host_side(self, spec: RunSpec, ctl_r: int, ev_w: int, done: Any, ticket: Ticket | None = None) -> None:
+    def _host_side(self, spec: RunSpec, ctl_r: int, ev_w: int, done: Any, ticket: Ticket | None = None,
+                   early: Early | None = None) -> None:
         runner = None
         try:
             from ..host.runner import HostRunner
 
             runner = HostRunner(spec, state_dir=self.state_dir, config=self.config, in_fd=ctl_r, out_fd=ev_w,
                                 ticket=ticket, wait_closer=self._wait_closer,
-                                may_go_away=self.away and done is not None, came_back=self.came_back)
+                                may_go_away=self.away and done is not None, came_back=self.came_back, early=early)
             runner.run()
         except BaseException as e:
             why = (f"{e.strerror}" + (f" ({e.filename})" if e.filename else "") if isinstance(e, OSError)
@@ -213,6 +225,8 @@ class LocalTransport(Transport):
             else:
                 if ticket is not None:
                     ticket.withdraw()
+                if early is not None:
+                    early.launch.end()  # its keeper records the run itself
                 os.close(ev_w)
             os.close(ctl_r)
             if done is not None:
