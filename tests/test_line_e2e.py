@@ -57,8 +57,9 @@ def test_commands_of_a_line_never_overlap_and_start_in_order(state_dir: Path, ru
 
 # A run joins the line before the client and the runner are loaded
 # (LocalTransport.reserve): its ticket marks when the caller arrived. At the
-# head of its line with its slot free, it starts its command there too
-# (launch.start_now): the keeper's fork comes before those imports.
+# head of its line with its slot free, it starts its command once the client
+# is loaded (LocalTransport.start_early): the keeper's fork comes before the
+# runner's import.
 
 AUDIT_ORDER = """
 import os, runpy, sys
@@ -85,8 +86,8 @@ def test_slotq_run_takes_its_ticket_before_loading_the_client_and_the_runner(sta
     proc = subprocess.run([sys.executable, "-c", AUDIT_ORDER, str(events), *slotq_cmd(), "run", "-q", "--", "true"],
                           cwd=tmp_path, timeout=20)
     assert proc.returncode == 0
-    # Its slot was free: the command's keeper was forked before those loaded.
-    assert events.read_text().split() == ["ticket", "fork", "slotq.client.caller", "slotq.host.runner"]
+    # Its slot was free: the command's keeper was forked before the runner loaded.
+    assert events.read_text().split() == ["ticket", "slotq.client.caller", "fork", "slotq.host.runner"]
 
 
 @pytest.mark.timeout(30)
@@ -129,6 +130,7 @@ def test_a_run_started_at_once_whose_keeper_cannot_fork_has_its_runner_try_again
     transport = LocalTransport()
     spec = RunSpec(["sh", "-c", f"echo ran > {out}"], budget=30, cwd=str(tmp_path), quiet=True)
     transport.reserve(spec)
+    transport.start_early(spec)
     assert forks == [threading.current_thread().name]
     with open(state_dir / "slots" / "shared.0", "rb") as slot:  # leased by the start at once all the same
         with pytest.raises(BlockingIOError):

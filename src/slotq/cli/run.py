@@ -129,6 +129,11 @@ def main(args: list[str]) -> int:
     transport.reserve(spec)  # join the host's line before the rest of slotq loads, where a transport can
     from slotq.client.caller import run
 
+    # Its slot free, the command starts now, and the runner loads meanwhile.
+    # (After the client: loaded later, in a process the command's keeper
+    # was just forked from, its pages cost a copy each; about 0.4 ms.)
+    transport.start_early(spec)
+
     try:
         result = run(spec, transport, idle=opts.idle, status=say, handle_sigint=True,
                      credit_dir=opts.credit_dir or cwd, live=live)

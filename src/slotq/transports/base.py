@@ -50,6 +50,13 @@ class Transport:
         transport can (local: LocalTransport.reserve); its runner adopts
         the place. Never raises: whatever is wrong, `start` reports."""
 
+    def start_early(self, spec: RunSpec) -> None:
+        """Once the client is loaded, before the runner: start the command
+        now if the place `reserve` took is the head of its line and a slot
+        is free (local: LocalTransport.start_early); the runner, loaded
+        meanwhile, carries the run on. Never raises: otherwise the runner
+        goes its usual way."""
+
     def keep_wait_end(self, make_closer: Callable[[], Callable[[float], None]]) -> None:
         """Offer the host side a way to close the run's queue wait in the
         caller's wait ledger (`make_closer()` gives it: call it with the

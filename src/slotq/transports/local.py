@@ -99,11 +99,15 @@ class LocalTransport(Transport):
         now = time.time()
         self._ticket = take_early(self.state_dir, pool, run_info(spec, self.config, now), self.config.waiting_limits,
                                   slots=self.config.pools.get(pool, 0))
+        if self._ticket is not None:
+            self.queued_since = now
+
+    def start_early(self, spec: RunSpec) -> None:
+        """The client is loaded: with a ticket at the head of its line and a
+        slot free, the command starts now (launch.start_now), while the
+        runner loads in its thread, which then carries the run on."""
         if self._ticket is None:
             return
-        self.queued_since = now
-        # The head of its line with a slot free: the command starts now,
-        # while the rest of slotq loads (its runner carries the run on).
         from ..host.launch import start_now
 
         self._early = start_now(spec, self.config, self.state_dir, self._ticket)
