@@ -141,6 +141,39 @@ def test_a_run_started_at_once_whose_keeper_cannot_fork_has_its_runner_try_again
 
 
 @pytest.mark.timeout(30)
+def test_a_run_found_in_line_before_its_runner_loads_lists_the_line_once(
+        state_dir: Path, runs: Start, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slotq.host import hostqueue, ticket
+
+    gate, log = tmp_path / "gate", tmp_path / "log"
+    start_holder(runs, state_dir, gate)
+    line_up(runs, state_dir, [f"echo ahead >> {log}"])
+    listings: list[str] = []
+    real_ahead_of = ticket.ahead_of
+
+    def ahead_of(pdir: str, path: str) -> list[str]:
+        listings.append(path)
+        return real_ahead_of(pdir, path)
+
+    monkeypatch.setattr(hostqueue, "ahead_of", ahead_of)
+    transport = LocalTransport()
+    spec = RunSpec(["sh", "-c", f"echo me >> {log}"], budget=30, cwd=str(tmp_path), quiet=True)
+    transport.reserve(spec)
+    transport.start_early(spec)  # in line: nothing starts; its first look is taken
+    assert len(listings) == 1 and not log.exists()
+    results: list[Any] = []
+    before = set(children(os.getpid()))
+    t = threading.Thread(target=lambda: results.append(run(spec, transport)), daemon=True)
+    t.start()
+    wait_for(lambda: set(children(os.getpid())) - before, what="its standby keeper")  # the runner waits
+    gate.touch()
+    t.join(20)
+    assert results and results[0].exit_code == 0
+    assert log.read_text().split() == ["ahead", "me"]
+    assert len(listings) == 1  # the runner waited with the waiter that looked first
+
+
+@pytest.mark.timeout(30)
 def test_a_ticket_taken_before_the_runner_starts_keeps_its_place(state_dir: Path, runs: Start, tmp_path: Path) -> None:
     gate, log = tmp_path / "gate", tmp_path / "order"
     start_holder(runs, state_dir, gate)

@@ -162,18 +162,20 @@ class Launch:
 
 
 class Early:
-    """A run's command started by `start_now`, before its runner: the run's
-    `Launch`, its line (`waiter`, left) and slot (`lease`, passed to the
-    command), and the keeper, output streams and events `start_holding`
-    returned -- or no keeper (`child` None) if none could be forked: the
-    runner then tries again, and says why if it fails."""
+    """What `start_now` did, for the run's runner to carry on: the run's line
+    (`waiter`, its first look taken) and, if its slot was free, the slot
+    (`lease`, passed to the command), its `Launch`, and the keeper, output
+    streams and events `start_holding` returned -- no keeper (`child` None)
+    if none could be forked: the runner then tries again, and says why if it
+    fails. Without a lease the run is in line, and its runner waits with
+    `waiter` (a line of a thousand is listed once, not twice)."""
 
     __slots__ = ("launch", "waiter", "lease", "child", "streams", "events")
 
-    def __init__(self, launch: Launch, waiter: Waiter, lease: SlotLease) -> None:
-        self.launch = launch
+    def __init__(self, waiter: Waiter, lease: SlotLease | None = None, launch: Launch | None = None) -> None:
         self.waiter = waiter
         self.lease = lease
+        self.launch = launch
         self.child: Child | None = None
         self.streams: dict[int, bytes] = {}
         self.events = b""
@@ -183,13 +185,14 @@ def start_now(spec: RunSpec, config: HostConfig, state_dir: str, ticket: Ticket)
     """Start the run's command now if `ticket` -- the run's place, just
     taken -- is the head of its line and a slot of its pool is free. For a
     caller whose runner will be a thread of its own process
-    (LocalTransport.reserve), before it loads that runner.
+    (LocalTransport.start_early), before it loads that runner.
 
     None when nothing was done, and the ticket is still the caller's: a
-    slot taken or a ticket ahead, a prepare step (its slot event comes
-    before it), a run started inside another (its admission is the
-    runner's to judge), a work dir that is not there, any error -- the
-    runner then goes the usual way, and says what is wrong."""
+    prepare step (its slot event comes before it), a run started inside
+    another (its admission is the runner's to judge), a work dir that is
+    not there, an error -- the runner then goes its usual way, and says
+    what is wrong. A ticket ahead or a slot taken: an Early without a
+    lease, whose waiter the runner waits with."""
     if spec.prepare or os.environ.get(MARKER) or (spec.cwd is not None and not os.path.isdir(spec.cwd)):
         return None
     # (Without the marker, a Waiter given a ticket of its pool cannot refuse it.)
@@ -197,14 +200,14 @@ def start_now(spec: RunSpec, config: HostConfig, state_dir: str, ticket: Ticket)
     try:
         lease = waiter.attempt(watch=False)
     except (OSError, SlotqError):
-        lease = None
-    if lease is None:
-        waiter.close()  # (not the ticket: the runner waits with it)
+        waiter.close()  # (not the ticket: the runner looks again, and says what is wrong)
         return None
+    if lease is None:
+        return Early(waiter)
     launch = Launch(spec, state_dir=state_dir, config=config, host=os.uname().nodename)
     since = ticket.info.get("since")
     launch.phases["submitted"] = since if isinstance(since, float) else launch.clock.wall()
-    early = Early(launch, waiter, lease)
+    early = Early(waiter, lease, launch)
     try:
         early.child, early.streams, early.events = launch.start_holding(lease, waiter)
     except OSError:

@@ -81,9 +81,10 @@ class HostRunner:
         how a standby keeper closes the caller's queue wait if the caller
         dies in line; a quiet caller is then told it need not refresh it.
         `may_go_away`: the caller can wait away (host/away.py: `slotq run`
-        with the local transport, the runner a thread of it). `early`: the
-        command started before this runner was made (launch.start_now), in
-        place of a ticket; the runner carries the run on."""
+        with the local transport, the runner a thread of it). `early`: what
+        launch.start_now did before this runner was made, in place of a
+        ticket: the command started (the runner carries the run on), or the
+        run's waiter, in line (the runner waits with it)."""
         self.spec = spec
         self._reserved = ticket
         # A slot a scheduler already granted (Slurm: "slurm:JOBID"): this
@@ -96,9 +97,14 @@ class HostRunner:
         self.host = os.uname().nodename
         self.slot: str | None = None  # the slot held, e.g. shared#0
         self._typical: Basis | None = None  # the pool's typical run for the ETA (eta.basis)
+        # A waiter made before us (launch.start_now) that found the run in
+        # line: we wait with it, its first look taken.
+        self._in_line: Waiter | None = None
+        if early is not None and early.launch is None:
+            self._in_line, self._reserved, early = early.waiter, early.waiter.ticket, None
         # How its command is started, and what the host keeps about it.
-        self.launch = early.launch if early is not None else Launch(spec, state_dir=state_dir, config=config,
-                                                                     host=self.host, clock=self.clock)
+        self.launch = early.launch if early is not None and early.launch else Launch(
+            spec, state_dir=state_dir, config=config, host=self.host, clock=self.clock)
         self.phases = self.launch.phases
         self.budget = self.launch.budget
         self.grace = self.launch.grace
@@ -121,6 +127,9 @@ class HostRunner:
         try:
             return self._run()
         finally:
+            if self._in_line is not None:
+                self._in_line.close()
+                self._in_line = None
             if self._reserved is not None:
                 self._reserved.withdraw()  # the run ended before it queued (a bad work dir)
                 self._reserved = None
@@ -134,7 +143,7 @@ class HostRunner:
                     host=self.host, pid=os.getpid(), run_id=self.spec.run_id,
                     **({"warnings": self.config.warnings} if self.config.warnings else {}))
         early, self._early = self._early, None
-        if early is not None:
+        if early is not None and early.lease is not None:
             if early.child is None:  # its keeper could not be forked: once more, and said if it fails
                 return self._hold(early.lease)
             self.slot = early.lease.name
@@ -195,8 +204,9 @@ class HostRunner:
         now_wall = since if isinstance(since, float) else self.clock.wall()
         self.phases["submitted"] = now_wall
         info = reserved.info if reserved is not None else run_info(spec, self.config, now_wall)
-        waiter = self._waiter = Waiter(self.state_dir, self.config, pool, info, defer_leave=True,
-                                       wait=self._pass_time, ticket=reserved)
+        in_line, self._in_line = self._in_line, None
+        waiter = self._waiter = in_line if in_line is not None and in_line.pool == pool else Waiter(
+            self.state_dir, self.config, pool, info, defer_leave=True, wait=self._pass_time, ticket=reserved)
         start = self.clock.monotonic()
         if self.came_back:
             start -= max(0.0, self.clock.wall() - now_wall)  # in line since then (--max-wait counts from there)

@@ -112,7 +112,7 @@ class LocalTransport(Transport):
 
         self._early = start_now(spec, self.config, self.state_dir, self._ticket)
         if self._early is not None:
-            self._ticket = None  # the run has left the line
+            self._ticket = None  # the runner takes it from there (the run started, or its waiter)
 
     def come_back(self, spec: RunSpec) -> None:
         """A run that waited away (transports/away.py) starts again: it takes back
@@ -229,8 +229,10 @@ class LocalTransport(Transport):
             else:
                 if ticket is not None:
                     ticket.withdraw()
-                if early is not None:
+                if early is not None and early.launch is not None:
                     early.launch.end()  # its keeper records the run itself
+                elif early is not None:
+                    early.waiter.withdraw()
                 os.close(ev_w)
             os.close(ctl_r)
             if done is not None:
