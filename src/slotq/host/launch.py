@@ -8,10 +8,11 @@ command or its standby keeper through it, and acks or reaps the keepers at
 the end.
 
 `start_now`: a local `slotq run` whose ticket is the head of its line and
-whose slot is free starts its command here, before the rest of slotq --
-the client and the runner -- is loaded: the keeper's fork and set-up (a
-millisecond or two) then overlap the caller's start-up instead of
-following it. Its runner, once loaded, carries the run on (`Early`).
+whose slot is free starts its command here, before its runner is loaded:
+the keeper's fork and set-up (a millisecond or two) then overlap the
+runner's loading instead of following it. The runner, once loaded,
+carries the run on (`Early`); a run found in line waits with the waiter
+that found it.
 """
 
 from __future__ import annotations

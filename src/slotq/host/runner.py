@@ -205,8 +205,11 @@ class HostRunner:
         self.phases["submitted"] = now_wall
         info = reserved.info if reserved is not None else run_info(spec, self.config, now_wall)
         in_line, self._in_line = self._in_line, None
-        waiter = self._waiter = in_line if in_line is not None and in_line.pool == pool else Waiter(
-            self.state_dir, self.config, pool, info, defer_leave=True, wait=self._pass_time, ticket=reserved)
+        if in_line is not None and in_line.pool != pool:
+            in_line.close()  # (cannot happen: the same config chose both)
+            in_line = None
+        waiter = self._waiter = in_line or Waiter(self.state_dir, self.config, pool, info, defer_leave=True,
+                                                  wait=self._pass_time, ticket=reserved)
         start = self.clock.monotonic()
         if self.came_back:
             start -= max(0.0, self.clock.wall() - now_wall)  # in line since then (--max-wait counts from there)

@@ -72,7 +72,7 @@ class LocalTransport(Transport):
         self._killed = False
         self._failure = ""  # why the in-process runner failed, if it did
         self._ticket: Ticket | None = None  # taken early (reserve), for the runner to adopt
-        self._early: Early | None = None  # or the command started at once (reserve), for the runner to carry on
+        self._early: Early | None = None  # what start_early did with it, for the runner to carry on
         self._wait_closer: Callable[[], Callable[[float], None]] | None = None  # keep_wait_end
         self.away = away and in_process
         self.came_back = False  # this process is a run that waited away and came back
