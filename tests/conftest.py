@@ -404,14 +404,14 @@ def one_waiting_ahead(runs: Start, state_dir: Path) -> Run:
     return ahead
 
 
-def run_in_thread(spec: RunSpec, **kw: Any) -> tuple[threading.Thread, list[Any]]:
-    """`run(spec, LocalTransport(), **kw)` in a thread of this process,
-    started; its result lands in the list."""
+def run_in_thread(spec: RunSpec, transport: Any = None, **kw: Any) -> tuple[threading.Thread, list[Any]]:
+    """`run(spec, transport or LocalTransport(), **kw)` in a thread of this
+    process, started; its result lands in the list."""
     from slotq.client.caller import run
     from slotq.transports.local import LocalTransport
 
     results: list[Any] = []
-    t = threading.Thread(target=lambda: results.append(run(spec, LocalTransport(), **kw)), daemon=True)
+    t = threading.Thread(target=lambda: results.append(run(spec, transport or LocalTransport(), **kw)), daemon=True)
     t.start()
     return t, results
 

@@ -161,10 +161,8 @@ def test_a_run_found_in_line_before_its_runner_loads_lists_the_line_once(
     transport.reserve(spec)
     transport.start_early(spec)  # in line: nothing starts; its first look is taken
     assert len(listings) == 1 and not log.exists()
-    results: list[Any] = []
     before = set(children(os.getpid()))
-    t = threading.Thread(target=lambda: results.append(run(spec, transport)), daemon=True)
-    t.start()
+    t, results = run_in_thread(spec, transport)
     wait_for(lambda: set(children(os.getpid())) - before, what="its standby keeper")  # the runner waits
     gate.touch()
     t.join(20)
@@ -185,9 +183,7 @@ def test_a_ticket_taken_before_the_runner_starts_keeps_its_place(state_dir: Path
     # A caller that arrives later, and whose runner is under way first.
     later = runs("-q", "--", "sh", "-c", f"echo later >> {log}", name="later")
     wait_for(lambda: len(live_tickets(state_dir)) == 2, what="the later caller in line")
-    results: list[Any] = []
-    t = threading.Thread(target=lambda: results.append(run(spec, early)), daemon=True)
-    t.start()
+    t, results = run_in_thread(spec, early)
     wait_for(lambda: first_waited(state_dir) > 0, what="the early run's runner waiting")
     assert len(live_tickets(state_dir)) == 2  # the runner took no second ticket
     gate.touch()

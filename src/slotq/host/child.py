@@ -226,4 +226,3 @@ def pump(link: CallerLink, clock: Clock, child: Child, streams: dict[int, bytes]
             del streams[fd]
     assert child.end is not None
     return child.end, reason
-

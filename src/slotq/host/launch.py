@@ -123,17 +123,22 @@ class Launch:
         for the runner to send. Raises OSError if no keeper could be forked."""
         wall = self.clock.wall()
         self.phases["slot"] = self.phases["started"] = wall
-        waited = wall - (self.phases["submitted"] or wall)
         record = self.holder_record("running")
         record["since"] = wall
-        events = (protocol.event_frame(protocol.SLOT, wall, slot=lease.name, waited_s=round(waited, 3),
-                                       budget=self.budget, ticket=waiter.ticket.seq if waiter else None)
-                  + protocol.event_frame(protocol.STARTED, wall, budget=self.budget))
+        events = self.slot_events(lease.name, wall, waiter.ticket.seq if waiter else None)
         self.started_at = self.clock.monotonic()
         child, streams = self.start(self.spec.argv, lease, last=True, record=record)
         if waiter is not None:
             waiter.leave()
         return child, streams, events
+
+    def slot_events(self, slot: str, wall: float, ticket: int | None) -> bytes:
+        """The `slot` and `started` events of a command started at `wall`
+        on `slot` (no prepare step), for the caller."""
+        waited = wall - (self.phases["submitted"] or wall)
+        return (protocol.event_frame(protocol.SLOT, wall, slot=slot, waited_s=round(waited, 3), budget=self.budget,
+                                     ticket=ticket)
+                + protocol.event_frame(protocol.STARTED, wall, budget=self.budget))
 
     def holder_record(self, phase: str) -> dict[str, object]:
         spec = self.spec

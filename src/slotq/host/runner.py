@@ -464,10 +464,7 @@ class HostRunner:
         self.phases["slot"] = self.phases["started"] = wall
         self.slot = slot
         self._leave_line()
-        waited = wall - (self.phases["submitted"] or wall)
-        self.link.send(protocol.event_frame(protocol.SLOT, wall, slot=slot, waited_s=round(waited, 3),
-                                        budget=self.budget, ticket=self._ticket_seq())
-                   + protocol.event_frame(protocol.STARTED, wall, budget=self.budget))
+        self.link.send(self.launch.slot_events(slot, wall, self._ticket_seq()))
         self._close_waiter()
         # The budget counts from the command's start in the keeper.
         elapsed = max(0.0, self.clock.monotonic() - mono)

@@ -302,5 +302,3 @@ def back(state_dir: str) -> Back | None:
         raise BackError(f"ticket {path} is not one of this state dir's ({state_dir})")
     stop = {"TERM": signal.SIGTERM, "INT": signal.SIGINT, "HUP": signal.SIGHUP}.get(stop_word or "")
     return Back(Ticket(path, fd, seq, pool, info), stop)
-
-
