@@ -98,8 +98,12 @@ def test_a_run_whose_slot_is_taken_starts_nothing_before_its_runner(state_dir: P
     proc = subprocess.Popen([sys.executable, "-c", AUDIT_ORDER, str(events), *slotq_cmd(), "run", "-q", "--",
                              "sh", "-c", f"echo ran >> {log}"], cwd=tmp_path, stdin=subprocess.DEVNULL)
     try:
-        wait_for(lambda: len(live_tickets(state_dir)) == 1 and first_waited(state_dir) > 0, what="the run in line")
-        assert not log.exists()
+        # Open the gate only once the run has looked at its slot and gone its
+        # way (four events: its runner loaded, a keeper forked). A gate opened
+        # as soon as its ticket shows lets a run still loading on a busy
+        # machine find the slot free -- rightly -- and start at once.
+        wait_for(lambda: events.exists() and len(events.read_text().split()) >= 4, what="the run's look at its slot")
+        assert not log.exists() and len(live_tickets(state_dir)) == 1
         gate.touch()
         assert proc.wait(timeout=20) == 0
     finally:
