@@ -266,6 +266,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             subprocess.run(["ssh", "-S", os.path.join(socks, name), "-O", "exit", "x"], capture_output=True,
                            timeout=20)
         shutil.rmtree(_RUNTIME, ignore_errors=True)
+    from shared_world import remove_users_code
+
+    remove_users_code()
     end = time.monotonic() + 10  # keepers still ending a command's group, within its grace
     while _commands_running() - _BEFORE_PIDS and time.monotonic() < end:
         time.sleep(0.05)  # sleep-ok: bounded wait for the last commands to go

@@ -1,6 +1,7 @@
 """The two ordinary users of the shared-machine tests and their world: a
-temp root (removed at the end) with a copy of slotq's code they can read, a
-home per user and a state dir. scripts/test-users makes the users."""
+temp root (removed at the end) with a home per user and a state dir, and
+the one copy of slotq's code they run (`users_code`). scripts/test-users
+makes the users."""
 
 from __future__ import annotations
 
@@ -23,6 +24,30 @@ USERS = [u for u in os.environ.get("SLOTQ_TEST_USERS", "").split(",") if u]
 GROUP = os.environ.get("SLOTQ_TEST_GROUP", "")
 SRC = Path(__file__).resolve().parent.parent / "src"
 PY = "/usr/bin/python3"  # Debian's: the test users cannot reach root's interpreter
+SKIP_WHY = "needs root and the test users (scripts/test-users)"
+_users_code: list[Path] = []  # made at the first call, removed at the session's end (conftest)
+
+
+def users_code() -> Path:
+    """A directory holding a copy of slotq's package that the test users
+    can read: the PYTHONPATH of everything a test runs as one of them. The
+    checkout itself may sit where they cannot reach it (a clone under
+    /root, or in any 0700 dir), so they never get its path. One copy a
+    session, under /tmp (world-traversable), removed at the session's end."""
+    if not _users_code:
+        top = Path(tempfile.mkdtemp(prefix="slotq-code-", dir="/tmp"))
+        shutil.copytree(SRC / "slotq", top / "slotq", ignore=shutil.ignore_patterns("__pycache__"))
+        for dirpath, _, filenames in os.walk(top):
+            os.chmod(dirpath, 0o755)
+            for f in filenames:
+                os.chmod(os.path.join(dirpath, f), 0o644)
+        _users_code.append(top)
+    return _users_code[0]
+
+
+def remove_users_code() -> None:
+    while _users_code:
+        shutil.rmtree(_users_code.pop(), ignore_errors=True)
 
 # Python run by hand (not through slotq): take an exclusive flock on argv[1]
 # and hold it until stdin closes.
@@ -41,8 +66,8 @@ def ticket_by_hand(path: Path, record: dict[str, object]) -> str:
 
 
 class World:
-    """A temp root (removed at the end) with a copy of slotq's code the test
-    users can read, a home and a victim dir per user, and a state dir."""
+    """A temp root (removed at the end) with a home and a victim dir per
+    user, and a state dir; the users run slotq from `users_code()`."""
 
     def __init__(self, root: Path, state: Path) -> None:
         self.root = root
@@ -58,7 +83,7 @@ class World:
 
     def env(self, user: str, **extra: str) -> dict[str, str]:
         home = self.home(user)
-        return {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(self.root / "code"), "HOME": str(home),
+        return {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(users_code()), "HOME": str(home),
                 "XDG_STATE_HOME": str(home / "state"), "SLOTQ_STATE_DIR": str(self.state),
                 "PYTHONDONTWRITEBYTECODE": "1", "LANG": "C.UTF-8", **extra}
 
@@ -123,13 +148,8 @@ def snapshot_files(d: Path) -> dict[str, tuple[bytes, int, int]]:
 
 
 def make_root() -> Path:
-    root = Path(tempfile.mkdtemp(prefix="slotq-share-"))
+    root = Path(tempfile.mkdtemp(prefix="slotq-share-", dir="/tmp"))
     os.chmod(root, 0o755)
-    shutil.copytree(SRC / "slotq", root / "code" / "slotq", ignore=shutil.ignore_patterns("__pycache__"))
-    for dirpath, dirnames, filenames in os.walk(root / "code"):
-        os.chmod(dirpath, 0o755)
-        for f in filenames:
-            os.chmod(os.path.join(dirpath, f), 0o644)
     for user in USERS:
         home = root / f"home-{user}"
         home.mkdir()

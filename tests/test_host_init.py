@@ -15,10 +15,9 @@ from pathlib import Path
 import pytest
 
 from conftest import one_line, slotq_cmd
-from shared_world import GROUP, USERS, World, make_root, world  # noqa: F401 (world: a fixture)
+from shared_world import GROUP, SKIP_WHY, USERS, World, make_root, world  # noqa: F401 (world: a fixture)
 
-pytestmark = pytest.mark.skipif(os.getuid() != 0 or len(USERS) < 2 or not GROUP,
-                                reason="needs root and the test users (scripts/test-users)")
+pytestmark = pytest.mark.skipif(os.getuid() != 0 or len(USERS) < 2 or not GROUP, reason=SKIP_WHY)
 
 
 @pytest.mark.timeout(60)

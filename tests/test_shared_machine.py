@@ -26,11 +26,10 @@ from pathlib import Path
 import pytest
 
 from conftest import catches, one_line, reachable, slotq_cmd, wait_for
-from shared_world import FLOCK_BY_HAND, GROUP, USERS, World, make_root, snapshot_files, stop_users_processes, \
-    ticket_by_hand, world  # noqa: F401 (world: a fixture)
+from shared_world import FLOCK_BY_HAND, GROUP, SKIP_WHY, USERS, World, make_root, snapshot_files, \
+    stop_users_processes, ticket_by_hand, world  # noqa: F401 (world: a fixture)
 
-pytestmark = pytest.mark.skipif(os.getuid() != 0 or len(USERS) < 2 or not GROUP,
-                                reason="needs root and the test users (scripts/test-users)")
+pytestmark = pytest.mark.skipif(os.getuid() != 0 or len(USERS) < 2 or not GROUP, reason=SKIP_WHY)
 
 
 @pytest.fixture

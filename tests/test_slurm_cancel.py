@@ -76,7 +76,7 @@ def test_slotq_backend_slurm_makes_status_and_cancel_look_at_slurm_too(slurm_env
 
 @pytest.mark.timeout(60)
 def test_slotq_cancel_slurm_refuses_another_users_run_but_root_may(slurm_env: Path) -> None:
-    from shared_world import PY, make_root
+    from shared_world import PY, make_root, users_code
 
     def as_user(user: str, argv: list[str], **env: str) -> subprocess.CompletedProcess[str]:
         pw = pwd.getpwnam(user)
@@ -88,16 +88,16 @@ def test_slotq_cancel_slurm_refuses_another_users_run_but_root_may(slurm_env: Pa
                              "--wrap", "sleep 60"])  # as the job of a run of slotqa's
     assert sub.returncode == 0, sub.stderr
     job = sub.stdout.strip()
-    code = make_root()  # slotq where the test users can read it
+    root = make_root()
     try:
         proc = as_user("slotqb", [PY, "-m", "slotq", "cancel", "--slurm", run_id],
-                       PYTHONPATH=str(code / "code"), HOME=str(code / "home-slotqb"))
+                       PYTHONPATH=str(users_code()), HOME=str(root / "home-slotqb"))
         assert proc.returncode == 77, proc.stderr
         assert proc.stderr == (f"slotq cancel: error: run {run_id} (Slurm job {job}) belongs to user slotqa: "
                                "you can cancel only your own runs\n")
         assert squeue("-j", job, "-o", "%i").strip() == job  # untouched
     finally:
-        shutil.rmtree(code)
+        shutil.rmtree(root)
     proc = subprocess.run(slotq_cmd() + ["cancel", "--slurm", run_id], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr  # root may, as scancel lets it
     wait_for(lambda: jobs_named(f"slotq-{run_id}") == "", timeout=10, what="the job gone")

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import alive, group_alive, one_line, running_with, slotq_cmd, wait_for, watch_snapshots
+from shared_world import users_code
 from slotq.client.ledger import Ledger
 from slurm_world import (CONF, MAGIC_LOOKALIKE, err, history_line, history_lines, jobs_named, pending_job,
                          pending_run, placeholder, requires_cluster, result, squeue, start)
@@ -363,9 +364,10 @@ def _run_as(pw: pwd.struct_passwd, root: Path) -> None:
     home = root / "home"
     home.mkdir()
     os.chown(home, pw.pw_uid, pw.pw_gid)
-    # Debian's python with this checkout's code: the test users cannot reach root's interpreter.
+    # Debian's python with the users' copy of the code: they can reach
+    # neither root's interpreter nor, in a private clone, the checkout.
     env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "SLURM_CONF": CONF, "USER": pw.pw_name,
-           "PYTHONPATH": str(Path(__file__).resolve().parent.parent / "src"), "PYTHONDONTWRITEBYTECODE": "1",
+           "PYTHONPATH": str(users_code()), "PYTHONDONTWRITEBYTECODE": "1",
            "SLOTQ_STATE_DIR": str(home / "state"), "SLOTQ_LEDGER": str(home / "ledger.sqlite")}
     proc = subprocess.run(["/usr/bin/python3", "-m", "slotq", "run", "--slurm", "--json", "-", "--", "id", "-un"],
                           capture_output=True,
