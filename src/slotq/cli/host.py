@@ -172,24 +172,25 @@ def reap(run_id: str) -> int:
     from slotq.config import HostConfig, state_dir_from_env
     from slotq.host.orphans import end_orphan, holder_state
     from slotq.host.proclocks import held
-    from slotq.host.slot import read_slot
+    from slotq.host.slot import read_slot, slot_path
 
     state_dir = state_dir_from_env()
     config = HostConfig.load(state_dir=state_dir)
 
-    def find() -> dict[str, object] | None:
+    def find() -> tuple[dict[str, object], str] | None:
         locked = held()
         for pool, count in config.pools.items():
             for i in range(count):
                 is_held, info = read_slot(state_dir, pool, i, locked)
                 if is_held and info and info.get("run_id") == run_id:
-                    return info
+                    return info, slot_path(state_dir, pool, i)
         return None
 
-    info = find()
-    if info is None:
+    found = find()
+    if found is None:
         print("nothing of the run holds a slot here any more")
         return 0
+    info, path = found
     state = holder_state(info)
     if state == "stopping":
         grace = info.get("grace")
@@ -200,7 +201,7 @@ def reap(run_id: str) -> int:
         print(f"its runner (pid {info.get('pid')}) was gone; its keeper (pid {info.get('keeper')}) "
               + ("ended the command" if gone else "is still ending the command"))
     elif state == "orphaned":
-        ended = end_orphan(state_dir, info, config.kill_grace, by="its caller (slotq host reap)")
+        ended = end_orphan(state_dir, info, config.kill_grace, by="its caller (slotq host reap)", path=path)
         print(f"its runner (pid {info.get('pid')}) and keeper (pid {info.get('keeper')}) were both gone; "
               + (f"slotq ended the orphaned command (pids {', '.join(map(str, ended))})" if ended
                  else "its orphaned command belongs to another user and was left alone"))

@@ -25,6 +25,16 @@ for that slot have one too. The marker needs read access to
 are visible to all. A descendant that both left the session and cleared its
 environment is not found (it still holds the slot, so nothing overlaps; the
 slot is then shown as held with no live slotq process).
+
+What may be killed is never decided by a file. In a shared state dir any
+member of the group can write a slot's holder record, so the record is a
+hint that can only hold a heal back, never set one off (`orphan_in_slot`):
+the kernel must say that the slot's lock is held through descriptors of
+processes of our own uid (/proc/<pid>/fdinfo), those processes must carry
+one run's marker in their own environment, and the nearest ancestor of
+theirs outside that run must not be a live keeper (a keeper names itself
+`slotq-keeper`, which only its own user can do). The run id, session and
+processes ended all come from there; the record gives the label.
 """
 
 from __future__ import annotations
@@ -35,6 +45,8 @@ import time
 from ..records import is_pid
 
 MARKER = "SLOTQ_RUN_ID"
+KEEPER_NAME = b"slotq-keeper"  # a keeper's comm (process.py): set by itself, so only by its own user
+MAX_ANCESTORS = 256
 
 
 def _stat_fields(pid: int | str) -> list[bytes] | None:
@@ -216,18 +228,138 @@ def new_taker(info: dict[str, object], lock_pids: list[int]) -> bool:
     return any(p > 0 and p not in named and start_ticks(p) is not None for p in lock_pids)
 
 
-def end_orphan(state_dir: str, info: dict[str, object], grace: float, by: str,
-               lock_pids: list[int] | None = None) -> list[int]:
-    """If `info` (a held slot's record) is an orphan's -- runner and keeper
-    gone -- whose processes are all our user's: end them (TERM, the run's
-    grace, KILL) and write the run's history line (caller_gone). Returns
-    the pids ended; [] if it is not an orphan, or not ours to end.
-    `lock_pids` as for holder_state."""
-    if holder_state(info, lock_pids) != "orphaned":
-        return []
+def lock_holders(path: str) -> dict[int, int]:
+    """pid -> uid of the processes that hold the flock of the file at `path`
+    through a descriptor of their own -- the kernel's word
+    (/proc/<pid>/fdinfo lists a lock on the descriptor that shares its open
+    file; a waiter's own descriptor on the same file shows none). Only the
+    processes whose descriptors we may read are seen: our own (everyone's,
+    as root)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return {}
+    key = (st.st_dev, st.st_ino)
+    tag = b"%02x:%02x:%d " % (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    found: dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{name}/fd")
+        except OSError:
+            continue  # gone, or not ours to look into
+        for fd in fds:
+            try:
+                target = os.stat(f"/proc/{name}/fd/{fd}")
+                if (target.st_dev, target.st_ino) != key:
+                    continue
+                with open(f"/proc/{name}/fdinfo/{fd}", "rb") as f:
+                    fdinfo = f.read(1 << 16)
+            except OSError:
+                continue
+            if any(line.startswith(b"lock:") and b" FLOCK " in line and b"->" not in line and tag in line + b" "
+                   for line in fdinfo.splitlines()):
+                uid = uid_of(int(name))
+                if uid is not None:
+                    found[int(name)] = uid
+                break
+    return found
+
+
+def run_marker(pid: int) -> str | None:
+    """The run id in `pid`'s own environment (SLOTQ_RUN_ID), if we may read
+    it: an orphan's run told by the kernel, not by a record."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read(1 << 20)
+    except OSError:
+        return None
+    for var in env.split(b"\0"):
+        if var.startswith(b"SLOTQ_RUN_ID="):
+            value = var[len(b"SLOTQ_RUN_ID="):].decode("ascii", "replace")
+            return value if value.isalnum() and len(value) <= 64 else None
+    return None
+
+
+def _parent(pid: int) -> int | None:
+    fields = _stat_fields(pid)
+    return int(fields[1]) if fields is not None else None
+
+
+def _is_keeper(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            return f.read(64).strip() == KEEPER_NAME and uid_of(pid) == os.getuid()
+    except OSError:
+        return False
+
+
+def supervised(pid: int, run_id: str) -> bool:
+    """Does a live keeper of ours watch over `pid`, a process of run
+    `run_id`? Its keeper is the nearest ancestor outside the run (a child
+    subreaper: every process of the run stays below it while it lives).
+    Once the keeper is gone they are init's, or a subreaper's above it."""
+    for _ in range(MAX_ANCESTORS):
+        parent = _parent(pid)
+        if parent is None or parent <= 1:
+            return False
+        if run_marker(parent) != run_id:
+            return _is_keeper(parent)
+        pid = parent
+    return True  # a chain past the limit: not proven unwatched
+
+
+def orphan_in_slot(path: str) -> tuple[str, dict[int, int], int | None] | None:
+    """The orphaned run holding the slot file at `path`, from the kernel
+    alone: (its run id, its lock holders (pid -> uid), the session they
+    are in). None unless the lock is held only by processes of ours, all
+    of one run (their own SLOTQ_RUN_ID), none of them watched by a live
+    keeper -- whatever the slot's record says."""
+    holders = lock_holders(path)
     uid = os.getuid()
-    procs = orphan_processes(info)
-    if not procs or any(u != uid for u in procs.values()):
+    if not holders or any(u != uid for u in holders.values()):
+        return None
+    runs = {run_marker(pid) for pid in holders}
+    if len(runs) != 1:
+        return None
+    run_id = runs.pop()
+    if run_id is None or any(supervised(pid, run_id) for pid in holders):
+        return None
+    sessions = set()
+    for pid in holders:
+        fields = _stat_fields(pid)
+        if fields is not None:
+            sessions.add(int(fields[3]))
+    return run_id, holders, sessions.pop() if len(sessions) == 1 else None
+
+
+def end_orphan(state_dir: str, info: dict[str, object], grace: float, by: str,
+               lock_pids: list[int] | None = None, path: str | None = None) -> list[int]:
+    """If the slot at `path`, whose record is `info`, is held by an orphan
+    -- runner and keeper gone -- whose processes are all our user's: end
+    them (TERM, the run's grace, KILL) and write the run's history line
+    (caller_gone). Returns the pids ended; [] if it is not an orphan, or
+    not ours to end. The record only holds back (`holder_state` must say
+    orphaned too); what is ended is the kernel's word (`orphan_in_slot`).
+    `lock_pids` as for holder_state."""
+    if path is None or holder_state(info, lock_pids) != "orphaned":
+        return []
+    evidence = orphan_in_slot(path)
+    if evidence is None:
+        return []
+    run_id, holders, session = evidence
+    uid = os.getuid()
+    if info.get("run_id") != run_id:
+        info = {"run_id": run_id}  # the record is not this run's (stale, or written by someone else)
+
+    def find() -> dict[int, int]:
+        procs = run_processes(session=session, marker=run_id)
+        procs.update((p, u) for p, u in holders.items() if start_ticks(p) is not None)
+        return {p: u for p, u in procs.items() if u == uid}
+
+    procs = find()
+    if not procs:
         return []
     g = info.get("grace")
     if isinstance(g, (int, float)) and not isinstance(g, bool) and 0 <= g <= 3600:
@@ -243,12 +375,12 @@ def end_orphan(state_dir: str, info: dict[str, object], grace: float, by: str,
     since = info.get("since")
     since = since if isinstance(since, (int, float)) else None
     history.append(state_dir, history.run_record(
-        run_id=info.get("run_id"), label=info.get("label"), cls=info.get("cls"), host=info.get("host"),
+        run_id=run_id, label=info.get("label"), cls=info.get("cls"), host=info.get("host"),
         outcome="caller_gone", exit_code=None, uid=uid,
         message=f"runner and keeper gone; its orphaned command (pids {', '.join(map(str, sorted(procs)))}) "
                 f"was ended by {by}",
         phases={"slot": since, "started": since, "ended": time.time()}))
-    return end_processes(lambda: {p: u for p, u in orphan_processes(info).items() if u == uid}, grace)
+    return end_processes(find, grace)
 
 
 def heal_slots(state_dir: str, pool: str, count: int, grace: float, healed: set[str], by: str,
@@ -268,7 +400,8 @@ def heal_slots(state_dir: str, pool: str, count: int, grace: float, healed: set[
         is_held, info = read_slot(state_dir, pool, i, locked)
         if not is_held or not info or str(info.get("run_id")) in healed:
             continue
-        ended = end_orphan(state_dir, info, grace, by=by, lock_pids=pids_on(slot_path(state_dir, pool, i), table))
+        path = slot_path(state_dir, pool, i)
+        ended = end_orphan(state_dir, info, grace, by=by, lock_pids=pids_on(path, table), path=path)
         if ended:
             healed.add(str(info.get("run_id")))
             done.append(f"ended the orphaned command of run {info.get('run_id')} on {pool}#{i} (pids "

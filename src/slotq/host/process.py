@@ -44,6 +44,7 @@ from .. import signals as signal
 from ..errors import SlotqError
 from . import libc
 from .child import Child, ChildEnd
+from .orphans import KEEPER_NAME
 from .terminate import terminate_group
 
 TYPE_CHECKING = False
@@ -206,6 +207,22 @@ def spawn(
     return Child(pid, done_r, lingers=ack_fd is not None)
 
 
+def _name_self() -> None:
+    """Call ourselves `slotq-keeper` (our comm): how the next head knows a
+    slot's command is still watched (orphans.supervised) -- a name only
+    our own user can give us, unlike anything in the shared state dir."""
+    try:
+        fd = os.open("/proc/self/comm", os.O_WRONLY)
+    except OSError:
+        return
+    try:
+        os.write(fd, KEEPER_NAME)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def _keeper(
     argv: list[str],
     cwd: str | None,
@@ -233,6 +250,7 @@ def _keeper(
         os.setsid()  # out of the caller's process group: `kill -9 -PGID` spares us
     except OSError:
         pass
+    _name_self()
     # A stop request (blocked since before the fork) stays pending until
     # the `try` below, where it is handled.
     signal.signal(signal.SIGTERM, _raise_stop)

@@ -1,0 +1,111 @@
+"""Issue 44: in a pool made by `slotq host init --shared`, one member of the
+group (B) cannot harm another (A) through anything B can write there.
+Each test plays B's attack as the real second user against A's real runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import wait_for
+from shared_world import GROUP, SKIP_WHY, USERS, World, world  # noqa: F401 (world: a fixture)
+
+pytestmark = pytest.mark.skipif(os.getuid() != 0 or len(USERS) < 2 or not GROUP, reason=SKIP_WHY)
+
+
+def _status(w: World, user: str) -> dict[str, object]:
+    proc = w.run(user, "status", "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)  # type: ignore[no-any-return]
+
+
+def _slot(w: World, pool: str) -> dict[str, object]:
+    return next(p for p in _status(w, w.a)["pools"] if p["pool"] == pool)["slots"][0]  # type: ignore[index]
+
+
+def _waited(w: World, pool: str) -> float:
+    line = next(p for p in _status(w, w.a)["pools"] if p["pool"] == pool)["waiting"]  # type: ignore[index]
+    return float(line[0]["waited_s"]) if line else 0.0
+
+
+def _running_holder(w: World, gate: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """A's long command on shared#0 (until `gate`), and its run id."""
+    holder = w.popen(w.a, "run", "-q", "--json", str(w.home(w.a) / "holder.json"), "--", "sh", "-c",
+                     f"while [ ! -e {gate} ]; do sleep 0.05; done")
+    wait_for(lambda: _slot(w, "shared").get("phase") == "running", what="A's command running")
+    return holder, str(_slot(w, "shared")["run_id"])
+
+
+FORGE = ("import json, os, sys\n"
+         "fd = os.open(sys.argv[1], os.O_WRONLY)\n"
+         "data = json.dumps(json.loads(sys.argv[2])).encode()\n"
+         "os.pwrite(fd, data, 0); os.ftruncate(fd, len(data))\n")
+
+
+def _forge(w: World, slot: Path, record: dict[str, object]) -> None:
+    pw_code = FORGE.replace("sys.argv[1]", repr(str(slot))).replace("sys.argv[2]", repr(json.dumps(record)))
+    proc = w.py(w.b, pw_code)
+    assert proc.returncode == 0, proc.stderr
+
+
+def _queued_head(w: World, pool: str, *extra: str) -> subprocess.Popen[bytes]:
+    """A's run at the head of `pool`'s line, reporting (and so looking for
+    orphans) every 0.1 s; returned once it has looked for 1.5 s."""
+    waiter = w.popen(w.a, "run", "-q", "--class", pool, "--report-every", "0.1", *extra, "--", "true")
+    wait_for(lambda: _waited(w, pool) > 1.5, timeout=20, what=f"A's run at the head of {pool} for 1.5 s")
+    return waiter
+
+
+@pytest.mark.timeout(90)
+def test_a_forged_record_naming_as_running_run_in_another_slot_kills_nothing(world: World) -> None:
+    w = world
+    gate = w.root / "gate"
+    holder, run_id = _running_holder(w, gate)
+    landing = w.state / "slots" / "landing.0"
+    record = {"run_id": run_id, "label": "forged", "pid": 1, "pid_start": 1, "keeper": 1, "keeper_start": 1,
+              "cmd": 1, "cmd_start": 1, "phase": "running", "uid": w.uid(w.a), "cls": "landing"}
+    # B takes the free landing slot by hand and writes a record there that
+    # names A's running run as an orphan (runner and keeper "gone").
+    # The record names B's own process as the runner (so that it is not
+    # taken for a new holder's), with a start time that says it is gone.
+    script = ("import fcntl, json, os, sys\nfd = os.open(sys.argv[1], os.O_RDWR)\nfcntl.flock(fd, fcntl.LOCK_EX)\n"
+              "data = json.dumps(dict(json.loads(sys.argv[2]), pid=os.getpid())).encode()\n"
+              "os.pwrite(fd, data, 0); os.ftruncate(fd, len(data))\nprint('ready', flush=True)\nsys.stdin.read()\n")
+    with w.by_hand(w.b, script, str(landing), json.dumps(record)):
+        assert _slot(w, "landing")["phase"] == "orphaned"  # what the record claims, shown as such
+        waiter = _queued_head(w, "landing")
+        assert holder.poll() is None, "A's running command was killed on the word of B's record"
+    gate.touch()
+    assert holder.wait(timeout=30) == 0
+    assert json.loads((w.home(w.a) / "holder.json").read_text())["outcome"] == "passed"
+    assert waiter.wait(timeout=30) == 0
+    assert run_id not in _history_caller_gone(w)
+
+
+@pytest.mark.timeout(90)
+def test_rewritten_start_times_in_as_own_record_do_not_get_its_command_ended(world: World) -> None:
+    w = world
+    gate = w.root / "gate"
+    holder, run_id = _running_holder(w, gate)
+    slot = w.state / "slots" / "shared.0"
+    record = json.loads(slot.read_text())
+    record.update(pid_start=1, keeper_start=1)  # "runner and keeper gone"
+    _forge(w, slot, record)
+    assert _slot(w, "shared")["phase"] == "orphaned"
+    waiter = _queued_head(w, "shared")
+    assert holder.poll() is None, "A's running command was killed on the word of B's record"
+    gate.touch()
+    assert holder.wait(timeout=30) == 0
+    assert json.loads((w.home(w.a) / "holder.json").read_text())["outcome"] == "passed"
+    assert waiter.wait(timeout=30) == 0
+    assert run_id not in _history_caller_gone(w)
+
+
+def _history_caller_gone(w: World) -> set[str]:
+    proc = w.run(w.a, "history", "--json", "--limit", "100")
+    assert proc.returncode == 0, proc.stderr
+    return {r["run_id"] for r in json.loads(proc.stdout) if r.get("outcome") == "caller_gone"}
