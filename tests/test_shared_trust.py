@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,18 +18,18 @@ from shared_world import GROUP, SKIP_WHY, USERS, World, world  # noqa: F401 (wor
 pytestmark = pytest.mark.skipif(os.getuid() != 0 or len(USERS) < 2 or not GROUP, reason=SKIP_WHY)
 
 
-def _status(w: World, user: str) -> dict[str, object]:
-    proc = w.run(user, "status", "--json")
+def _pool(w: World, pool: str) -> Any:
+    proc = w.run(w.a, "status", "--json")
     assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)  # type: ignore[no-any-return]
+    return next(p for p in json.loads(proc.stdout)["pools"] if p["pool"] == pool)
 
 
 def _slot(w: World, pool: str) -> dict[str, object]:
-    return next(p for p in _status(w, w.a)["pools"] if p["pool"] == pool)["slots"][0]  # type: ignore[index]
+    return dict(_pool(w, pool)["slots"][0])
 
 
 def _waited(w: World, pool: str) -> float:
-    line = next(p for p in _status(w, w.a)["pools"] if p["pool"] == pool)["waiting"]  # type: ignore[index]
+    line = _pool(w, pool)["waiting"]
     return float(line[0]["waited_s"]) if line else 0.0
 
 
