@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -110,3 +111,56 @@ def _history_caller_gone(w: World) -> set[str]:
     proc = w.run(w.a, "history", "--json", "--limit", "100")
     assert proc.returncode == 0, proc.stderr
     return {r["run_id"] for r in json.loads(proc.stdout) if r.get("outcome") == "caller_gone"}
+
+
+# ---------------------------------------------------------------- history: bounded reads
+
+def _timed(w: World, user: str, *args: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    start = time.monotonic()
+    proc = w.run(user, *args)
+    return proc, time.monotonic() - start
+
+
+@pytest.mark.timeout(90)
+def test_a_history_grown_to_a_gigabyte_hangs_nobody(world: World) -> None:
+    w = world
+    spool = w.state / "history.jsonl"
+    assert w.run(w.a, "run", "-q", "--", "true").returncode == 0  # one honest line first
+    # B grows the shared spool to 1 GiB (sparse: no newline in it) and adds
+    # a single JSON line of 1 MB at its end.
+    assert w.py(w.b, f"import os; fd = os.open({str(spool)!r}, os.O_WRONLY); os.ftruncate(fd, 1 << 30); "
+                     "os.lseek(fd, 0, 2); os.write(fd, b'{\"label\": \"' + b'x' * (1 << 20) + b'\"}\\n')"
+                ).returncode == 0
+    status, took = _timed(w, w.a, "status")
+    assert status.returncode == 0 and took < 5, (took, status.stderr)
+    assert "has grown to 1025 MiB" in status.stdout, status.stdout
+    # A run in line reads the history for its ETA: it must start when its
+    # slot frees, and a stop must still stop one.
+    gate = w.root / "gate"
+    holder, _ = _running_holder(w, gate)
+    waiter = w.popen(w.a, "run", "--report-every", "0.1", "--json", str(w.home(w.a) / "w.json"), "--", "true")
+    wait_for(lambda: _waited(w, "shared") > 1, timeout=20, what="A's run in line, reporting")
+    stopped = w.popen(w.a, "run", "--report-every", "0.1", "--", "true")
+    wait_for(lambda: len(_pool(w, "shared")["waiting"]) == 2, timeout=20, what="a second run in line")
+    stopped.terminate()
+    assert stopped.wait(timeout=10) == 130  # cancelled in line
+    gate.touch()
+    assert holder.wait(timeout=30) == 0 and waiter.wait(timeout=30) == 0
+    history, took = _timed(w, w.a, "history", "--json")
+    assert history.returncode == 0 and took < 10, (took, history.stderr)
+    assert "only its last 8 MiB were read" in history.stderr
+    assert json.loads(history.stdout), "the newest runs are still shown"
+
+
+@pytest.mark.timeout(60)
+def test_a_history_lock_held_by_hand_holds_up_no_run(world: World) -> None:
+    w = world
+    spool = w.state / "history.jsonl"
+    hold = ("import fcntl, os, sys\nfd = os.open(sys.argv[1], os.O_RDONLY)\nfcntl.flock(fd, fcntl.LOCK_EX)\n"
+            "print('ready', flush=True)\nsys.stdin.read()\n")
+    with w.by_hand(w.b, hold, str(spool)):
+        proc, took = _timed(w, w.a, "run", "-q", "--", "true")
+        assert proc.returncode == 0 and took < 10, (took, proc.stderr)
+        history, took = _timed(w, w.a, "history")
+        assert history.returncode == 0 and took < 10, (took, history.stderr)
+        assert "locked by someone else" in history.stderr

@@ -28,6 +28,12 @@ from .records import from_json, is_number, to_json, valid_text
 
 SPOOL_BYTES = 1 << 20  # the spool moves to its segment past this
 MAX_LINE = 64 * 1024  # longer lines are skipped as corrupt
+TAIL_WINDOW = 1 << 20  # `recent` reads at most this much of each file's end
+RECENT_BUDGET = 4 << 20  # and this much in all
+LOCK_WAIT = 2.0  # seconds a history lock is waited for (anyone may hold one by hand)
+# A spool past this was grown by hand (ours moves at SPOOL_BYTES): it is not
+# read into memory to be moved, only appended to and read from its end.
+SPOOL_LIMIT = 64 << 20
 PHASES = ("submitted", "slot", "prepared", "started", "ended")
 
 
@@ -55,7 +61,8 @@ def append(state_dir: str, record: dict[str, object]) -> None:
         if created:
             share_created(fd, state_dir)
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH)  # a move to the segment waits for us (and we for it)
+            if not lock_within(fd, fcntl.LOCK_SH, LOCK_WAIT):  # a move to the segment waits for us (and we for it)
+                return  # held by hand: the line is lost, the run is not held up
             os.write(fd, line)
             full = os.fstat(fd).st_size > SPOOL_BYTES
             fcntl.flock(fd, fcntl.LOCK_UN)
@@ -87,7 +94,7 @@ def archive(state_dir: str, now: float | None = None) -> bool:
         except OSError:
             return False
         size = os.fstat(spool_fd).st_size
-        if size == 0:
+        if size == 0 or size > SPOOL_LIMIT:
             return False
         data = os.pread(spool_fd, size, 0)
         data = data[:data.rfind(b"\n") + 1]  # whole lines only
@@ -156,14 +163,16 @@ def recent(state_dir: str, n: int = 10) -> list[dict[str, object]]:
         return []
     lines: list[bytes] = []
     files = [history_path(state_dir), *reversed(segment_files(state_dir)), history_path(state_dir) + ".1"]
+    budget = RECENT_BUDGET  # bytes, over every file: a hundred planted segments cost no more than one
     for path in files:
-        if len(lines) >= n:
+        if len(lines) >= n or budget <= 0:
             break
         try:
             fd, _ = open_state(path, os.O_RDONLY)
         except (OSError, StateFileError):
             continue
         try:
+            budget -= min(os.fstat(fd).st_size, TAIL_WINDOW)
             lines = _tail_lines(fd, n - len(lines)) + lines
         except OSError:
             pass
@@ -184,15 +193,42 @@ def once_each(records: list[dict[str, object]]) -> list[dict[str, object]]:
     return [r for i, r in enumerate(records) if r.get("run_id") is None or later[r.get("run_id")] == i]
 
 
-def _tail_lines(fd: int, n: int, chunk: int = 64 * 1024) -> list[bytes]:
-    """The last `n` lines of a file, reading backwards."""
+def lock_within(fd: int, how: int, seconds: float) -> bool:
+    """flock(fd, how), waiting at most `seconds`: a history file is shared
+    state, and a lock held on it by hand must not stop a run (or status)."""
+    import fcntl
+    import time
+
+    end = time.monotonic() + seconds
+    delay = 0.001
+    while True:
+        try:
+            fcntl.flock(fd, how | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= end:
+                return False
+        time.sleep(delay)  # product code: a bounded back-off for a lock held a moment (a move to the segment)
+        delay = min(delay * 2, 0.05)
+
+
+def _tail_lines(fd: int, n: int, chunk: int = 64 * 1024, window: int = TAIL_WINDOW) -> list[bytes]:
+    """The last `n` lines of a file, reading backwards at most `window`
+    bytes from its end: linear in what it reads, whatever the file's size
+    (a file someone grew to a gigabyte costs one window, not a hang)."""
     end = os.fstat(fd).st_size
-    buf = b""
-    while end > 0 and buf.count(b"\n") <= n:
-        start = max(0, end - chunk)
-        buf = os.pread(fd, end - start, start) + buf
+    stop = max(0, end - window)
+    chunks: list[bytes] = []
+    newlines = 0
+    while end > stop and newlines <= n:
+        start = max(stop, end - chunk)
+        data = os.pread(fd, end - start, start)
+        if not data:
+            break
+        chunks.append(data)
+        newlines += data.count(b"\n")
         end = start
-    lines = buf.split(b"\n")
+    lines = b"".join(reversed(chunks)).split(b"\n")
     if end > 0:
         lines = lines[1:]  # the first is cut
     return [ln for ln in lines if ln][-n:]

@@ -54,6 +54,10 @@ COLUMNS = ("run_id", "user", "label", "class", "pool", "slot", "host", "outcome"
 SCHEMA_VERSION = "3"  # the index is a cache: another version is dropped and rebuilt
 HEAD = 256  # a file's first bytes: a spool emptied and refilled has other ones
 CHUNK = 8 << 20  # read at most this much of a file per step
+# At most this much of one file is read in one catch-up; a file with more
+# unread (grown by hand: a month of runs is tens of MiB) is read from its
+# last CHUNK, and named: a query never hangs on one file.
+MAX_CATCH_UP = 256 << 20
 
 
 def index_path(state_dir: str) -> str:
@@ -86,6 +90,7 @@ class Index:
             self.db.execute("INSERT INTO meta (k, v) VALUES ('schema', ?)", (SCHEMA_VERSION,))
         self.db.executescript(_SCHEMA)
         self.skipped = 0
+        self.skipped_files: list[str] = []  # files (partly) passed over, one line each, for a warning
 
     def close(self) -> None:
         self.db.close()
@@ -141,7 +146,10 @@ class Index:
                 # applied to the new.
                 import fcntl
 
-                fcntl.flock(fd, fcntl.LOCK_SH)
+                if not history.lock_within(fd, fcntl.LOCK_SH, history.LOCK_WAIT):
+                    self.skipped_files.append(f"{path}: locked by someone else (for more than "
+                                              f"{history.LOCK_WAIT:g} s); its newest runs are not shown")
+                    return 0
             st = os.fstat(fd)
             head = os.pread(fd, HEAD, 0)
             row = self.db.execute("SELECT ino, off, head FROM files WHERE name = ?", (name,)).fetchone()
@@ -151,6 +159,11 @@ class Index:
                 off = row[1]
             elif row is not None:  # emptied (moved to a segment) or replaced: its lines are not these
                 self.db.execute("DELETE FROM runs WHERE src = ?", (name,))
+            if st.st_size - off > MAX_CATCH_UP:
+                self.skipped_files.append(f"{path}: {st.st_size - off} bytes unread, more than a history file "
+                                          f"grows to ({MAX_CATCH_UP >> 20} MiB); only its last {CHUNK >> 20} MiB "
+                                          "were read")
+                off = self._next_newline(fd, st.st_size - CHUNK, st.st_size)
             n = 0
             rows = []
             while off < st.st_size:

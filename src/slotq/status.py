@@ -211,6 +211,9 @@ def problems(state_dir: str, config: HostConfig, pools: list[dict[str, object]],
         if not stat.S_ISREG(hst.st_mode):
             out.append(f"state file {hist} is {kind(hst.st_mode)}, not a regular file: runs are not recorded "
                        "(remove it; `slotq host init` makes a proper one)")
+        elif hst.st_size > history.SPOOL_LIMIT:
+            out.append(f"the history spool {hist} has grown to {hst.st_size >> 20} MiB (slotq moves it on at "
+                       f"{history.SPOOL_BYTES >> 20} MiB): someone wrote to it by hand; only its end is read")
     except OSError:
         pass
     for p in pools:

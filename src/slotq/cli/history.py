@@ -167,6 +167,8 @@ def query(state_dir: str, config: HostConfig, **filters: object) -> tuple[list[d
                              "history without it (set SLOTQ_LEDGER or XDG_STATE_HOME to a writable place)\n")
         try:
             index.catch_up()
+            for note in index.skipped_files:
+                sys.stderr.write(f"slotq: warning: {note}\n")
             return index.query(**filters), index.skipped  # type: ignore[arg-type]
         finally:
             index.close()
