@@ -164,3 +164,37 @@ def test_a_history_lock_held_by_hand_holds_up_no_run(world: World) -> None:
         history, took = _timed(w, w.a, "history")
         assert history.returncode == 0 and took < 10, (took, history.stderr)
         assert "locked by someone else" in history.stderr
+
+
+# ---------------------------------------------------------------- planted ticket names
+
+@pytest.mark.timeout(60)
+def test_a_planted_ticket_name_neither_closes_the_pool_nor_moves_the_numbers(world: World) -> None:
+    w = world
+    pdir = w.state / "tickets" / "shared"
+    before = w.run(w.a, "run", "--json", "-", "-q", "--", "true")
+    assert before.returncode == 0, before.stderr
+    first = json.loads(before.stdout)["ticket"]  # (`true` prints nothing: stdout is the record)
+    assert w.py(w.b, f"open({str(pdir / '999999999999999999.t')!r}, 'w').close()").returncode == 0
+    after = w.run(w.a, "run", "--json", "-", "-q", "--", "true")
+    assert after.returncode == 0, after.stderr  # today: 73, "ticket numbers exhausted"
+    assert json.loads(after.stdout)["ticket"] == first + 1  # the name moved nothing
+    status = w.run(w.a, "status")
+    assert status.returncode == 0
+    assert f"ignored: {pdir / '999999999999999999.t'}, a ticket name of user {w.b} that nobody holds" \
+        in status.stdout, status.stdout
+
+
+@pytest.mark.timeout(60)
+def test_a_hard_link_to_a_slot_file_is_no_waiter(world: World) -> None:
+    w = world
+    gate = w.root / "gate"
+    holder, _ = _running_holder(w, gate)  # shared#0 locked: a link to it would look like a live ticket
+    pdir = w.state / "tickets" / "shared"
+    link = pdir / f"{1:016d}.t"
+    assert w.py(w.b, f"import os; os.link({str(w.state / 'slots' / 'shared.0')!r}, {str(link)!r})").returncode == 0
+    assert _pool(w, "shared")["waiting"] == []  # no phantom waiter "root"
+    waiter = w.popen(w.a, "run", "-q", "--", "true")
+    wait_for(lambda: len(_pool(w, "shared")["waiting"]) == 1, what="A's run in line")
+    gate.touch()
+    assert holder.wait(timeout=30) == 0 and waiter.wait(timeout=30) == 0

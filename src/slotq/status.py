@@ -12,7 +12,7 @@ from .durations import format_duration
 from .host import orphans
 from .host.proclocks import describe_holders, holder_pids, owners
 from .host.slot import read_slot, slot_name, slot_path
-from .host.ticket import list_tickets, pool_dir, probe, read_info, remove_stale_temps, scan
+from .host.ticket import ignored, list_tickets, pool_dir, probe, read_info, remove_stale_temps, scan
 from .records import printable
 from .statefile import StateFileError, kind, open_state
 
@@ -222,6 +222,11 @@ def problems(state_dir: str, config: HostConfig, pools: list[dict[str, object]],
                 out.append(str(s["error"]))
             elif s.get("held") and s.get("phase") == "no record":
                 out.append(f"{s['slot']} is held with no slotq record by {s.get('lock_holders') or '?'}")
+        if table is not None:
+            for e in ignored(pool_dir(state_dir, str(p["pool"])), set(table)):
+                out.append(f"ignored: {e.path}, a ticket name of user {orphans.user_name(e.uid)} that nobody "
+                           "holds: no place in line, and it moves no ticket number (only its owner or root "
+                           "can remove it)")
         for w in p["waiting"]:  # type: ignore[attr-defined]
             if w.get("forged"):
                 out.append(f"ticket {w['seq']} of user {w.get('user')} in pool {p['pool']} was renamed or "

@@ -137,12 +137,14 @@ def take_ticket(state_dir: str, pool: str, info: dict[str, object],
         if counter >= MAX_SEQ:
             counter = 0  # garbage: the tickets in line decide
         # Never below a ticket in line: a rewritten counter cannot put us
-        # ahead of anyone.
-        seq = max(counter, _highest(pdir)) + 1
+        # ahead of anyone. Nor moved by a name alone (a planted file).
+        highest, top_path = _highest_live(pdir, counter)
+        seq = max(counter, highest) + 1
         fd = -1
         for _ in range(100):
             if seq >= MAX_SEQ:
-                raise StateDirError(f"ticket numbers in {pdir} are exhausted (a planted ticket name?)", pdir)
+                raise StateDirError(f"ticket numbers in {pdir} are exhausted: ticket {os.path.basename(top_path)} "
+                                    f"is held by {_holder_of(top_path)}", pdir)
             final = os.path.join(pdir, f"{seq:016d}{TICKET_SUFFIX}")
             tmp = os.path.join(pdir, f".{seq:016d}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
             # Writable by its owner only: nobody else can touch it (and its ctime).
@@ -253,12 +255,52 @@ def _lock_seq(fd: int, path: str, wait: Callable[[float], None] | None) -> None:
         delay = min(delay * 2, 0.05)
 
 
-def _highest(pdir: str) -> int:
-    """The highest ticket number in a pool's line (0 for none)."""
-    best = 0
-    for seq, _ in _names(pdir):
-        best = max(best, seq)
-    return best
+# Names above the counter looked at before the counter is trusted as it is.
+MAX_JUMP_LOOKS = 64
+
+
+def _highest_live(pdir: str, counter: int) -> tuple[int, str]:
+    """The highest number of a live ticket in a pool's line (0 for none),
+    and its path. A name alone does not count: a file planted under a
+    ticket name that nobody holds (`touch 999999999999999999.t`) would
+    otherwise move every later number, or exhaust them, for good -- and in
+    a sticky dir only its owner can remove it. Honest tickets are numbered
+    at or below the counter, written with each: names above it are each
+    looked at (probe), at most MAX_JUMP_LOOKS of them."""
+    names = _names(pdir)
+    top = max(names, default=(0, ""))
+    if top[0] <= counter:  # the usual case: one pass, no sort
+        return top[0], os.path.join(pdir, top[1]) if top[1] else ""
+    looks = 0
+    for seq, name in sorted(names, reverse=True):
+        path = os.path.join(pdir, name)
+        if seq <= counter:
+            return seq, path
+        if looks >= MAX_JUMP_LOOKS:
+            break
+        looks += 1
+        if probe(path):
+            return seq, path
+    return 0, ""
+
+
+def _holder_of(path: str) -> str:
+    """Who holds the lock of the file at `path`, from the kernel."""
+    from .proclocks import describe_holders
+
+    try:
+        st = os.stat(path)
+    except OSError:
+        return "nobody now"
+    return describe_holders(st.st_dev, st.st_ino) or "a process slotq cannot see"
+
+
+def ignored(pdir: str, locked: set[tuple[int, int]]) -> list[Entry]:
+    """Ticket names in a pool dir that are no place in line and that we
+    cannot remove: held by nobody, another user's (in a sticky dir only
+    they or root can remove them). Named by status."""
+    uid = os.getuid()
+    return [e for e in scan(pdir) if (e.dev, e.ino) not in locked and e.uid != uid]
 
 
 def _admit(state_dir: str, pool: str, max_waiting: int | None, per_user: int | None, slots: int) -> None:
@@ -332,7 +374,8 @@ class Entry:
 
 def scan(pdir: str) -> list[Entry]:
     """The tickets of a pool dir in line order (see the module doc):
-    regular files only (a link or FIFO under a ticket name is no ticket)."""
+    regular files with one name only (a link, a FIFO or another file's
+    hard link under a ticket name is no ticket)."""
     out: list[Entry] = []
     try:
         with os.scandir(pdir) as it:
@@ -349,6 +392,12 @@ def scan(pdir: str) -> list[Entry]:
                     st = e.stat(follow_symlinks=False)
                 except OSError:
                     continue  # gone meanwhile
+                if st.st_nlink != 1:
+                    # A hard link to some other file (a slot file, locked by
+                    # its holder, made a phantom waiter nobody could pass);
+                    # our own have one name once taken (take_ticket links
+                    # and unlinks under the counter's lock).
+                    continue
                 out.append(Entry(int(stem), e.path, st.st_dev, st.st_ino, st.st_ctime_ns, st.st_uid))
     except (FileNotFoundError, NotADirectoryError):
         return []
