@@ -156,7 +156,12 @@ def test_a_config_you_named_that_cannot_be_used_is_refused_not_replaced_by_the_d
     open_cfg = tmp_path / "open.toml"
     open_cfg.write_text('[defaults]\nbudget = "1s"\n')
     open_cfg.chmod(0o666)
-    for cfg, why in ((fifo, "it is not a regular file"), (open_cfg, "it is writable by others (mode 0666)")):
+    group_cfg = tmp_path / "group.toml"  # your own, but your group may write it: it decides your pools too
+    group_cfg.write_text('[defaults]\nbudget = "1s"\n')
+    group_cfg.chmod(0o664)
+    for cfg, why in ((fifo, "it is not a regular file"),
+                     (open_cfg, "it is writable by others (mode 0666): chmod go-w it"),
+                     (group_cfg, "it is writable by others (mode 0664): chmod go-w it")):
         monkeypatch.setenv("SLOTQ_CONFIG", str(cfg))
         proc = subprocess.run(slotq_cmd() + ["run", "-q", "--", "echo", "ran"], capture_output=True, text=True,
                               timeout=20)
@@ -313,3 +318,13 @@ def test_a_run_short_of_file_descriptors_is_unavailable_in_one_line_saying_why(s
     assert any("ended without a result: it failed: Too many open files" in err for err in seen), seen
     assert any("cannot start the command: Too many open files" in err for err in seen), seen
     assert seen[-1] == ""  # and with enough of them, it runs
+
+
+@pytest.mark.timeout(30)
+def test_json_to_a_fifo_nobody_reads_is_refused_at_once_not_a_hang(state_dir: Path, tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    proc = subprocess.run(slotq_cmd() + ["run", "--json", str(fifo), "-q", "--", "echo", "ran"], capture_output=True,
+                          text=True, timeout=10)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert proc.stderr == f"slotq run: error: cannot write --json file {fifo}: it is a FIFO nobody reads\n"

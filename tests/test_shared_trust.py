@@ -198,3 +198,33 @@ def test_a_hard_link_to_a_slot_file_is_no_waiter(world: World) -> None:
     wait_for(lambda: len(_pool(w, "shared")["waiting"]) == 1, what="A's run in line")
     gate.touch()
     assert holder.wait(timeout=30) == 0 and waiter.wait(timeout=30) == 0
+
+
+# ---------------------------------------------------------------- odd files of B's
+
+@pytest.mark.timeout(60)
+def test_a_ticket_past_the_size_limit_stops_neither_status_nor_cancel(world: World) -> None:
+    w = world
+    gate = w.root / "gate"
+    holder, _ = _running_holder(w, gate)
+    big = w.state / "tickets" / "shared" / f"{90:016d}.t"
+    script = ("import fcntl, os, sys\nfd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)\n"
+              "fcntl.flock(fd, fcntl.LOCK_EX)\nos.write(fd, b'{\"label\": \"' + b'x' * 70000 + b'\"}')\n"
+              "print('ready', flush=True)\nsys.stdin.read()\n")
+    with w.by_hand(w.b, script, str(big)):
+        status = w.run(w.a, "status")
+        assert status.returncode == 0, status.stderr
+        assert f"ticket 90 in pool shared is held by user {w.b} with no readable slotq record" in status.stdout
+        assert w.run(w.a, "status", "--json").returncode == 0
+        cancel = w.run(w.a, "cancel", "--mine")
+        assert cancel.returncode == 0 and "cancelled" in cancel.stderr, cancel.stderr  # A's holder
+    assert holder.wait(timeout=30) == 130
+
+
+@pytest.mark.timeout(30)
+def test_json_to_another_users_fifo_is_refused_at_once(world: World) -> None:
+    w = world
+    fifo = w.state / "result.json"  # a dir B may write, and A may name
+    assert w.py(w.b, f"import os; os.mkfifo({str(fifo)!r}, 0o666)").returncode == 0
+    proc = w.run(w.a, "run", "--json", str(fifo), "-q", "--", "true", timeout=10)
+    assert proc.returncode == 2 and "it is a FIFO of another user's" in proc.stderr, proc.stderr

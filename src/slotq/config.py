@@ -463,8 +463,9 @@ def _untrusted(st: os.stat_result, state_dir: str, explicit: bool) -> str | None
     if st.st_uid not in trusted:
         return (f"it belongs to {user_name(st.st_uid)} (uid {st.st_uid}), not to root or the state dir's owner "
                 "(anyone could have planted it)")
-    if st.st_mode & stat.S_IWOTH or (st.st_mode & stat.S_IWGRP and st.st_uid != me):
-        return f"it is writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
+    if st.st_mode & stat.S_IWOTH or (st.st_mode & stat.S_IWGRP and (st.st_uid != me or explicit)):
+        # Your own $SLOTQ_CONFIG too: whoever can write it decides your pools.
+        return f"it is writable by others (mode {stat.S_IMODE(st.st_mode):04o}): chmod go-w it"
     return None
 
 

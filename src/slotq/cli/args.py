@@ -402,6 +402,7 @@ class JsonResult:
     FIFO (`/dev/stderr`) is opened now and written at the end."""
 
     def __init__(self, dest: str | None, option: str = "--json") -> None:
+        import errno
         import stat
 
         self.dest = dest
@@ -422,7 +423,17 @@ class JsonResult:
             if st is not None and stat.S_ISDIR(st.st_mode):
                 raise UsageError(f"cannot write {option} file {dest}: it is a directory")
             if st is not None and not stat.S_ISREG(st.st_mode):
-                self._fd = os.open(dest, os.O_WRONLY | os.O_CLOEXEC)
+                if stat.S_ISFIFO(st.st_mode) and st.st_uid != os.getuid():
+                    raise UsageError(f"cannot write {option} file {dest}: it is a FIFO of another user's")
+                # Never blocking: a FIFO nobody reads would hold the run here,
+                # before its signal handlers (ENXIO instead).
+                try:
+                    self._fd = os.open(dest, os.O_WRONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+                except OSError as e:
+                    if e.errno == errno.ENXIO:
+                        raise UsageError(f"cannot write {option} file {dest}: it is a FIFO nobody reads") from None
+                    raise
+                os.set_blocking(self._fd, True)  # the result is written whole, at the end
                 return
             if st is not None and not os.access(dest, os.W_OK):
                 raise UsageError(f"cannot write {option} file {dest}: permission denied")

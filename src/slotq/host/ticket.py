@@ -549,14 +549,15 @@ def bury(path: str, fd: int) -> None:
 
 def read_info(path: str) -> dict[str, object] | None:
     """A ticket's record; None if it is gone, no regular file, too large,
-    or not a JSON object."""
+    or not a JSON object -- never an error: one odd ticket must not stop
+    status or cancel for everyone."""
     try:
         fd, _ = open_state(path, os.O_RDONLY)
     except OSError:
         return None
     try:
         data = from_json(read_limited(fd, MAX_INFO, path).decode("utf-8", "replace") or "null")
-    except (OSError, ValueError):
+    except (OSError, ValueError, StateFileError):  # (too large: someone else's file, named by status)
         return None
     finally:
         os.close(fd)
