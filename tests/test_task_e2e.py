@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -197,38 +198,43 @@ def test_a_task_passes_the_commands_own_exit_code_and_stdio(state_dir: Path, tmp
     assert proc.returncode == 4 and proc.stdout == "piped"
 
 
+# Holds `slotq task` where it opens its --json result (before its own
+# handlers), blocked reading stdin, until the test writes a byte there.
+PAUSE_AT_RESULT = """
+import os, runpy, sys
+marker, paused = sys.argv[1], []
+def hook(event, args):
+    if event == "open" and not paused and os.path.basename(str(args[0])).startswith(".result."):
+        paused.append(1)
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT, 0o600)
+        os.write(fd, b"%d" % os.getpid())
+        os.close(fd)
+        os.read(0, 1)
+sys.addaudithook(hook)
+script = sys.argv[2]
+sys.argv = [script, *sys.argv[3:]]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
 def test_a_stop_signal_while_a_task_starts_is_a_cancel_and_its_job_never_starts(
         state_dir: Path, tmp_path: Path, sig: signal.Signals) -> None:
     # The signal comes before the task's own handlers: here while it opens
-    # its --json FIFO, which waits for a reader. It killed slotq (-15; a
-    # Ctrl-C 130 with no result), as `slotq run` was before.
-    fifo, ran = tmp_path / "result", tmp_path / "ran"
-    os.mkfifo(fifo)
-    proc = subprocess.Popen(slotq_cmd() + ["task", "--budget", "1m", "--json", str(fifo), "--", "touch", str(ran)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
-
-    def opening_the_fifo() -> bool:
-        try:
-            # In fifo_open, waiting for a reader (the function it sleeps in, as this kernel names it).
-            return Path(f"/proc/{proc.pid}/wchan").read_text() in ("wait_for_partner", "fifo_open")
-        except OSError:
-            return False
-
-    wait_for(opening_the_fifo, what="slotq task opening its --json FIFO")
+    # its --json result. It killed slotq (-15; a Ctrl-C 130 with no
+    # result), as `slotq run` was before.
+    result, ran, paused = tmp_path / "result", tmp_path / "ran", tmp_path / "paused"
+    proc = subprocess.Popen([sys.executable, "-c", PAUSE_AT_RESULT, str(paused), *slotq_cmd(), "task", "--budget",
+                             "1m", "--json", str(result), "--", "touch", str(ran)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.PIPE)
+    wait_for(lambda: paused.exists() and paused.read_text() == str(proc.pid), what="slotq task opening its result")
     proc.send_signal(sig)
-    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # its open goes through; the result comes here
-    try:
-        out, err = proc.communicate(timeout=20)
-        os.set_blocking(reader, True)
-        result = json.loads(os.read(reader, 65536))
-    finally:
-        os.close(reader)
+    out, err = proc.communicate(input="go", timeout=20)
     name = "SIGTERM" if sig == signal.SIGTERM else "Ctrl-C"
     assert proc.returncode == 130, err
     assert err == f"slotq task: cancelled after 0.0s — cancelled ({name}) before the job started; nothing ran\n"
-    assert result["outcome"] == "cancelled" and not ran.exists()
+    assert json.loads(result.read_text())["outcome"] == "cancelled" and not ran.exists()
 
 
 @pytest.mark.timeout(30)
