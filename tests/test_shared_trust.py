@@ -231,3 +231,18 @@ def test_json_to_another_users_fifo_is_refused_at_once(world: World) -> None:
     assert w.py(w.b, f"import os; os.mkfifo({str(fifo)!r}, 0o666)").returncode == 0
     proc = w.run(w.a, "run", "--json", str(fifo), "-q", "--", "true", timeout=10)
     assert proc.returncode == 2 and "it is a FIFO of another user's" in proc.stderr, proc.stderr
+
+
+@pytest.mark.timeout(60)
+def test_a_work_dir_name_taken_first_by_another_user_does_not_stop_remote_runs(world: World) -> None:
+    w = world
+    squatted = w.state / "work" / str(w.uid(w.a))
+    assert w.py(w.b, f"import os; os.makedirs({str(squatted)!r}, 0o777)").returncode == 0
+    first = w.run(w.a, "host", "hello")
+    assert first.returncode == 0, first.stderr  # today: 73 for ever
+    root = Path(json.loads(first.stdout)["work_root"])
+    st = root.stat()
+    assert root != squatted and root.parent == squatted.parent and st.st_uid == w.uid(w.a)
+    assert st.st_mode & 0o777 == 0o700
+    again = w.run(w.a, "host", "hello")
+    assert json.loads(again.stdout)["work_root"] == str(root)  # found again, not one more

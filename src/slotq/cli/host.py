@@ -241,11 +241,45 @@ def work_root(state_dir: str) -> str:
         try:
             os.mkdir(root, 0o700)
         except FileExistsError:
-            pass
+            if not _is_ours(root):
+                # Taken first by someone else (`mkdir work/<our uid>`, a link):
+                # in a sticky dir we cannot remove it, so we live beside it,
+                # under a name nobody can guess. The client is told which
+                # (`slotq host hello`).
+                return _own_root_beside(shared, root)
     except OSError as e:
         raise StateDirError(f"cannot make the work dir root {root}: {e.strerror}", root) from None
     _check_own_dir(root, private=True)
     return root
+
+
+def _is_ours(path: str) -> bool:
+    import stat
+
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
+
+
+def _own_root_beside(shared: str, taken: str) -> str:
+    """Our work dir root when `taken` (work/<uid>) is someone else's: the
+    one we made before (work/<uid>.<random>, ours, private), or a new one."""
+    prefix = os.path.basename(taken) + "."
+    for name in sorted(os.listdir(shared)):
+        path = os.path.join(shared, name)
+        if name.startswith(prefix) and _is_ours(path):
+            _check_own_dir(path, private=True)
+            return path
+    while True:
+        path = taken + "." + os.urandom(8).hex()
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            continue
+        _check_own_dir(path, private=True)
+        return path
 
 
 def _check_own_dir(path: str, private: bool) -> None:
