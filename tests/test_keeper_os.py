@@ -5,9 +5,11 @@ tells a quiet runner `head` only when it has waited at the head that long."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import select
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -180,3 +182,38 @@ def test_the_keeper_finds_prctl_loaded_and_never_dlopens_after_the_fork(tmp_path
             "sys.exit(0 if loaded else 3)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.timeout(30)
+def test_an_orphan_is_found_though_its_short_lived_children_go_during_the_scan(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # On a busy machine the scan of every process's descriptors takes a
+    # while: a `sleep` of the orphan's loop, seen holding the slot's lock,
+    # was gone by the time its environment was read, and the orphan looked
+    # like two runs (none healed: a quiet head then looks again only after
+    # a report period). A holder gone since the scan holds nothing.
+    from slotq.host import orphans
+
+    real = orphans.lock_holders
+
+    def slow_scan(path: str) -> dict[int, int]:
+        found = real(path)
+        time.sleep(0.06)  # sleep-ok: the time a busy machine's scan takes, after the holders were noted
+        return found
+
+    monkeypatch.setattr(orphans, "lock_holders", slow_scan)
+    slot = tmp_path / "slot"
+    slot.touch()
+    fd = os.open(slot, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.set_inheritable(fd, True)
+    loop = subprocess.Popen(["sh", "-c", "while :; do sleep 0.05; done"], pass_fds=(fd,), start_new_session=True,
+                            env=dict(os.environ, SLOTQ_RUN_ID="abc123"))
+    os.close(fd)
+    try:
+        wait_for(lambda: len(real(str(slot))) >= 2, what="the loop and a sleep of it holding the lock")
+        found = [orphans.orphan_in_slot(str(slot)) for _ in range(20)]
+        assert all(f is not None and f[0] == "abc123" for f in found), found
+    finally:
+        os.killpg(loop.pid, signal.SIGKILL)
+        loop.wait()

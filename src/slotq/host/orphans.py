@@ -316,14 +316,17 @@ def orphan_in_slot(path: str) -> tuple[str, dict[int, int], int | None] | None:
     are in). None unless the lock is held only by processes of ours, all
     of one run (their own SLOTQ_RUN_ID), none of them watched by a live
     keeper -- whatever the slot's record says."""
-    holders = lock_holders(path)
+    holders, markers = {}, set()
+    for pid, owner in lock_holders(path).items():
+        marker = run_marker(pid)
+        if marker is None and start_ticks(pid) is None:
+            continue  # gone since the scan (a command's short-lived child): it holds nothing now
+        holders[pid] = owner
+        markers.add(marker)
     uid = os.getuid()
-    if not holders or any(u != uid for u in holders.values()):
+    if not holders or any(u != uid for u in holders.values()) or len(markers) != 1:
         return None
-    runs = {run_marker(pid) for pid in holders}
-    if len(runs) != 1:
-        return None
-    run_id = runs.pop()
+    run_id = markers.pop()
     if run_id is None or any(supervised(pid, run_id) for pid in holders):
         return None
     sessions = set()
