@@ -43,6 +43,7 @@ import os
 import time
 
 from ..records import is_pid
+from ..spec import is_run_id
 
 MARKER = "SLOTQ_RUN_ID"
 KEEPER_NAME = b"slotq-keeper"  # a keeper's comm (process.py): set by itself, so only by its own user
@@ -174,7 +175,6 @@ def run_processes(*, session: int | None = None, session_start: int | None = Non
         leader = start_ticks(session)
         if leader is not None and leader != session_start:
             session = None  # impossible while members exist; be safe anyway
-    needle = f"\0{MARKER}={marker}\0".encode() if marker else None
     me = os.getpid()
     found: dict[int, int] = {}
     for name in os.listdir("/proc"):
@@ -186,20 +186,11 @@ def run_processes(*, session: int | None = None, session_start: int | None = Non
         fields = _stat_fields(name)
         if fields is None or fields[0] == b"Z":
             continue
-        if (session is not None and int(fields[3]) == session) or (needle is not None and _has_marker(pid, needle)):
+        if (session is not None and int(fields[3]) == session) or (marker and run_marker(pid) == marker):
             uid = uid_of(pid)
             if uid is not None:
                 found[pid] = uid
     return found
-
-
-def _has_marker(pid: int, needle: bytes) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            env = b"\0" + f.read(1 << 20)
-    except OSError:
-        return False
-    return needle in env + b"\0"
 
 
 def holder_state(info: dict[str, object], lock_pids: list[int] | None = None) -> str:
@@ -240,7 +231,6 @@ def lock_holders(path: str) -> dict[int, int]:
     except OSError:
         return {}
     key = (st.st_dev, st.st_ino)
-    tag = b"%02x:%02x:%d " % (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
     found: dict[int, int] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -258,7 +248,7 @@ def lock_holders(path: str) -> dict[int, int]:
                     fdinfo = f.read(1 << 16)
             except OSError:
                 continue
-            if any(line.startswith(b"lock:") and b" FLOCK " in line and b"->" not in line and tag in line + b" "
+            if any(line.startswith(b"lock:") and b" FLOCK " in line and b"->" not in line
                    for line in fdinfo.splitlines()):
                 uid = uid_of(int(name))
                 if uid is not None:
@@ -278,7 +268,7 @@ def run_marker(pid: int) -> str | None:
     for var in env.split(b"\0"):
         if var.startswith(b"SLOTQ_RUN_ID="):
             value = var[len(b"SLOTQ_RUN_ID="):].decode("ascii", "replace")
-            return value if value.isalnum() and len(value) <= 64 else None
+            return value if is_run_id(value) else None
     return None
 
 
@@ -429,14 +419,14 @@ def orphan_processes(info: dict[str, object]) -> dict[int, int]:
     cmd = info.get("cmd")
     cmd_start = info.get("cmd_start")
     run_id = info.get("run_id")
-    marker = run_id if isinstance(run_id, str) and run_id.isalnum() and len(run_id) <= 64 else None
+    marker = run_id if isinstance(run_id, str) and is_run_id(run_id) else None
     if marker is None:
         return {}  # a record anyone could have written names no processes of ours
     session = cmd if isinstance(cmd, int) and not isinstance(cmd, bool) and cmd > 1 else None
     # The record is only a hint (in a shared state dir others can write the
     # slot file): a session counts only if its leader carries the run's
     # marker, so a forged record cannot point at someone's login session.
-    if session is not None and not _has_marker(session, f"\0{MARKER}={marker}\0".encode()):
+    if session is not None and run_marker(session) != marker:
         session = None
     return run_processes(session=session, session_start=cmd_start if isinstance(cmd_start, int) else None,
                          marker=marker)
