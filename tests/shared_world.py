@@ -55,14 +55,16 @@ FLOCK_BY_HAND = ("import fcntl, os, sys\nfd = os.open(sys.argv[1], os.O_RDWR)\nf
                  "print('ready', flush=True)\nsys.stdin.read()\n")
 
 
-def ticket_by_hand(path: Path, record: dict[str, object]) -> str:
-    """Python that makes a ticket file at `path` with `record` in it and
-    holds its lock, as slotq's own tickets are held, until stdin closes."""
-    return ("import fcntl, json, os, sys\n"
-            f"fd = os.open({str(path)!r}, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)\n"
-            "fcntl.flock(fd, fcntl.LOCK_EX)\n"
-            f"os.write(fd, json.dumps({record!r}).encode())\n"
-            "print('ready', flush=True)\nsys.stdin.read()\n")
+def ticket_by_hand(path: Path, record: dict[str, object], *more: Path) -> str:
+    """Python that makes a ticket file at `path` (and at each of `more`)
+    with `record` in it and holds its lock, as slotq's own tickets are
+    held, until stdin closes."""
+    code = "import fcntl, json, os, sys\nfds = []\n"
+    for p in (path, *more):
+        code += (f"fds.append(os.open({str(p)!r}, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644))\n"
+                 "fcntl.flock(fds[-1], fcntl.LOCK_EX)\n"
+                 f"os.write(fds[-1], json.dumps({record!r}).encode())\n")
+    return code + "print('ready', flush=True)\nsys.stdin.read()\n"
 
 
 class World:
@@ -103,9 +105,11 @@ class World:
                               extra_groups=[self.gid], umask=0o002)
 
     def popen(self, user: str, *args: str, stderr: int = subprocess.DEVNULL,
-              umask: int = 0o002) -> subprocess.Popen[bytes]:
+              umask: int = 0o002, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """`env`: more environment for the run."""
         pw = pwd.getpwnam(user)
-        return subprocess.Popen(self.cmd(*args), cwd=self.home(user), env=self.env(user), start_new_session=True,
+        return subprocess.Popen(self.cmd(*args), cwd=self.home(user), env=self.env(user, **(env or {})),
+                                start_new_session=True,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
                                 user=pw.pw_uid, group=pw.pw_gid, extra_groups=[self.gid], umask=umask)
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from conftest import wait_for
-from shared_world import GROUP, SKIP_WHY, USERS, World, world  # noqa: F401 (world: a fixture)
+from shared_world import GROUP, SKIP_WHY, USERS, World, ticket_by_hand, world  # noqa: F401 (world: a fixture)
 
 pytestmark = pytest.mark.skipif(os.getuid() != 0 or len(USERS) < 2 or not GROUP, reason=SKIP_WHY)
 
@@ -246,3 +246,32 @@ def test_a_work_dir_name_taken_first_by_another_user_does_not_stop_remote_runs(w
     assert st.st_mode & 0o777 == 0o700
     again = w.run(w.a, "host", "hello")
     assert json.loads(again.stdout)["work_root"] == str(root)  # found again, not one more
+
+
+# ---------------------------------------------------------------- admission: the host's policy only
+
+@pytest.mark.timeout(90)
+def test_admission_is_the_hosts_policy_and_hand_made_tickets_count_against_their_maker(world: World) -> None:
+    w = world
+    (w.state / "host.toml").write_text("[admission]\nmax_waiting = 2\nmax_waiting_per_user = 1\n")
+    # B's own config: the host's pool sizes, and no [admission] at all.
+    own = w.home(w.b) / "mine.toml"
+    assert w.py(w.b, f"import os; fd = os.open({str(own)!r}, os.O_WRONLY | os.O_CREAT, 0o644); os.fchmod(fd, 0o644); "
+                     "os.write(fd, b'[pools]\\nshared = 1\\nlanding = 1\\n')").returncode == 0
+    gate = w.root / "gate"
+    holder, _ = _running_holder(w, gate)
+    b_env = {"SLOTQ_CONFIG": str(own)}
+    first = w.popen(w.b, "run", "-q", "--", "true", env=b_env)
+    wait_for(lambda: len(_pool(w, "shared")["waiting"]) == 1, what="B's first run in line")
+    second = w.popen(w.b, "run", "-q", "--", "true", env=b_env, stderr=subprocess.PIPE)
+    assert second.wait(timeout=20) == 117  # the host's max_waiting_per_user = 1, though B's config has none
+    assert second.stderr is not None and b"max_waiting_per_user = 1" in second.stderr.read()
+    # Two more tickets of B's, made by hand: no admission passed them.
+    pdir = w.state / "tickets" / "shared"
+    with w.by_hand(w.b, ticket_by_hand(pdir / f"{50:016d}.t", {"label": "raw"}, pdir / f"{51:016d}.t")):
+        assert len(_pool(w, "shared")["waiting"]) == 3  # B's three tickets, all live
+        mine = w.popen(w.a, "run", "-q", "--", "true")
+        wait_for(lambda: len(_pool(w, "shared")["waiting"]) == 4, what="A admitted, in line")
+        assert mine.poll() is None  # today: not_admitted (117), B's tickets filled the line
+    gate.touch()
+    assert holder.wait(timeout=30) == 0 and first.wait(timeout=30) == 0 and mine.wait(timeout=30) == 0

@@ -187,8 +187,11 @@ class HostConfig:
         """A `$SLOTQ_CONFIG` of your own must give the host's pools the sizes
         the host's own host.toml gives them: two runs that disagree would
         each take "the" slot of a one-slot pool (one reads it as two).
-        ConfigError if not. With no host.toml of the host's own (a private
-        state dir, say), or an untrusted one, `$SLOTQ_CONFIG` decides."""
+        ConfigError if not. The host's `[admission]` limits hold too: yours
+        may tighten them, never loosen them (a member leaving them out
+        would otherwise fill the line that the others are refused from).
+        With no host.toml of the host's own (a private state dir, say), or
+        an untrusted one, `$SLOTQ_CONFIG` decides."""
         own = os.path.join(state_dir, "host.toml")
         try:
             if os.path.samefile(own, path):
@@ -204,6 +207,8 @@ class HostConfig:
                 raise ConfigError(f"$SLOTQ_CONFIG ({path}) gives pool {pool!r} {mine} slot(s), this host's own "
                                   f"config ({own}) {slots}: runs that disagree would hold its slots at once. "
                                   "Unset SLOTQ_CONFIG, or make the two agree", path)
+        self.max_waiting = _tighter(self.max_waiting, host.max_waiting)
+        self.max_waiting_per_user = _tighter(self.max_waiting_per_user, host.max_waiting_per_user)
 
     @classmethod
     def _read(cls, path: str, state_dir: str, explicit: bool) -> "HostConfig":
@@ -422,6 +427,13 @@ class SlurmConfig:
                 isinstance(a, str) and 0 < len(a) <= 4096 and "\0" not in a for a in slotq)):
             raise ConfigError(f"{where}.slotq must be a path (or a list: a command and its arguments)", path)
         return cls(classes, options, slotq)
+
+
+def _tighter(mine: int | None, host: int | None) -> int | None:
+    """The stricter of two limits (None: no limit)."""
+    if mine is None or host is None:
+        return host if mine is None else mine
+    return min(mine, host)
 
 
 def _parse_toml(raw: bytes, path: str) -> dict[str, object]:

@@ -323,23 +323,27 @@ def _admit(state_dir: str, pool: str, max_waiting: int | None, per_user: int | N
     if max_waiting == 0:
         raise AdmissionRefused(f"not admitted: the run would have to wait in pool {pool}, and the host lets no "
                                f"run wait (host policy [admission] max_waiting = 0)")
-    if max_waiting is not None and len(live) >= max_waiting:
-        raise AdmissionRefused(f"not admitted: pool {pool} already has {len(live)} run(s) waiting "
+    per_owner: dict[int, int] = {}
+    for _, path in live:
+        try:
+            owner = os.stat(path).st_uid  # the kernel's word, not the ticket's
+        except OSError:
+            continue
+        per_owner[owner] = per_owner.get(owner, 0) + 1
+    mine = per_owner.get(os.getuid(), 0)
+    if per_user == 0:
+        raise AdmissionRefused(f"not admitted: the run would have to wait in pool {pool}, and the host lets "
+                               f"none of your runs wait (host policy [admission] max_waiting_per_user = 0)")
+    if per_user is not None and mine >= per_user:
+        raise AdmissionRefused(f"not admitted: you already have {mine} run(s) waiting in pool {pool} "
+                               f"(host policy [admission] max_waiting_per_user = {per_user})")
+    # A user's tickets past their own limit passed no admission (made by
+    # hand, or by a config that left the limits out): they count against
+    # that user only, never towards the line that turns the others away.
+    waiting = sum(n if per_user is None else min(n, per_user) for n in per_owner.values())
+    if max_waiting is not None and waiting >= max_waiting:
+        raise AdmissionRefused(f"not admitted: pool {pool} already has {waiting} run(s) waiting "
                                f"(host policy [admission] max_waiting = {max_waiting})")
-    if per_user is not None:
-        uid = os.getuid()
-        mine = 0
-        for _, path in live:
-            try:
-                mine += os.stat(path).st_uid == uid
-            except OSError:
-                pass
-        if per_user == 0:
-            raise AdmissionRefused(f"not admitted: the run would have to wait in pool {pool}, and the host lets "
-                                   f"none of your runs wait (host policy [admission] max_waiting_per_user = 0)")
-        if mine >= per_user:
-            raise AdmissionRefused(f"not admitted: you already have {mine} run(s) waiting in pool {pool} "
-                                   f"(host policy [admission] max_waiting_per_user = {per_user})")
 
 
 def _names(pdir: str) -> list[tuple[int, str]]:
