@@ -32,29 +32,60 @@ from shared_world import FLOCK_BY_HAND, GROUP, SKIP_WHY, USERS, World, make_root
 pytestmark = pytest.mark.skipif(os.getuid() != 0 or len(USERS) < 2 or not GROUP, reason=SKIP_WHY)
 
 
-@pytest.fixture
-def legacy() -> Iterator[World]:
-    """The layout the README used to document: a group-owned 2775 dir, no
-    sticky bit, nothing made in advance -- B can put any name in it."""
+def _bare(mode: int) -> Iterator[World]:
     root = make_root()
     try:
         state = root / "state"
         state.mkdir()
         os.chown(state, 0, grp.getgrnam(GROUP).gr_gid)
-        os.chmod(state, 0o2775)
+        os.chmod(state, mode)
         yield World(root, state)
     finally:
         stop_users_processes(root)
         shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.fixture
+def legacy() -> Iterator[World]:
+    """The layout the README used to document: a group-owned 2775 dir, no
+    sticky bit -- any member could delete another's slot file."""
+    yield from _bare(0o2775)
+
+
+@pytest.fixture
+def bare() -> Iterator[World]:
+    """A root-owned sticky 3775 dir with nothing made in advance (no
+    `host init`): B can still put any name there that nobody took yet."""
+    yield from _bare(0o3775)
+
+
 @pytest.mark.timeout(60)
-def test_status_warns_about_a_shared_dir_not_made_by_host_init(legacy: World) -> None:
-    assert legacy.run(legacy.a, "run", "-q", "--", "true").returncode == 0
+def test_run_refuses_a_shared_dir_not_made_by_host_init_and_status_warns(legacy: World) -> None:
+    run = legacy.run(legacy.a, "run", "-q", "--", "touch", str(legacy.home(legacy.a) / "ran"))
+    assert run.returncode == 73 and not (legacy.home(legacy.a) / "ran").exists()
+    assert f"state dir {legacy.state} is shared unsafely: {legacy.state} is writable by others and is not " \
+           f"sticky" in one_line(run) and f"slotq host init --shared {legacy.state} --group GROUP" in run.stderr
     status = legacy.run(legacy.b, "status")
     assert status.returncode == 0
     assert "is shared by several users but not set up for it" in status.stdout
     assert "slotq host init --shared" in status.stdout
+    # Migrated in place, the same dir serves both.
+    init = subprocess.run(slotq_cmd() + ["host", "init", "--shared", str(legacy.state), "--group", GROUP],
+                          capture_output=True, text=True, timeout=30)
+    assert init.returncode == 0, init.stderr
+    assert legacy.run(legacy.a, "run", "-q", "--", "true").returncode == 0
+
+
+@pytest.mark.timeout(60)
+def test_a_group_writable_dir_of_ones_own_passes_until_another_user_puts_a_file_in_it(legacy: World) -> None:
+    # A umask of 002 makes a private state dir group-writable: still A's alone.
+    w = legacy
+    os.chown(w.state, w.uid(w.a), -1)
+    assert w.run(w.a, "run", "-q", "--", "true").returncode == 0
+    assert (w.state / "slots").stat().st_mode & 0o020  # group-writable, made so by A's umask
+    assert w.py(w.b, f"open({str(w.state / 'tickets' / 'planted')!r}, 'w').close()").returncode == 0
+    run = w.run(w.a, "run", "-q", "--", "true")
+    assert run.returncode == 73 and f"{w.state / 'tickets'} is writable by others and is not sticky" in run.stderr
 
 
 # ---------------------------------------------------------------- planted links
@@ -67,16 +98,16 @@ LEGACY_TARGETS = ["seq", "slots/shared.0", "history.jsonl", "host.toml", "ticket
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("rel", LEGACY_TARGETS)
-def test_a_link_planted_at_a_state_path_never_writes_through(legacy: World, rel: str) -> None:
-    w = legacy
+def test_a_link_planted_at_a_state_path_never_writes_through(bare: World, rel: str) -> None:
+    w = bare
     victim, before = w.victim()
     target = victim / "bashrc" if rel not in ("tickets/shared", "work/{uid}") else victim
     rel = rel.format(uid=w.uid(w.a))
     for sub in ("slots", "tickets", "work"):
         if rel.startswith(sub + "/"):
             (w.state / sub).mkdir(exist_ok=True)
-            os.chown(w.state / sub, w.uid(w.b), w.gid)
-            os.chmod(w.state / sub, 0o2775)
+            os.chown(w.state / sub, 0, w.gid)
+            os.chmod(w.state / sub, 0o3775)
     plant = w.py(w.b, f"import os; os.symlink({str(target)!r}, {str(w.state / rel)!r})")
     assert plant.returncode == 0, plant.stderr
     run = w.run(w.a, "run", "--", "sh", "-c", "echo ran")
@@ -127,12 +158,12 @@ for seq in range(1, 30):  # the next ticket names
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("rel", ["seq", "history.jsonl", "host.toml", ".host-config.cache.{uid}", ".host-config.cache",
                                  "slots/shared.0"])
-def test_a_fifo_at_a_state_path_is_an_error_not_a_hang(legacy: World, rel: str) -> None:
-    w = legacy
+def test_a_fifo_at_a_state_path_is_an_error_not_a_hang(bare: World, rel: str) -> None:
+    w = bare
     rel = rel.format(uid=w.uid(w.a))
     if rel.startswith("slots/"):
         (w.state / "slots").mkdir()
-        os.chmod(w.state / "slots", 0o2777)
+        os.chmod(w.state / "slots", 0o3777)
     assert w.py(w.b, f"import os; os.mkfifo({str(w.state / rel)!r}, 0o666)").returncode == 0
     run = w.run(w.a, "run", "--", "true", timeout=20)
     status = w.run(w.a, "status", timeout=20)
@@ -149,8 +180,8 @@ def test_a_fifo_at_a_state_path_is_an_error_not_a_hang(legacy: World, rel: str) 
 # ---------------------------------------------------------------- trusted config
 
 @pytest.mark.timeout(60)
-def test_a_config_written_by_another_user_is_ignored_with_a_warning(legacy: World) -> None:
-    w = legacy
+def test_a_config_written_by_another_user_is_ignored_with_a_warning(bare: World) -> None:
+    w = bare
     cfg = w.state / "host.toml"
     assert w.py(w.b, f"open({str(cfg)!r}, 'w').write('[pools]\\nshared = 8\\n[defaults]\\nbudget = \"1s\"\\n')"
                 ).returncode == 0
@@ -165,10 +196,10 @@ def test_a_config_written_by_another_user_is_ignored_with_a_warning(legacy: Worl
 
 
 @pytest.mark.timeout(60)
-def test_a_config_the_group_can_write_is_ignored_until_it_is_not(legacy: World) -> None:
+def test_a_config_the_group_can_write_is_ignored_until_it_is_not(bare: World) -> None:
     # Owned by root, a trusted owner; but any member of the group could
     # rewrite it, so it is as good as written by another user.
-    w = legacy
+    w = bare
     cfg = w.state / "host.toml"
     cfg.write_text("[pools]\nshared = 8\n")
     os.chown(cfg, 0, grp.getgrnam(GROUP).gr_gid)

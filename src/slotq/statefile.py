@@ -167,6 +167,56 @@ def make_dirs(path: str, top: str) -> None:
                 pass
 
 
+MAX_OWN_LOOK = 10_000  # entries looked at to tell a private dir from a shared one
+
+
+def refuse_unsafe_sharing(top: str, dirs: list[str]) -> None:
+    """StateDirError if one of `dirs` (in state dir `top`) lets another
+    user delete or replace our files: writable by others, and not sticky
+    with a trusted owner (root, the state dir's owner, us) -- the old
+    advice, a plain group-writable 2775 dir, where any member could delete
+    a slot file under a running command. A dir of our own that only our
+    umask made group-writable (nothing in it anyone else's) is private and
+    passes. Costs one lstat a dir; a look inside only for an open dir."""
+    uid = os.getuid()
+    owner = None
+    for d in dirs:
+        try:
+            st = os.lstat(d)
+        except OSError:
+            continue
+        if not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            continue
+        if owner is None:
+            owner = st.st_uid if d == top else _owner(top)
+        if st.st_mode & stat.S_ISVTX and st.st_uid in (0, owner, uid):
+            continue
+        if st.st_uid == uid and _only_mine(d, uid):
+            continue
+        why = "is not sticky" if not st.st_mode & stat.S_ISVTX else f"belongs to uid {st.st_uid}"
+        raise StateDirError(f"state dir {top} is shared unsafely: {d} is writable by others and {why} (anyone "
+                            f"could delete or replace a slot or ticket there). Make it safe in place, as root: "
+                            f"slotq host init --shared {top} --group GROUP", top)
+
+
+def _owner(path: str) -> int:
+    try:
+        return os.lstat(path).st_uid
+    except OSError:
+        return -1
+
+
+def _only_mine(d: str, uid: int) -> bool:
+    try:
+        with os.scandir(d) as it:
+            for n, e in enumerate(it):
+                if n >= MAX_OWN_LOOK or e.stat(follow_symlinks=False).st_uid != uid:
+                    return False
+    except OSError:
+        return False
+    return True
+
+
 def _check_dir(path: str) -> None:
     try:
         st = os.lstat(path)

@@ -48,13 +48,17 @@ RECHECKS = (0.002, 0.02, 0.2)
 
 
 def ensure_state_dir(state_dir: str) -> None:
-    """Create the state directory tree, or raise StateDirError naming it."""
-    from ..statefile import make_dirs, make_private_dirs
+    """Create the state directory tree, or raise StateDirError naming it
+    (or naming a shared one that any member could pull apart)."""
+    from ..statefile import make_dirs, make_private_dirs, refuse_unsafe_sharing
 
+    slots, tickets = os.path.join(state_dir, "slots"), os.path.join(state_dir, "tickets")
     try:
         make_private_dirs(state_dir)
-        make_dirs(os.path.join(state_dir, "slots"), state_dir)
-        make_dirs(os.path.join(state_dir, "tickets"), state_dir)
+        refuse_unsafe_sharing(state_dir, [state_dir])  # before we make anything in it
+        make_dirs(slots, state_dir)
+        make_dirs(tickets, state_dir)
+        refuse_unsafe_sharing(state_dir, [slots, tickets])
     except StateDirError:
         raise
     except OSError as e:

@@ -32,7 +32,7 @@ import time
 
 from ..errors import AdmissionRefused, StateDirError
 from ..records import clean_state, from_json, load_scanner, to_json
-from ..statefile import StateFileError, make_dirs, open_state, read_limited, share_created
+from ..statefile import StateFileError, make_dirs, open_state, read_limited, refuse_unsafe_sharing, share_created
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -118,7 +118,10 @@ def take_ticket(state_dir: str, pool: str, info: dict[str, object],
     pdir = pool_dir(state_dir, pool)
     seq_path = os.path.join(state_dir, "seq")
     try:
+        # The early path (take_early) comes here with no ensure_state_dir.
+        refuse_unsafe_sharing(state_dir, [state_dir])
         make_dirs(pdir, state_dir)
+        refuse_unsafe_sharing(state_dir, [os.path.join(state_dir, "slots"), os.path.dirname(pdir), pdir])
         seq_fd, created = open_state(seq_path, os.O_RDWR, create=True)
     except StateDirError:
         raise
