@@ -50,11 +50,24 @@ def slotq_cmd() -> list[str]:
     return [found]
 
 
+def history_written(state_dir: Path | str) -> list[dict[str, Any]]:
+    """Every line of a state dir's history files as written (JSON), the
+    files read oldest written first."""
+    from slotq import history
+
+    out = []
+    for f in sorted(history.history_files(str(state_dir)), key=lambda f: f.mtime):
+        with open(f.path, "rb") as fh:
+            out += [json.loads(line) for line in fh.read().splitlines() if line.strip()]
+    return out
+
+
 def reachable(run_id: str) -> bool:
     """Does the run listen for `slotq cancel` yet (its abstract socket)? A
     running command's run opens it after CONTROL_AFTER."""
-    with open("/proc/net/unix") as f:
-        return any(line.rstrip().endswith(f"@slotq-run/{run_id}") for line in f)
+    from slotq.host.control import listening
+
+    return bool(listening(run_id))
 
 
 def take_slot(state_dir: Path) -> "SlotLease":

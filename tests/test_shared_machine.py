@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from conftest import catches, one_line, reachable, slotq_cmd, wait_for
+from slotq.host.control import listening
 from shared_world import FLOCK_BY_HAND, GROUP, SKIP_WHY, USERS, World, make_root, snapshot_files, \
     stop_users_processes, ticket_by_hand, world  # noqa: F401 (world: a fixture)
 
@@ -521,6 +522,43 @@ def test_cancel_does_not_talk_to_a_socket_squatting_a_runs_name(world: World) ->
 
 
 @pytest.mark.timeout(60)
+def test_a_socket_squatting_a_waiting_runs_name_first_does_not_stop_its_cancel(world: World) -> None:
+    """B watches the line and binds, as soon as A's next run shows its run
+    id (in its ticket, before its runner is loaded), the name a runner used
+    to bind -- the run id alone -- and one of the runner's own form with a
+    token of B's guessing. A's run still listens under its own name, and A
+    cancels it."""
+    w = world
+    gate = w.root / "gate"
+    holder = _hold(w, w.a, gate)
+    pdir = w.state / "tickets" / "shared"
+    squatter = ("import json, os, socket, sys, time\nsocks = []\n"
+                f"pdir = {str(pdir)!r}\nseen = set(os.listdir(pdir))\nprint('ready', flush=True)\n"
+                "while not socks:\n"
+                "    for n in set(os.listdir(pdir)) - seen:\n"
+                "        try:\n            run_id = json.load(open(os.path.join(pdir, n)))['run_id']\n"
+                "        except (OSError, ValueError, KeyError):\n            continue\n"
+                "        for name in (b'\\0slotq-run/' + run_id.encode(),\n"
+                "                     b'\\0slotq-run/' + run_id.encode() + b'/0123456789abcdef'):\n"
+                "            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+                "            try:\n                s.bind(name); s.listen(1); socks.append(s)\n"
+                "            except OSError:\n                pass\n"
+                "        print(run_id, flush=True)\n"
+                "    time.sleep(0.001)\n"
+                "sys.stdin.read()\n")
+    with w.by_hand(w.b, squatter) as squat:
+        waiter = w.popen(w.a, "run", "-q", "--", "true")
+        assert squat.stdout is not None
+        run_id = squat.stdout.readline().decode().strip()
+        wait_for(lambda: len(listening(run_id)) == 3, what="A's run listening beside B's two sockets")
+        cancel = w.run(w.a, "cancel", run_id)
+        assert cancel.returncode == 0, cancel.stderr  # before: "held by ... user slotqb: nothing sent"
+        assert waiter.wait(timeout=30) == 130
+    gate.touch()
+    assert holder.wait(timeout=30) == 0
+
+
+@pytest.mark.timeout(60)
 def test_another_users_silent_connection_to_a_runs_control_socket_is_refused_at_once(world: World) -> None:
     """Anyone on the machine can connect to a run's abstract control
     socket. B connects to A's running run and says nothing: the runner
@@ -533,9 +571,10 @@ def test_another_users_silent_connection_to_a_runs_control_socket_is_refused_at_
     assert held is not None
     # A run that got its slot at once listens once its command has run 0.1 s.
     wait_for(lambda: reachable(str(held["run_id"])), what="A's run to listen for cancel")
+    [name] = listening(str(held["run_id"]))  # (anyone can list the sockets: /proc/net/unix)
     silent = ("import socket, time\n"
               "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
-              f"s.connect(b'\\0slotq-run/{held['run_id']}')\n"
+              f"s.connect({name!r})\n"
               "s.settimeout(10)\n"
               "print(s.recv(4096).decode().strip())\n")
     out = w.py(w.b, silent)

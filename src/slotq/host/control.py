@@ -2,18 +2,21 @@
 shell, and how each side knows who the other is.
 
 Every runner listens on an abstract Unix socket named after its run id
-(`\\0slotq-run/<run id>`: no file to create, plant or clean up; it goes
-with the runner). `slotq cancel` connects and sends `cancel`; the runner
-answers `ok` or `refused: ...`. Both sides learn the other's pid and uid
-from the kernel (SO_PEERCRED), never from what is said: a runner obeys only
-its own user (or root), and the canceller checks it reached a runner of
-the run's user.
+and a random token (`\\0slotq-run/<run id>/<token>`: no file to create,
+plant or clean up; it goes with the runner). `slotq cancel` finds it in
+the kernel's list of sockets (/proc/net/unix), connects and sends
+`cancel`; the runner answers `ok` or `refused: ...`. Both sides learn the
+other's pid and uid from the kernel (SO_PEERCRED), never from what is said:
+a runner obeys only its own user (or root), and the canceller talks only
+to a socket of the run's user.
 
 The runner binds when it must wait, or once its command has run 0.1 s (a
 run that ends sooner never pays for this module); `slotq cancel` gives a
 run the queue shows live a moment to bind. Its run id is visible before
-that, so someone else could bind the name first: the canceller then sees
-from the kernel that the socket is not the run's user's and sends nothing.
+that, but not its token: nobody can take the runner's name first. Another
+user's socket under the run's id (anyone can bind any abstract name) is
+passed over; if it is the only one, the canceller names it and sends
+nothing.
 Built on `_socket`, not `socket`, which imports `enum` (start-up cost:
 benchmarks/).
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import _socket
 
@@ -29,8 +33,38 @@ PREFIX = b"\0slotq-run/"
 _CRED_SIZE = 12  # struct ucred: pid, uid, gid (32-bit each)
 
 
+MAX_SOCKET_LIST = 64 << 20  # /proc/net/unix read at most
+
+
 def address(run_id: str) -> bytes:
-    return PREFIX + run_id.encode()
+    """A new address for run `run_id`'s runner: nobody can guess it."""
+    return PREFIX + run_id.encode() + b"/" + os.urandom(8).hex().encode()
+
+
+def listening(run_id: str) -> list[bytes]:
+    """The abstract addresses bound under run `run_id`, from the kernel's
+    list: the runner's (`<run id>/<token>`) first, then any other name
+    that starts with the run id (an old runner's, or someone's squat)."""
+    try:
+        with open("/proc/net/unix", "rb") as f:
+            table = f.read(MAX_SOCKET_LIST)
+    except OSError:
+        return []
+    want = b"@" + PREFIX[1:] + run_id.encode()
+    tokened: list[bytes] = []
+    other: list[bytes] = []
+    for line in table.splitlines()[1:]:
+        parts = line.split(None, 7)
+        if len(parts) < 8 or not parts[7].startswith(want):
+            continue
+        rest = parts[7][len(want):]
+        name = b"\0" + parts[7][1:]
+        if len(rest) == 17 and rest[:1] == b"/" and all(c in b"0123456789abcdef" for c in rest[1:]):
+            if name not in tokened:
+                tokened.append(name)
+        elif rest == b"" and name not in other:
+            other.append(name)
+    return tokened + other
 
 
 def peer(sock: _socket.socket) -> tuple[int, int]:
@@ -108,13 +142,35 @@ def send_cancel(run_id: str, timeout: float = 5.0, expect_uid: int | None = None
     runner listens (ConnectionRefusedError: the run has ended).
 
     `expect_uid`: the run's user, as the kernel says (its ticket's or slot
-    lock's owner). A socket under the run's name held by another user is
-    an impostor (someone bound the name first): nothing is sent, and the
-    reply says so (`impostor`)."""
+    lock's owner). A socket under the run's id held by another user is an
+    impostor: passed over, and if no socket of the run's user listens,
+    nothing is sent and the reply says so (`impostor`)."""
+    names = listening(run_id)
+    if not names:
+        raise ConnectionRefusedError(f"no socket listens for run {run_id}")
+    impostor = None
+    deadline = time.monotonic() + timeout
+    for name in names:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        try:
+            reply = _send_to(name, left, expect_uid)
+        except OSError:
+            continue  # gone since the listing
+        if reply.text != "impostor":
+            return reply
+        impostor = impostor or reply
+    if impostor is not None:
+        return impostor
+    raise ConnectionRefusedError(f"no socket listens for run {run_id}")
+
+
+def _send_to(name: bytes, timeout: float, expect_uid: int | None) -> CancelReply:
     s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
     try:
         s.settimeout(timeout)
-        s.connect(address(run_id))
+        s.connect(name)
         pid, uid = peer(s)
         if expect_uid is not None and uid != expect_uid:
             return CancelReply(False, "impostor", pid, uid)
