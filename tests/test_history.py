@@ -32,6 +32,14 @@ def record(i: int, ended: float, **extra: object) -> dict[str, object]:
     return rec
 
 
+def rotate(state_dir: Path) -> None:
+    """Move our spool on to a segment, as a writer that finds it full does
+    (a rename)."""
+    spool = Path(history.spool_path(str(state_dir)))
+    assert spool.exists()
+    spool.rename(spool.parent / f"u{os.getuid()}-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(4).hex()}.jsonl")
+
+
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(slotq_cmd() + list(args), capture_output=True, text=True, timeout=60,
                           stdin=subprocess.DEVNULL)
@@ -46,7 +54,7 @@ def test_every_run_is_kept_past_the_spool_size_and_status_history_n_reads_them_a
     for i in range(300):
         history.append(str(state_dir), record(i, now - 300 + i))
     assert history.segment_files(str(state_dir)), "the spool was never moved to a segment"
-    assert os.path.getsize(history.history_path(str(state_dir))) <= 8192 + 1024
+    assert os.path.getsize(history.spool_path(str(state_dir))) <= 8192 + 1024
     got = history.recent(str(state_dir), 1000)
     assert [r["run_id"] for r in got] == [f"run{i:07d}" for i in range(300)]
     proc = cli("status", "--json", "--history", "1000")
@@ -200,7 +208,7 @@ def test_the_index_catches_up_incrementally_without_duplicates_when_the_spool_mo
     index = Index(str(state_dir), 180 * DAY, path=str(tmp_path / "idx.sqlite"))
     assert index.catch_up() == 10
     assert index.catch_up() == 0  # nothing new: nothing read
-    assert history.archive(str(state_dir))  # the spool moves to its segment, and is emptied
+    rotate(state_dir)  # the spool moves on to a segment; a new one is made
     for i in range(10, 15):
         history.append(str(state_dir), record(i, now - 100 + i))
     index.catch_up()
@@ -229,7 +237,7 @@ def test_the_index_forgets_the_runs_of_a_state_dir_removed_or_made_again(state_d
     now = time.time()
     for i in range(3):
         history.append(str(state_dir), record(i, now - 100 + i))
-    assert history.archive(str(state_dir))  # two of them in this month's segment, one in the spool
+    rotate(state_dir)  # three of them in a segment, one in the spool
     history.append(str(state_dir), record(3, now - 90))
     assert runs_indexed() == ["run0000000", "run0000001", "run0000002", "run0000003"]
     shutil.rmtree(state_dir)  # and made again at once: the same path, maybe the same inode numbers
@@ -241,21 +249,20 @@ def test_the_index_forgets_the_runs_of_a_state_dir_removed_or_made_again(state_d
 
 
 @pytest.mark.timeout(60)
-def test_the_runs_of_an_emptied_spool_stay_listed_from_the_segment_they_moved_to(
+def test_the_runs_of_a_spool_moved_on_stay_listed_from_the_segment_they_moved_to(
         state_dir: Path, tmp_path: Path) -> None:
-    # The index drops what it read from a spool found emptied; the lines
-    # moved to the month's segment first, so none may go missing, even
-    # when the move happened after the index had read that segment.
+    # The index drops what it read from a spool found replaced; the lines
+    # are in the segment it was renamed to, so none may go missing.
     state_dir.mkdir()
     now = time.time()
     index = Index(str(state_dir), 180 * DAY, path=str(tmp_path / "idx.sqlite"))
     history.append(str(state_dir), record(0, now - 100))
-    assert history.archive(str(state_dir))  # the segment exists, and is read below
+    rotate(state_dir)  # a segment exists, and is read below
     history.append(str(state_dir), record(1, now - 99))  # read from the spool
     history.append(str(state_dir), {"label": "no run id", "outcome": "passed", "phases": {"ended": now - 98}})
     index.catch_up()
     assert [r["label"] for r in index.query()] == ["job 0", "job 1", "no run id"]
-    assert history.archive(str(state_dir))  # both move on, after the index read the segment
+    rotate(state_dir)  # both move on, after the index read the first segment
     history.append(str(state_dir), record(2, now - 97))
     index.catch_up()
     assert [r["label"] for r in index.query()] == ["job 0", "job 1", "no run id", "job 2"]  # none twice
@@ -294,7 +301,8 @@ def test_readers_never_miss_a_run_while_writers_move_the_spool(
     # It found a race older than that: a reader that took the spool's size
     # and first bytes across a move resumed the new spool at the old one's
     # offset, and never saw its first runs (4 runs in 15 on a busy machine,
-    # until the spool is read under the writers' shared lock).
+    # until the spool was read under the writers' shared lock; each user's
+    # spool is now renamed to a segment, never emptied).
     import threading
 
     monkeypatch.setattr(history, "SPOOL_BYTES", 4096)  # a move every ~12 runs
@@ -330,7 +338,7 @@ def test_corrupt_lines_are_skipped_and_counted_never_a_crash(state_dir: Path, tm
     state_dir.mkdir()
     now = time.time()
     history.append(str(state_dir), record(1, now))
-    with open(history.history_path(str(state_dir)), "ab") as f:
+    with open(history.spool_path(str(state_dir)), "ab") as f:
         f.write(b"[" * 100_000 + b"\n")  # deeper than any parser should go
         f.write(b'{"run_id": "' + b"x" * 200_000 + b'"}\n')  # too long
         f.write(b"\xff\xfe not json\n")
@@ -408,12 +416,20 @@ def test_retention_drops_old_runs_and_old_segments(state_dir: Path, tmp_path: Pa
     within = seg_dir / time.strftime("%Y-%m.jsonl", time.gmtime(now - 25 * DAY))
     with open(within, "a") as f:
         f.write(json.dumps(record(4, now - 25 * DAY)) + "\n")
+    # Our own segments: by their last write.
+    mine_old, mine_new = seg_dir / f"u{os.getuid()}-20010101T000000-00000000.jsonl", \
+        seg_dir / f"u{os.getuid()}-20010101T000000-00000001.jsonl"
+    mine_old.write_text(json.dumps(record(5, now - 40 * DAY)) + "\n")
+    os.utime(mine_old, (now - 40 * DAY, now - 40 * DAY))
+    mine_new.write_text(json.dumps(record(6, now - 2 * DAY)) + "\n")
+    os.utime(mine_new, (now - 2 * DAY, now - 2 * DAY))
     (state_dir / "host.toml").write_text('[history]\nretention = "30d"\n')
     proc = cli("history", "--json", "--since", "3650d")
     assert proc.returncode == 0, proc.stderr
-    assert sorted(r["run_id"] for r in json.loads(proc.stdout)) == ["run0000003", "run0000004"]
+    assert sorted(r["run_id"] for r in json.loads(proc.stdout)) == ["run0000003", "run0000004", "run0000006"]
     assert not old.exists(), "a segment wholly past the retention is deleted"
     assert within.exists(), "a segment of a month that ended within the retention is kept"
+    assert not mine_old.exists() and mine_new.exists(), "a segment of ours last written before the window goes"
     (state_dir / "host.toml").write_text('[history]\nretention = "forever"\n')
     proc = cli("history")
     assert proc.returncode == 78 and "[history] retention" in proc.stderr

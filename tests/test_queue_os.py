@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import blocked_in_flock, take_slot, wait_for
+from conftest import blocked_in_flock, history_written, take_slot, wait_for
 from slotq.config import HostConfig
 from slotq.host.hostqueue import Waiter
 from slotq.host.slot import SlotProbe, read_slot
@@ -206,9 +206,9 @@ def test_a_dead_ticket_buried_by_a_keeper_told_to_stop_keeps_its_history_line(tm
                          timeout=20)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == ["stopped after", "False"], out.stdout
-    lines = (tmp_path / "history.jsonl").read_text().splitlines()
-    assert [json.loads(line)["run_id"] for line in lines] == ["r-victim"]
-    assert json.loads(lines[0])["outcome"] == "caller_gone"
+    lines = history_written(tmp_path)
+    assert [line["run_id"] for line in lines] == ["r-victim"]
+    assert lines[0]["outcome"] == "caller_gone"
 
 
 def test_later_tickets_never_overtake_earlier_live_ones(tmp_path: Path) -> None:

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from conftest import (Start, blocked_in_flock, children, first_waited, gate_cmd, group_alive, live_tickets,
-                      one_line, one_waiting_ahead, run_in_thread, slot_holder, slotq_cmd, spool_ops, start_holder,
+from conftest import (Start, blocked_in_flock, children, first_waited, gate_cmd, group_alive, history_written,
+                      live_tickets, one_line, one_waiting_ahead, run_in_thread, slot_holder, slotq_cmd, spool_ops, start_holder,
                       wait_for)
 from slotq import history, protocol
 from slotq.client.caller import run
@@ -349,8 +349,8 @@ def test_a_run_started_with_a_standard_stream_closed_runs_and_keeps_the_state_fi
     assert proc.stdout == out and (b"\nerr\n" in proc.stderr if err else proc.stderr == b""), (proc.stdout, proc.stderr)
     assert json.loads(result.read_text())["outcome"] == "passed"
     assert (state_dir / "seq").read_bytes().strip().isdigit()
-    lines = (state_dir / "history.jsonl").read_bytes().splitlines()
-    assert len(lines) == 1 and json.loads(lines[0])["outcome"] == "passed"
+    lines = history_written(state_dir)
+    assert len(lines) == 1 and lines[0]["outcome"] == "passed"
     held, record = read_slot(str(state_dir), "shared", 0)
     assert not held and record is None
     slot_file = state_dir / "slots" / "shared.0"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Start, gate_cmd, live_tickets, slot_holder, slotq_cmd, start_holder, wait_for
+from conftest import Start, gate_cmd, history_written, live_tickets, slot_holder, slotq_cmd, start_holder, wait_for
 
 
 def _one_line_error(proc: subprocess.CompletedProcess[str], needle: str) -> None:
@@ -213,7 +213,7 @@ def test_a_credit_dir_that_is_not_a_directory_is_refused_by_run_task_and_waits_n
                                   capture_output=True, text=True, timeout=20, cwd=tmp_path)
             assert proc.returncode == 2 and "ran" not in proc.stdout, (cmd, proc.stdout, proc.stderr)
             _one_line_error(proc, f"{cmd[-2]} {bad}: {why}")
-    assert not live_tickets(state_dir) and not (state_dir / "history.jsonl").exists()
+    assert not live_tickets(state_dir) and not history_written(state_dir)
 
 
 @pytest.mark.timeout(60)
@@ -266,7 +266,7 @@ def test_a_relative_xdg_state_home_is_ignored_as_the_xdg_spec_asks(
     proc = subprocess.run(slotq_cmd() + ["run", "--", "true"], capture_output=True, text=True, timeout=20,
                           cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert (tmp_path / "home" / ".local" / "state" / "slotq" / "host" / "history.jsonl").exists()
+    assert history_written(tmp_path / "home" / ".local" / "state" / "slotq" / "host")
     assert not (tmp_path / "xdg").exists()
 
 

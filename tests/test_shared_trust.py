@@ -275,3 +275,47 @@ def test_admission_is_the_hosts_policy_and_hand_made_tickets_count_against_their
         assert mine.poll() is None  # today: not_admitted (117), B's tickets filled the line
     gate.touch()
     assert holder.wait(timeout=30) == 0 and first.wait(timeout=30) == 0 and mine.wait(timeout=30) == 0
+
+
+# ---------------------------------------------------------------- history: each user's own
+
+def _history(w: World) -> list[dict[str, Any]]:
+    proc = w.run(w.a, "history", "--json")
+    assert proc.returncode == 0, proc.stderr
+    return list(json.loads(proc.stdout))
+
+
+@pytest.mark.timeout(60)
+def test_no_member_can_erase_or_falsify_anothers_history(world: World) -> None:
+    w = world
+    mine = w.run(w.a, "run", "--json", "-", "-q", "--", "true")
+    assert mine.returncode == 0, mine.stderr
+    run_id = json.loads(mine.stdout)["run_id"]
+    spool = w.state / "history" / f"u{w.uid(w.a)}.jsonl"
+    attack = (f"import json, os\np = {str(spool)!r}\nfor how in (lambda: os.truncate(p, 0), lambda: os.unlink(p),\n"
+              f"            lambda: os.rename(p, p + '.x'), lambda: open(p, 'a')):\n"
+              "    try:\n        how()\n    except PermissionError:\n        print('refused')\n"
+              # B's own file, with a line that claims to be A's run, failed.
+              f"line = dict(json.loads(open(p).readline()), outcome='failed', exit_code=1, label='forged')\n"
+              f"with open({str(w.state / 'history' / f'u{w.uid(w.b)}.jsonl')!r}, 'a') as f:\n"
+              "    f.write(json.dumps(line) + '\\n')\n")
+    proc = w.py(w.b, attack)
+    assert proc.returncode == 0 and proc.stdout.split() == ["refused"] * 4, (proc.stdout, proc.stderr)
+    runs = [r for r in _history(w) if r["run_id"] == run_id]
+    # A's own line stands; B's says it is B's word.
+    assert sorted((r["outcome"], r["user"], r.get("recorded_by") or "") for r in runs) == \
+        [("failed", w.a, w.b), ("passed", w.a, "")], runs
+    status = w.run(w.a, "status").stdout
+    assert f"forged (recorded by {w.b})" in status, status
+
+
+@pytest.mark.timeout(60)
+def test_a_history_file_name_taken_first_loses_no_line(world: World) -> None:
+    w = world
+    taken = w.state / "history" / f"u{w.uid(w.a)}.jsonl"
+    assert w.py(w.b, f"open({str(taken)!r}, 'w').close()").returncode == 0
+    for _ in range(2):
+        assert w.run(w.a, "run", "-q", "--", "true").returncode == 0
+    assert [(r["user"], r.get("recorded_by")) for r in _history(w)] == [(w.a, None)] * 2
+    [own] = [p for p in (w.state / "history").iterdir() if p.stat().st_uid == w.uid(w.a)]
+    assert own.name.startswith(f"u{w.uid(w.a)}.") and own != taken and own.stat().st_mode & 0o777 == 0o644

@@ -1,24 +1,36 @@
 """The host's run history: one JSON line per finished run, kept for months.
 
-Writers never pay for a database. A run appends its line to the spool,
-`history.jsonl` (one small O_APPEND write under a shared flock, so lines
-never interleave). When the spool passes `SPOOL_BYTES`, the writer that
-noticed moves it, under an exclusive flock, to the month's archive segment
-`history/YYYY-MM.jsonl` (append, fsync) and empties it. Segments only grow;
-a segment whose month lies wholly before the retention window is deleted.
-Nothing is lost: a line is in the spool or in a segment.
+Writers never pay for a database, and each writes only files of its own:
+a run appends its line to its user's spool, `history/u<uid>.jsonl` (one
+small O_APPEND write; readable by all, writable by its owner alone, and in
+a shared state dir's sticky `history/` nobody else can delete or replace
+it). When the spool passes `SPOOL_BYTES`, the writer that noticed renames
+it to a segment `history/u<uid>-<time>-<random>.jsonl`: a line written
+meanwhile through an older descriptor lands in the segment, so no lock is
+needed (and none can be held against us by hand). A segment whose last
+write lies before the retention window is deleted by its owner. If
+someone took the spool's name first, the user's spool is
+`history/u<uid>.<random>.jsonl` instead, found again by its owner.
+
+Who wrote a line is the file's owner, from the kernel: a line in another
+user's file about your run is shown as `recorded_by` them (a dead waiter's
+line is written by whoever is next in line, which may be another user).
+Files of older versions -- one shared spool, `history.jsonl`, moved to
+`history/YYYY-MM.jsonl` under a flock -- are still read (and an older
+slotq on the host may still write them); anyone in the group could write
+those, so their lines carry no writer.
 
 Readers:
-- `recent(state_dir, n)`: the last `n` runs, read backwards from the spool
-  and then the newest segments (no index; `slotq status`).
+- `recent(state_dir, n)`: the last `n` runs, read backwards from the files
+  written last (no index; `slotq status`).
 - `historydb.Index` (`slotq history`, `slotq report`): a per-user SQLite
-  index of the spool and segments, caught up incrementally, queried by
-  window.
+  index of every file, caught up incrementally, queried by window.
 
 One vocabulary everywhere (`run --json`, `status --json`, history):
 `class`, and `phases.submitted` for the time the host took the request.
 Older lines (`cls`, `phases.queued`) are read as that.
 """
+
 
 from __future__ import annotations
 
@@ -37,8 +49,11 @@ SPOOL_LIMIT = 64 << 20
 PHASES = ("submitted", "slot", "prepared", "started", "ended")
 
 
+MAX_FILES = 10_000  # history/ entries looked at, at most
+
+
 def history_path(state_dir: str) -> str:
-    """The spool."""
+    """The shared spool of older versions (still read)."""
     return os.path.join(state_dir, "history.jsonl")
 
 
@@ -46,151 +61,237 @@ def segments_dir(state_dir: str) -> str:
     return os.path.join(state_dir, "history")
 
 
-def append(state_dir: str, record: dict[str, object]) -> None:
-    """Add a finished run's record; failures are ignored (a run's result
-    never depends on its history line)."""
-    import fcntl
+def spool_path(state_dir: str, uid: int | None = None) -> str:
+    """A user's spool, by its usual name (ours by default)."""
+    return os.path.join(segments_dir(state_dir), f"u{os.getuid() if uid is None else uid}.jsonl")
 
-    from .statefile import StateFileError, open_state, share_created
 
-    path = history_path(state_dir)
-    line = to_json(record).encode() + b"\n"
-    try:
-        # Never through a link (someone's file), never blocked by a FIFO.
-        fd, created = open_state(path, os.O_WRONLY | os.O_APPEND, create=True)
-        if created:
-            share_created(fd, state_dir)
+class HistoryFile:
+    """One file of the history, as a reader meets it."""
+
+    __slots__ = ("path", "owner", "spool", "mtime")
+
+    def __init__(self, path: str, owner: int | None, spool: bool, mtime: float) -> None:
+        self.path = path
+        self.owner = owner  # a user's own file: its owner's uid (the kernel's); None: a shared one
+        self.spool = spool  # emptied or renamed away when its lines move on
+        self.mtime = mtime
+
+
+def history_files(state_dir: str) -> list[HistoryFile]:
+    """Every history file: the spools first (the shared one of older
+    versions, then each user's), then the segments; within each, the one
+    written last first. Links and odd files are left out."""
+    import stat
+
+    out: list[HistoryFile] = []
+    for path in (history_path(state_dir), history_path(state_dir) + ".1"):
         try:
-            if not lock_within(fd, fcntl.LOCK_SH, LOCK_WAIT):  # a move to the segment waits for us (and we for it)
-                return  # held by hand: the line is lost, the run is not held up
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            out.append(HistoryFile(path, None, path.endswith(".jsonl"), st.st_mtime))
+    try:
+        with os.scandir(segments_dir(state_dir)) as it:
+            entries = [e for _, e in zip(range(MAX_FILES), it)]
+    except OSError:
+        entries = []
+    for e in entries:
+        kind = _file_kind(e.name)
+        if kind is None:
+            continue
+        try:
+            st = e.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            out.append(HistoryFile(e.path, None if kind == "month" else st.st_uid, kind == "spool", st.st_mtime))
+    out.sort(key=lambda f: (not f.spool, -f.mtime))
+    return out
+
+
+def _file_kind(name: str) -> str | None:
+    """"spool" (u<uid>.jsonl, u<uid>.<hex>.jsonl), "segment"
+    (u<uid>-<stamp>-<hex>.jsonl), "month" (an older version's shared
+    YYYY-MM.jsonl), or None: no history file."""
+    if not name.endswith(".jsonl"):
+        return None
+    stem = name[:-6]
+    if len(stem) == 7 and stem[:4].isdigit() and stem[4] == "-" and stem[5:].isdigit():
+        return "month"
+    if not stem.startswith("u"):
+        return None
+    uid, sep, rest = stem[1:].partition("." if "." in stem else "-")
+    if not uid.isdigit() or len(uid) > 10:
+        return None
+    if not sep:
+        return "spool"
+    if sep == "." and len(rest) == 16 and _hex(rest):
+        return "spool"
+    stamp, dash, token = rest.partition("-")
+    if sep == "-" and dash and len(stamp) == 15 and stamp[8] == "T" and (stamp[:8] + stamp[9:]).isdigit() \
+            and _hex(token):
+        return "segment"
+    return None
+
+
+def _hex(text: str) -> bool:
+    return bool(text) and all(c in "0123456789abcdef" for c in text)
+
+
+def segment_files(state_dir: str) -> list[str]:
+    """The segments (older versions' months and each user's), oldest
+    written first."""
+    return [f.path for f in reversed(history_files(state_dir)) if not f.spool]
+
+
+def append(state_dir: str, record: dict[str, object]) -> None:
+    """Add a finished run's record to our own spool; failures are ignored
+    (a run's result never depends on its history line)."""
+    from .statefile import StateFileError, make_dirs
+
+    line = to_json(record).encode() + b"\n"
+    hdir = segments_dir(state_dir)
+    try:
+        make_dirs(hdir, state_dir)
+        fd, path = _own_spool(hdir)
+        try:
             os.write(fd, line)
-            full = os.fstat(fd).st_size > SPOOL_BYTES
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            if full:
-                archive(state_dir)
+            if os.fstat(fd).st_size > SPOOL_BYTES:
+                _move_on(fd, path)
         finally:
             os.close(fd)
     except (OSError, StateFileError):
         pass
 
 
-def archive(state_dir: str, now: float | None = None) -> bool:
-    """Move the spool's lines to this month's segment and empty the spool,
-    under an exclusive flock (skipped if another process holds it: it is
-    doing the same). True if lines were moved."""
-    import fcntl
+def _own_spool(hdir: str) -> tuple[int, str]:
+    """Our spool, open for appending: u<uid>.jsonl, or if that name is
+    someone else's (taken first) a u<uid>.<random>.jsonl of ours."""
+    from .statefile import StateFileError, open_state, share_created
+
+    uid = os.getuid()
+    path = os.path.join(hdir, f"u{uid}.jsonl")  # spool_path's
+    try:
+        fd, created = open_state(path, os.O_WRONLY | os.O_APPEND, create=True)
+    except (PermissionError, StateFileError):
+        fd, created = -1, False
+    if fd >= 0:
+        st = os.fstat(fd)
+        if st.st_uid == uid and st.st_nlink == 1:
+            if created:
+                share_created(fd, hdir, writable=False)
+            return fd, path
+        os.close(fd)
+    prefix = f"u{uid}."
+    with os.scandir(hdir) as it:
+        for _, e in zip(range(MAX_FILES), it):
+            if e.name.startswith(prefix) and _file_kind(e.name) == "spool":
+                st = e.stat(follow_symlinks=False)
+                if st.st_uid == uid and st.st_nlink == 1:
+                    fd, _ = open_state(e.path, os.O_WRONLY | os.O_APPEND)
+                    return fd, e.path
+    path = os.path.join(hdir, f"{prefix}{os.urandom(8).hex()}.jsonl")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    share_created(fd, hdir, writable=False)
+    return fd, path
+
+
+def _move_on(fd: int, path: str) -> None:
+    """Rename our full spool to a segment (if the file at its name is
+    still the one we wrote to: another run of ours may have moved it)."""
     import time
 
-    from .statefile import StateFileError, make_dirs, open_state, share_created
-
-    now = time.time() if now is None else now
+    st = os.fstat(fd)
     try:
-        spool_fd, _ = open_state(history_path(state_dir), os.O_RDWR)
-    except (OSError, StateFileError):
-        return False
-    try:
-        try:
-            fcntl.flock(spool_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return False
-        size = os.fstat(spool_fd).st_size
-        if size == 0 or size > SPOOL_LIMIT:
-            return False
-        data = os.pread(spool_fd, size, 0)
-        data = data[:data.rfind(b"\n") + 1]  # whole lines only
-        if not data:
-            return False
-        seg_dir = segments_dir(state_dir)
-        make_dirs(seg_dir, state_dir)
-        seg = os.path.join(seg_dir, time.strftime("%Y-%m", time.gmtime(now)) + ".jsonl")
-        fd, created = open_state(seg, os.O_WRONLY | os.O_APPEND, create=True)
-        try:
-            if created:
-                share_created(fd, state_dir)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        rest = os.pread(spool_fd, 1 << 30, len(data))  # (nothing: writers wait for our lock)
-        os.ftruncate(spool_fd, 0)
-        if rest:
-            os.pwrite(spool_fd, rest, 0)
-        return True
-    except (OSError, StateFileError):
-        return False
-    finally:
-        os.close(spool_fd)
-
-
-def segment_files(state_dir: str) -> list[str]:
-    """The archive segments, oldest first (names YYYY-MM.jsonl)."""
-    try:
-        names = os.listdir(segments_dir(state_dir))
+        now = os.stat(path)
     except OSError:
-        return []
-    return [os.path.join(segments_dir(state_dir), n) for n in sorted(names)
-            if len(n) == 13 and n.endswith(".jsonl") and n[:4].isdigit() and n[5:7].isdigit() and n[4] == "-"]
+        return
+    if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+        return
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    os.rename(path, os.path.join(os.path.dirname(path), f"u{os.getuid()}-{stamp}-{os.urandom(4).hex()}.jsonl"))
 
 
 def prune(state_dir: str, retention_s: float, now: float) -> list[str]:
-    """Delete segments whose month ended before the retention window (where
-    we may: in a shared dir, only their owner can). The ones deleted."""
+    """Delete the segments last written before the retention window (ours:
+    in a shared dir, nobody else's can be). The ones deleted."""
     import calendar
 
     cutoff = now - retention_s
+    uid = os.getuid()
     gone = []
-    for path in segment_files(state_dir):
-        name = os.path.basename(path)
-        year, month = int(name[:4]), int(name[5:7])
-        month_end = calendar.timegm((year + month // 12, month % 12 + 1, 1, 0, 0, 0))
-        if month_end < cutoff:
+    for f in history_files(state_dir):
+        if f.spool:
+            continue
+        name = os.path.basename(f.path)
+        if f.owner is None:  # an older version's month: by the month's end
+            year, month = int(name[:4]), int(name[5:7])
+            old = calendar.timegm((year + month // 12, month % 12 + 1, 1, 0, 0, 0)) < cutoff
+        else:
+            old = f.owner == uid and f.mtime < cutoff
+        if old:
             try:
-                os.unlink(path)
-                gone.append(path)
+                os.unlink(f.path)
+                gone.append(f.path)
             except OSError:
                 pass
     return gone
 
 
 def recent(state_dir: str, n: int = 10) -> list[dict[str, object]]:
-    """The last `n` records, oldest first: the spool, then the newest
-    segments, read backwards."""
+    """The last `n` records, oldest first, read backwards from the files
+    written last. A file last written before the n-th newest run found
+    ended holds none newer: the reading stops there."""
     from .statefile import StateFileError, open_state
 
     if n <= 0:
         return []
-    lines: list[bytes] = []
-    files = [history_path(state_dir), *reversed(segment_files(state_dir)), history_path(state_dir) + ".1"]
-    budget = RECENT_BUDGET  # bytes, over every file: a hundred planted segments cost no more than one
-    for path in files:
-        if len(lines) >= n or budget <= 0:
+    found: list[tuple[float, int, dict[str, object]]] = []  # (ended, order read, record)
+    files = sorted(history_files(state_dir), key=lambda f: -f.mtime)
+    budget = RECENT_BUDGET  # bytes, over every file: a hundred planted files cost no more than one
+    for f in files:
+        if budget <= 0:
+            break
+        if len(found) >= n and f.mtime < sorted(e for e, _, _ in found)[-n]:
             break
         try:
-            fd, _ = open_state(path, os.O_RDONLY)
+            fd, _ = open_state(f.path, os.O_RDONLY)
         except (OSError, StateFileError):
             continue
         try:
             budget -= min(os.fstat(fd).st_size, TAIL_WINDOW)
-            lines = _tail_lines(fd, n - len(lines)) + lines
+            lines = _tail_lines(fd, n)
         except OSError:
-            pass
+            lines = []
         finally:
             os.close(fd)
-    out = []
-    for line in lines[-n:]:
-        rec = parse_line(line)
-        if rec is not None:
-            out.append(rec)
-    return out
+        last = 0.0
+        for line in lines:
+            rec = parse_line(line, f.owner)
+            if rec is not None:
+                last = ended(rec) or last  # a line that does not say: where it stands in its file
+                found.append((last, len(found), rec))
+    found.sort(key=lambda x: x[:2])
+    return [rec for _, _, rec in found[-n:]]
+
+
+def ended(rec: dict[str, object]) -> float:
+    """When a record's run ended (0 if it does not say)."""
+    phases = rec.get("phases")
+    end = phases.get("ended") if isinstance(phases, dict) else None
+    return float(end) if is_number(end) else 0.0  # type: ignore[arg-type]
 
 
 def once_each(records: list[dict[str, object]]) -> list[dict[str, object]]:
     """Each run once, as its later line says (a Slurm relay's word after its
     node's): what `slotq history` shows. Lines without a run id are kept."""
-    later = {r.get("run_id"): i for i, r in enumerate(records) if r.get("run_id") is not None}
-    return [r for i, r in enumerate(records) if r.get("run_id") is None or later[r.get("run_id")] == i]
+    def key(r: dict[str, object]) -> tuple[object, object]:
+        return r.get("run_id"), r.get("recorded_by")  # another user's line never hides the run's own
+
+    later = {key(r): i for i, r in enumerate(records) if r.get("run_id") is not None}
+    return [r for i, r in enumerate(records) if r.get("run_id") is None or later[key(r)] == i]
 
 
 def lock_within(fd: int, how: int, seconds: float) -> bool:
@@ -234,16 +335,27 @@ def _tail_lines(fd: int, n: int, chunk: int = 64 * 1024, window: int = TAIL_WIND
     return [ln for ln in lines if ln][-n:]
 
 
-def parse_line(line: bytes) -> dict[str, object] | None:
+def parse_line(line: bytes, writer: int | None = None) -> dict[str, object] | None:
     """One history line, cleaned; None if it is too long or not a JSON
-    object (a corrupt or hand-written line)."""
+    object (a corrupt or hand-written line). `writer`: the uid that owns
+    the file it was read from (None: a shared file of older versions); a
+    line about someone else's run says who wrote it (`recorded_by`)."""
     if len(line) > MAX_LINE:
         return None
     try:
         rec = from_json(line.decode("utf-8", "replace"))
     except ValueError:
         return None
-    return clean_record(rec) if isinstance(rec, dict) else None
+    return attributed(clean_record(rec), writer) if isinstance(rec, dict) else None
+
+
+def attributed(rec: dict[str, object], writer: int | None) -> dict[str, object]:
+    """A cleaned record with who wrote it, where that is not the run's own
+    user: `recorded_by`, from the owner of its file (never its own word)."""
+    rec.pop("recorded_by", None)
+    if writer is not None and rec.get("uid") != writer:
+        rec["recorded_by"] = _user_name(writer)
+    return rec
 
 
 _TEXT = ("run_id", "label", "class", "pool", "slot", "host", "outcome", "message", "user")

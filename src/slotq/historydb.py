@@ -1,7 +1,7 @@
 """The run history, indexed: `slotq history` and `slotq report`.
 
-The history itself is JSON lines in the state dir (history.py: the spool
-and the monthly segments). This is a per-user SQLite index of them, kept
+The history itself is JSON lines in the state dir (history.py: each
+user's spool and segments, and older versions' shared ones). This is a per-user SQLite index of them, kept
 beside the user's wait ledger (`<ledger dir>/history-index/<hash>.sqlite`,
 one per state dir), never in the state dir itself: no other user can
 plant a link or a journal file for SQLite to follow, and nobody pays for
@@ -37,6 +37,7 @@ CREATE TABLE IF NOT EXISTS runs (
     outcome   TEXT, blame TEXT, exit_code INTEGER, message TEXT,
     submitted REAL, slot_at REAL, prepared REAL, started REAL, ended REAL NOT NULL,
     waited_s  REAL, ran_s REAL,
+    recorded_by TEXT,                -- who wrote the line, where not the run's own user (its file's owner)
     first     REAL NOT NULL,         -- its earliest phase: the run spans [first, ended]
     src       TEXT NOT NULL          -- the file its line was read from (files.name)
 );
@@ -50,8 +51,8 @@ CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT);
 """
 
 COLUMNS = ("run_id", "user", "label", "class", "pool", "slot", "host", "outcome", "blame", "exit_code", "message",
-           "submitted", "slot_at", "prepared", "started", "ended", "waited_s", "ran_s")
-SCHEMA_VERSION = "3"  # the index is a cache: another version is dropped and rebuilt
+           "submitted", "slot_at", "prepared", "started", "ended", "waited_s", "ran_s", "recorded_by")
+SCHEMA_VERSION = "4"  # the index is a cache: another version is dropped and rebuilt
 HEAD = 256  # a file's first bytes: a spool emptied and refilled has other ones
 CHUNK = 8 << 20  # read at most this much of a file per step
 # At most this much of one file is read in one catch-up; a file with more
@@ -103,16 +104,14 @@ class Index:
         # The spool before the segments: a spool found emptied drops the
         # runs read from it, and the segment its lines moved to (written
         # before the spool is emptied) gives them back in the same step.
-        files = [history.history_path(self.state_dir), history.history_path(self.state_dir) + ".1",
-                 *history.segment_files(self.state_dir)]
-        files = [p for p in files if os.path.lexists(p)]
+        files = history.history_files(self.state_dir)
         cutoff = now - self.retention_s
         n = 0
         self.db.execute("BEGIN IMMEDIATE")
         try:
-            self._forget_files_gone(files)
-            for path in files:
-                n += self._read_file(path, cutoff)
+            self._forget_files_gone([f.path for f in files])
+            for f in files:
+                n += self._read_file(f, cutoff)
             self.db.execute("DELETE FROM runs WHERE ended < ?", (cutoff,))
             self.db.execute("COMMIT")
         except BaseException:
@@ -131,14 +130,15 @@ class Index:
                 self.db.execute("DELETE FROM runs WHERE src = ?", (name,))
                 self.db.execute("DELETE FROM files WHERE name = ?", (name,))
 
-    def _read_file(self, path: str, cutoff: float) -> int:
+    def _read_file(self, f: history.HistoryFile, cutoff: float) -> int:
+        path = f.path
         name = os.path.relpath(path, self.state_dir)
         try:
             fd, _ = open_state(path, os.O_RDONLY)
         except (OSError, StateFileError):
             return 0
         try:
-            if path == history.history_path(self.state_dir):
+            if f.spool and f.owner is None:  # the shared spool of older versions
                 # The spool is emptied when its lines move to a segment: read
                 # it under the writers' shared lock, so that its size, first
                 # bytes and lines are of one file (a move waits, or is left to
@@ -178,10 +178,13 @@ class Index:
                     break  # a line still being written
                 base = off
                 for line in data[:end].split(b"\n"):
-                    rec = self._parse(line)
+                    rec = self._parse(line, f.owner)
                     if rec is not None and rec[COLUMNS.index("ended")] is not None and \
                             rec[COLUMNS.index("ended")] >= cutoff:  # type: ignore[operator]
                         key = rec[0] if isinstance(rec[0], str) and rec[0] else f"{name}:{base}"
+                        by = rec[COLUMNS.index("recorded_by")]
+                        if by is not None:  # someone else's line never replaces the run's own
+                            key = f"{key}@{by}"
                         ph = [v for v in rec[COLUMNS.index("submitted"):COLUMNS.index("ended") + 1]
                               if isinstance(v, (int, float))]
                         rows.append((key, *rec, min(ph), name))
@@ -224,7 +227,7 @@ class Index:
         row = self.db.execute("SELECT v FROM meta WHERE k = 'longest'").fetchone()
         return float(row[0]) if row else 0.0
 
-    def _parse(self, line: bytes) -> tuple[object, ...] | None:
+    def _parse(self, line: bytes, writer: int | None) -> tuple[object, ...] | None:
         if not line.strip():
             return None
         if len(line) > history.MAX_LINE:
@@ -238,7 +241,7 @@ class Index:
         if not isinstance(raw, dict):
             self.skipped += 1
             return None
-        rec = history.clean_record(raw)
+        rec = history.attributed(history.clean_record(raw), writer)
         ph: dict[str, object] = rec["phases"] or {}  # type: ignore[assignment]
         ended = ph.get("ended")
         if ended is None:
@@ -301,4 +304,6 @@ def _run(row: dict[str, object]) -> dict[str, object]:
     """A row in the vocabulary of `run --json`: phases nested."""
     phases = {"submitted": row.pop("submitted"), "slot": row.pop("slot_at"), "prepared": row.pop("prepared"),
               "started": row.pop("started"), "ended": row.pop("ended")}
+    if row.get("recorded_by") is None:
+        row.pop("recorded_by", None)
     return {**row, "phases": phases}

@@ -365,7 +365,8 @@ def format_snapshot(snap: dict[str, object], bars: bool = False, color: bool = F
                 outcome = f"\x1b[{_COLORS[str(h.get('outcome'))]}m{outcome}\x1b[0m"
             lines.append(f"  {outcome} "
                          f"waited {format_duration(float(h.get('waited_s') or 0)):>7} "
-                         f"ran {format_duration(float(h.get('ran_s') or 0)):>7}  {printable(h.get('label') or '')}")
+                         f"ran {format_duration(float(h.get('ran_s') or 0)):>7}  {printable(h.get('label') or '')}"
+                         + (f" (recorded by {printable(h['recorded_by'], 64)})" if h.get("recorded_by") else ""))
     for w in snap.get("warnings") or []:  # type: ignore[attr-defined]
         lines.append(f"warning: {printable(w, 1000)}")
     return "\n".join(lines)

@@ -192,7 +192,10 @@ def format_runs(runs: list[dict[str, object]], with_host: bool = False) -> str:
     for r in runs:
         ph: dict[str, object] = r["phases"] or {}  # type: ignore[assignment]
         host = (printable(r["host"] or "-", 32),) if with_host else ()
-        rows.append((printable(r["run_id"] or "-", 16), *host, printable(r["user"] or "-", 16),
+        user = printable(r["user"] or "-", 16)
+        if r.get("recorded_by"):  # written by another user (a file of theirs): say so
+            user += f" (by {printable(r['recorded_by'], 16)})"
+        rows.append((printable(r["run_id"] or "-", 16), *host, user,
                      printable(r["class"] or "-", 20), printable(r["slot"] or "-", 24),
                      when(ph.get("submitted") or ph.get("started") or ph.get("ended")), dur(r["waited_s"]),
                      dur(r["ran_s"]), printable(r["outcome"] or "-", 16), printable(r["blame"] or "-", 16),
