@@ -173,10 +173,15 @@ def _own_spool(hdir: str) -> tuple[int, str]:
 
     uid = os.getuid()
     path = os.path.join(hdir, f"u{uid}.jsonl")  # spool_path's
-    try:
-        fd, created = open_state(path, os.O_WRONLY | os.O_APPEND, create=True)
-    except (PermissionError, StateFileError):
-        fd, created = -1, False
+    fd, created = -1, False
+    for _ in range(10):
+        try:
+            fd, created = open_state(path, os.O_WRONLY | os.O_APPEND, create=True)
+        except FileNotFoundError:
+            continue  # made and moved on by another run of ours between two looks: again
+        except (PermissionError, StateFileError):
+            pass
+        break
     if fd >= 0:
         st = os.fstat(fd)
         if st.st_uid == uid and st.st_nlink == 1:
