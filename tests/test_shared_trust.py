@@ -319,3 +319,28 @@ def test_a_history_file_name_taken_first_loses_no_line(world: World) -> None:
     assert [(r["user"], r.get("recorded_by")) for r in _history(w)] == [(w.a, None)] * 2
     [own] = [p for p in (w.state / "history").iterdir() if p.stat().st_uid == w.uid(w.a)]
     assert own.name.startswith(f"u{w.uid(w.a)}.") and own != taken and own.stat().st_mode & 0o777 == 0o644
+
+
+# ---------------------------------------------------------------- a head that never claims
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("slots", [1, 2])  # a keeper waits (one slot); the runner itself waits (two)
+def test_a_ticket_held_by_hand_at_the_head_is_passed_over_and_keeps_its_place(world: World, slots: int) -> None:
+    w = world
+    if slots != 1:
+        (w.state / "host.toml").write_text(f"[pools]\nshared = {slots}\nlanding = 1\n")
+    ticket = w.state / "tickets" / "shared" / f"{1:016d}.t"
+    with w.by_hand(w.b, ticket_by_hand(ticket, {"run_id": "b0", "label": "never claims"})):
+        started = time.monotonic()
+        mine = w.popen(w.a, "run", "-q", "--json", str(w.home(w.a) / "r.json"), "--", "true")
+        wait_for(lambda: len(_pool(w, "shared")["waiting"]) == 2, what="A's run in line behind B's ticket")
+        status = w.run(w.a, "status").stdout
+        wait_for(lambda: "leaves a free slot untaken" in w.run(w.a, "status").stdout, timeout=20,
+                 what="status naming the head that does not claim")
+        status = w.run(w.a, "status").stdout
+        assert f"ticket 1 of user {w.b} is at the head of pool shared's line" in status, status
+        assert mine.wait(timeout=40) == 0  # today: it waits for ever, the slot free
+        took = time.monotonic() - started
+        assert took < 20, took  # the claim window (5 s) and a look or two, not B's whim
+        assert json.loads((w.home(w.a) / "r.json").read_text())["outcome"] == "passed"
+        assert ticket.exists() and len(_pool(w, "shared")["waiting"]) == 1  # B's place is kept

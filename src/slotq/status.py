@@ -10,6 +10,7 @@ from . import history
 from .config import HostConfig
 from .durations import format_duration
 from .host import orphans
+from .host.claim import CLAIM_WINDOW
 from .host.proclocks import describe_holders, holder_pids, owners
 from .host.slot import read_slot, slot_name, slot_path
 from .host.ticket import ignored, list_tickets, pool_dir, probe, read_info, remove_stale_temps, scan
@@ -129,7 +130,8 @@ def waiting(state_dir: str, pool: str, now: float,
         info = read_info(e.path)  # read first: a dead ticket is removed by probe
         if locked is None and not probe(e.path):
             continue
-        entry: dict[str, object] = {"seq": e.seq, "user": orphans.user_name(e.uid), "uid": e.uid}
+        entry: dict[str, object] = {"seq": e.seq, "user": orphans.user_name(e.uid), "uid": e.uid,
+                                    "ticket_age_s": round(max(0.0, now - e.ctime_ns / 1e9), 3)}
         if e.forged:
             entry["forged"] = True
         if info:
@@ -227,6 +229,12 @@ def problems(state_dir: str, config: HostConfig, pools: list[dict[str, object]],
                 out.append(f"ignored: {e.path}, a ticket name of user {orphans.user_name(e.uid)} that nobody "
                            "holds: no place in line, and it moves no ticket number (only its owner or root "
                            "can remove it)")
+        head = p["waiting"][0] if p["waiting"] else None  # type: ignore[index]
+        free = any(not s.get("held") for s in p["slots"])  # type: ignore[attr-defined]
+        if head is not None and free and float(head.get("ticket_age_s") or 0) > CLAIM_WINDOW:
+            out.append(f"ticket {head['seq']} of user {head.get('user')} is at the head of pool {p['pool']}'s line "
+                       f"and leaves a free slot untaken: the runs behind it pass it over after "
+                       f"{CLAIM_WINDOW:g} s (its place is kept for when it claims one)")
         for w in p["waiting"]:  # type: ignore[attr-defined]
             if w.get("forged"):
                 out.append(f"ticket {w['seq']} of user {w.get('user')} in pool {p['pool']} was renamed or "

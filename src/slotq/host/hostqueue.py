@@ -26,17 +26,19 @@ waiter itself watches nothing (`attempt(watch=False)`).
 from __future__ import annotations
 
 import os
+import time
 
 from ..config import HostConfig
 from ..errors import AdmissionRefused, StateDirError
 from .orphans import MARKER, nested_in
 from .slot import SlotLease, SlotProbe
-from .ticket import Ticket, ahead_of, list_tickets, live_tickets, pool_dir, probe, take_ticket
+from .ticket import Ticket, ahead_entries, list_tickets, live_tickets, pool_dir, probe, take_ticket
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from .claim import Claims
     from .inotify import Watcher
     from .lockwait import LockWaits
 
@@ -114,6 +116,8 @@ class Waiter:
         self._may_watch = True
         self._head = False
         self._earlier: list[str] | None = None  # tickets ahead of ours, as first listed
+        self._claims: Claims | None = None  # is the head of the line claiming? (claim.py)
+        self._next_look = 0.0
         self._rechecks: list[float] = []
         self._probe: SlotProbe | None = None
         self._watching: str | None = None  # "slots" once the head watches them
@@ -167,7 +171,10 @@ class Waiter:
         (shortly after a wake-up that did not let us move)."""
         if self._rechecks:
             return self._rechecks.pop(0)
-        return POLL_WITH_INOTIFY if self._watcher or self._locks else POLL_WITHOUT_INOTIFY
+        poll = POLL_WITH_INOTIFY if self._watcher or self._locks else POLL_WITHOUT_INOTIFY
+        if not self._head and self._claims is not None:  # behind someone: look at the head now and then
+            return min(poll, max(0.0, self._next_look - time.monotonic()))
+        return poll
 
     def attempt(self, watch: bool = True) -> SlotLease | None:
         """Look once: lease a slot if we are the head and one is free.
@@ -207,6 +214,12 @@ class Waiter:
             self._locks.drain()
         if not self._head:
             ahead = self._live_ahead()
+            if ahead is not None and self._claims is not None and time.monotonic() >= self._next_look:
+                from .claim import LOOK_EVERY
+
+                self._next_look = time.monotonic() + LOOK_EVERY
+                if self._claims.look(time.monotonic()) is not None:
+                    ahead = self._live_ahead()  # a head that does not claim, passed over
             if ahead is not None:
                 self._drop_probe()
                 if self._locks:
@@ -280,10 +293,19 @@ class Waiter:
             # No ticket is ever created ahead of ours: one listing serves
             # every later look (in a line of hundreds, a wake-up then costs
             # a probe or two, not a directory listing).
-            self._earlier = ahead_of(pool_dir(self.state_dir, self.pool), self.ticket.path)
+            entries = ahead_entries(pool_dir(self.state_dir, self.pool), self.ticket.path)
+            self._earlier = [p for p, _, _ in entries]
+            if entries:  # (the head at once never loads claim.py)
+                from .claim import LOOK_EVERY, Claims
+
+                self._claims = Claims(entries, self.slot_paths())
+                self._next_look = time.monotonic() + LOOK_EVERY
+        passed = self._claims.passed if self._claims is not None else set()
         found = None
         gone: set[str] = set()
         for path in reversed(self._earlier):
+            if path in passed:
+                continue
             # Watch before probing: a release between the two is not lost.
             if self._watcher and not self._watcher.watch(path):
                 gone.add(path)

@@ -336,7 +336,7 @@ def _keeper(
         try:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
             if ticket is not None:
-                wait_turn(ticket[1], ticket[2])  # first in line: the head's turn
+                wait_turn(ticket[1], ticket[2], [lock_path])  # first in line: the head's turn
                 if tell_head is not None:
                     signal.signal(signal.SIGALRM, lambda signum, frame: _tell(done_w, b"head\n"))
                     signal.setitimer(signal.ITIMER_REAL, tell_head)  # flock resumes after it (PEP 475)

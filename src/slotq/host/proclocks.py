@@ -20,14 +20,22 @@ def held() -> set[tuple[int, int]] | None:
     return None if table is None else set(table)
 
 
-def owners() -> dict[tuple[int, int], list[int]] | None:
-    """(device, inode) -> pids holding a granted flock on it; None if the
-    kernel does not say. The pid is the process that took the lock (a
-    lock inherited across fork is shown under its taker)."""
+def raw() -> bytes | None:
+    """The kernel's lock table as it reads; None if it does not say."""
     try:
         with open("/proc/locks", "rb") as f:
-            data = f.read()
+            return f.read()
     except OSError:
+        return None
+
+
+def owners(data: bytes | None = None) -> dict[tuple[int, int], list[int]] | None:
+    """(device, inode) -> pids holding a granted flock on it; None if the
+    kernel does not say. The pid is the process that took the lock (a
+    lock inherited across fork is shown under its taker). `data`: the
+    table, if read already (raw())."""
+    data = raw() if data is None else data
+    if data is None:
         return None
     out: dict[tuple[int, int], list[int]] = {}
     for line in data.splitlines():

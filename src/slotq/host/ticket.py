@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
     from ..config import HostConfig
     from ..spec import RunSpec
+    from .claim import Claims
 
 TICKET_SUFFIX = ".t"
 MAX_INFO = 65536
@@ -432,11 +433,16 @@ def list_tickets(pdir: str) -> list[tuple[int, str]]:
 
 def ahead_of(pdir: str, path: str) -> list[str]:
     """Paths of the tickets ahead of the one at `path` in its line."""
-    out: list[str] = []
+    return [p for p, _, _ in ahead_entries(pdir, path)]
+
+
+def ahead_entries(pdir: str, path: str) -> list[tuple[str, int, int]]:
+    """(path, device, inode) of the tickets ahead of the one at `path`."""
+    out: list[tuple[str, int, int]] = []
     for e in scan(pdir):
         if e.path == path:
             return out
-        out.append(e.path)
+        out.append((e.path, e.dev, e.ino))
     return out
 
 
@@ -471,28 +477,38 @@ def bury_dead(state_dir: str, pools: Iterable[str]) -> None:
             probe(e.path)
 
 
-def wait_turn(path: str, seq: int) -> None:
+def wait_turn(path: str, seq: int, slot_paths: list[str] | None = None) -> None:
     """Block until no live ticket is ahead of ours (`seq`, at `path`) in its
     line: wait in flock(2) for each ticket ahead, closest first, to go -- it
     leaves or its holder dies; a dead one is granted at once -- and remove
     it. No ticket is ever created ahead of ours, so one listing serves.
+    With the pool's `slot_paths`, a head that leaves a slot free is passed
+    over (claim.py): the wait on a ticket is broken every LOOK_EVERY to look.
 
     After each wait, most tickets of that listing have gone (the one we
     waited for was usually the last of them): one listing of the names
     drops those, rather than an open that fails for each -- hundreds, far
     back in a long line, on every hand-over."""
     pdir = os.path.dirname(path)
-    ahead = ahead_of(pdir, path)
+    entries = ahead_entries(pdir, path)
+    ahead = [p for p, _, _ in entries]
     names = {os.path.basename(p) for p in ahead}  # now, while waiting costs nothing
+    claims = None
+    if slot_paths:
+        from .claim import Claims
+
+        claims = Claims(entries, slot_paths)
     while ahead:
         closest = ahead.pop()
+        if claims is not None and closest in claims.passed:
+            continue
         try:
             fd, _ = open_state(closest, os.O_RDONLY)
         except (OSError, StateFileError):
             continue  # gone, or no ticket (a link or FIFO put there since the listing: nobody's place)
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH)  # the wait, in the kernel
-            bury(closest, fd)  # dead now (its owner never locks it again)
+            if _wait_for(fd, closest, claims):  # the wait, in the kernel
+                bury(closest, fd)  # dead now (its owner never locks it again)
         finally:
             os.close(fd)
         if ahead:
@@ -504,6 +520,51 @@ def wait_turn(path: str, seq: int) -> None:
                 return
             present = set(listed)
             ahead = [p for p in ahead if os.path.basename(p) in present]
+
+
+class _Look(Exception):
+    """Time for a look at the head of the line (SIGALRM, in _wait_for)."""
+
+
+def _wait_for(fd: int, path: str, claims: Claims | None) -> bool:
+    """Wait for the ticket at `path` (open on `fd`) to go: True once we hold
+    its lock; False if it was passed over (a head that does not claim)."""
+    if claims is None:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        return True
+    import signal
+
+    from .claim import LOOK_EVERY
+
+    armed = [False]
+
+    def look(signum: int, frame: object) -> None:
+        if armed[0]:
+            raise _Look
+
+    old = signal.signal(signal.SIGALRM, look)
+    try:
+        while True:
+            armed[0] = True
+            signal.setitimer(signal.ITIMER_REAL, LOOK_EVERY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH)
+                return True
+            except _Look:
+                pass
+            armed[0] = False
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                return True  # granted just as the alarm came (or already ours)
+            except BlockingIOError:
+                pass
+            claims.look(time.monotonic())
+            if path in claims.passed:
+                return False
+    finally:
+        armed[0] = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def bury(path: str, fd: int) -> None:

@@ -7,8 +7,8 @@ When the runner offers it (an `away` event), `go` execs a `sh` that waits
 in `flock -s` on the ticket AWAY_AHEAD + 1 places ahead, after starting
 the watcher (host/away.py). The run's own ticket stays locked on an
 inherited descriptor: its place in line, as before. When that ticket goes
-(or at a stop signal, `slotq cancel`'s wake-up, or the end of --max-wait:
-`flock -w`), the `sh` execs the run's own command line again, with the
+(or at a stop signal, `slotq cancel`'s wake-up, or the end of --max-wait
+or of AWAY_LOOK: `flock -w`), the `sh` execs the run's own command line again, with the
 ticket's descriptor in the environment (ENV). The run is parsed from its
 own argv, in its own work dir and environment, takes back its ticket
 (`back`) and goes on as a run AWAY_AHEAD places from the head -- whose
@@ -23,7 +23,7 @@ import os
 import sys
 
 from .. import signals as signal
-from ..host.away import ENV_GONE, MAX_ENV, NAME, program
+from ..host.away import AWAY_LOOK, ENV_GONE, MAX_ENV, NAME, program
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ def go(ticket: Ticket, ahead_fd: int, max_wait_left: float | None, *, run_id: st
         env.pop(ENV_STOP, None)
         own, ahead = _free_digits()
         env[ENV] = to_json({"fd": own, "path": ticket.path, "watcher": watcher})
-        wait = "" if max_wait_left is None else f"{max(0.0, max_wait_left):.3f}"
+        wait = f"{max(0.0, min(AWAY_LOOK, AWAY_LOOK if max_wait_left is None else max_wait_left)):.3f}"
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()

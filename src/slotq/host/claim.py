@@ -1,0 +1,111 @@
+"""Passing over a head of the line that does not take a free slot.
+
+FIFO holds among live callers that *claim*: a real slotq at the head of
+its line takes a free slot within milliseconds (its keeper is granted the
+slot's lock by the kernel, its runner is woken by inotify). A process that
+holds a ticket's lock and does nothing -- a ticket made by hand, a slotq
+stopped with SIGSTOP -- would otherwise keep everyone behind it waiting with
+the slot free, for ever.
+
+So every waiter behind looks now and then (`LOOK_EVERY`) at the kernel's
+lock table: which ticket ahead of its own is the earliest live one (the
+head), and whether a slot of the pool is free. A head seen leaving a slot
+free at every look for `CLAIM_WINDOW` seconds, its lock holders using no
+CPU, is passed over: this waiter no longer waits for it (nor do the others,
+who looked too). Its ticket is not touched: its place is kept, and if it
+claims a slot later it gets one like any head. A head whose holders use CPU
+(a slotq still loading on a crowded machine) is given `BUSY_WINDOW`.
+
+Nothing here is read from a file anyone could write: the lock table, the
+slot files' inodes, /proc/PID/stat of the lock holders.
+"""
+
+from __future__ import annotations
+
+import os
+
+CLAIM_WINDOW = 5.0  # seconds an idle head may leave a slot free
+BUSY_WINDOW = 30.0  # ... and one whose lock holders are busy (loading)
+LOOK_EVERY = 1.0  # how often a waiter behind looks
+
+
+class Claims:
+    """One waiter's view of whether the head of its line claims.
+
+    `ahead`: (path, device, inode) of the tickets ahead of ours, in line
+    order (no ticket is ever created ahead of ours). `slot_paths`: the
+    pool's slot files."""
+
+    def __init__(self, ahead: list[tuple[str, int, int]], slot_paths: list[str]) -> None:
+        self.ahead = ahead
+        self.slot_paths = slot_paths
+        self.passed: set[str] = set()
+        self._head: str | None = None
+        self._since = 0.0  # the head first seen leaving a slot free
+        self._idle_since = 0.0  # ... and its holders last seen using CPU
+        self._cpu: int | None = None
+
+    def look(self, now: float, table: dict[tuple[int, int], list[int]] | None = None) -> str | None:
+        """One look (`table`: proclocks.owners(), read if not given). The
+        path of a ticket passed over at this look, else None."""
+        if table is None:
+            from .proclocks import owners, raw
+
+            data = raw()
+            if data is None:
+                return None  # the kernel does not say: nobody is passed over
+            if not any(f":{ino} ".encode() not in data for ino in self._slot_inodes()):
+                self._head = None  # every slot held (the usual look: a search, no parse)
+                return None
+            table = owners(data)
+            if table is None:
+                return None
+        head = next(((path, key) for path, *key in self.ahead
+                     if path not in self.passed and tuple(key) in table), None)
+        if head is None or not self._slot_free(table):
+            self._head = None
+            return None
+        path, key = head
+        cpu = _cpu_ticks(table[tuple(key)])  # type: ignore[index]
+        if path != self._head:
+            self._head, self._since, self._idle_since, self._cpu = path, now, now, cpu
+            return None
+        if cpu != self._cpu:
+            self._idle_since, self._cpu = now, cpu
+        if now - self._idle_since < CLAIM_WINDOW and now - self._since < BUSY_WINDOW:
+            return None
+        self.passed.add(path)
+        self._head = None
+        return path
+
+    def _slot_inodes(self) -> list[int]:
+        out = []
+        for p in self.slot_paths:
+            try:
+                out.append(os.stat(p).st_ino)
+            except OSError:
+                out.append(-1)  # not made yet: free
+        return out
+
+    def _slot_free(self, table: dict[tuple[int, int], list[int]]) -> bool:
+        for p in self.slot_paths:
+            try:
+                st = os.stat(p)
+            except OSError:
+                return True  # not made yet: free
+            if (st.st_dev, st.st_ino) not in table:
+                return True
+        return False
+
+
+def _cpu_ticks(pids: list[int]) -> int:
+    """utime + stime of the processes, in clock ticks (-1 for one gone)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read(4096).rsplit(b")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            total -= 1
+    return total
