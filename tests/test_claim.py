@@ -27,7 +27,7 @@ def line(tmp_path: Path) -> tuple[Claims, list[Path], Path]:
     slot = tmp_path / "shared.0"
     for p in (*tickets, slot):
         p.touch()
-    return Claims([(str(p), *_key(p)) for p in tickets], [str(slot)]), tickets, slot
+    return Claims([(str(p), *_key(p), os.stat(p).st_ctime_ns) for p in tickets], [str(slot)]), tickets, slot
 
 
 def _table(*held: Path) -> dict[tuple[int, int], list[int]]:
@@ -83,3 +83,23 @@ def test_nobody_is_passed_over_without_the_kernels_word(line: tuple[Claims, list
     for t in range(0, 100, 5):
         assert claims.look(float(t)) is None
     assert not claims.passed
+
+
+@pytest.mark.timeout(10)
+def test_a_users_later_runs_pass_over_at_once_what_its_runs_passed_over(line: tuple[Claims, list[Path], Path],
+                                                                       tmp_path: Path) -> None:
+    claims, (first, second), slot = line
+    shared = tmp_path / "passed"
+    ahead = [(str(p), *_key(p), os.stat(p).st_ctime_ns) for p in (first, second)]
+    one = Claims(ahead, [str(slot)], str(shared))
+    assert not one.passed
+    table = _table(first, second)
+    assert one.look(0.0, table) is None
+    assert one.look(CLAIM_WINDOW, table) == str(first)
+    assert Claims(ahead, [str(slot)], str(shared)).passed == {str(first)}  # a later run: at once
+    # A ticket made anew under the same name and inode number is not it.
+    remade = [(str(first), *_key(first), os.stat(first).st_ctime_ns + 1), ahead[1]]
+    assert not Claims(remade, [str(slot)], str(shared)).passed
+    # Nor is a file someone else could have written trusted.
+    shared.chmod(0o666)
+    assert not Claims(ahead, [str(slot)], str(shared)).passed

@@ -153,13 +153,13 @@ def test_a_run_found_in_line_before_its_runner_loads_lists_the_line_once(
     start_holder(runs, state_dir, gate)
     line_up(runs, state_dir, [f"echo ahead >> {log}"])
     listings: list[str] = []
-    real_ahead_of = ticket.ahead_of
+    real_ahead_entries = ticket.ahead_entries
 
-    def ahead_of(pdir: str, path: str) -> list[str]:
+    def ahead_entries(pdir: str, path: str) -> list[tuple[str, int, int, int]]:
         listings.append(path)
-        return real_ahead_of(pdir, path)
+        return real_ahead_entries(pdir, path)
 
-    monkeypatch.setattr(hostqueue, "ahead_of", ahead_of)
+    monkeypatch.setattr(hostqueue, "ahead_entries", ahead_entries)
     transport = LocalTransport()
     spec = RunSpec(["sh", "-c", f"echo me >> {log}"], budget=30, cwd=str(tmp_path), quiet=True)
     transport.reserve(spec)

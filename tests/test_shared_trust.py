@@ -189,6 +189,30 @@ def test_a_planted_ticket_name_neither_closes_the_pool_nor_moves_the_numbers(wor
 
 
 @pytest.mark.timeout(60)
+def test_a_run_of_planted_names_after_the_counter_neither_closes_the_pool_nor_slows_it(world: World) -> None:
+    w = world
+    pdir = w.state / "tickets" / "shared"
+    first = w.run(w.a, "run", "--json", "-", "-q", "--", "true")
+    n = json.loads(first.stdout)["ticket"]
+    plant = f"for i in range({n + 1}, {n + 501}):\n    open({str(pdir)!r} + '/%016d.t' % i, 'w').close()\n"
+    assert w.py(w.b, plant).returncode == 0
+    after = w.run(w.a, "run", "--json", "-", "-q", "--", "true")
+    assert after.returncode == 0, after.stderr  # before: "every name tried was taken", exit 73
+    assert json.loads(after.stdout)["ticket"] == n + 501
+
+
+@pytest.mark.timeout(60)
+def test_ticket_numbers_spent_by_a_ticket_held_by_hand_name_its_holder(world: World) -> None:
+    w = world
+    top = w.state / "tickets" / "shared" / "999999999999999999.t"
+    with w.by_hand(w.b, ticket_by_hand(top, {"label": "the last number"})) as holder:
+        proc = w.run(w.a, "run", "--", "true")
+        assert proc.returncode == 73
+        assert f"ticket numbers in {top.parent} are exhausted: ticket {top.name} is held by pid {holder.pid} " \
+               f"(user {w.b}" in proc.stderr, proc.stderr
+
+
+@pytest.mark.timeout(60)
 def test_a_hard_link_to_a_slot_file_is_no_waiter(world: World) -> None:
     w = world
     gate = w.root / "gate"
@@ -344,3 +368,77 @@ def test_a_ticket_held_by_hand_at_the_head_is_passed_over_and_keeps_its_place(wo
         assert took < 20, took  # the claim window (5 s) and a look or two, not B's whim
         assert json.loads((w.home(w.a) / "r.json").read_text())["outcome"] == "passed"
         assert ticket.exists() and len(_pool(w, "shared")["waiting"]) == 1  # B's place is kept
+
+
+# ---------------------------------------------------------------- chaos: B hostile for 30 s
+
+HOSTILE = Path(__file__).resolve().parent / "hostile.py"
+
+
+def _in_line_or_done(w: World, proc: subprocess.Popen[bytes], needle: str) -> bool:
+    if proc.poll() is not None:
+        return True
+    pdir = w.state / "tickets" / "shared"
+    for t in pdir.glob("*.t"):
+        try:
+            if needle in json.loads(t.read_bytes()[:65536]).get("label", ""):
+                return True
+        except (OSError, ValueError, AttributeError):
+            continue
+    return False
+
+
+@pytest.mark.timeout(300)
+def test_a_hostile_member_for_30_s_harms_none_of_100_runs_and_status_keeps_answering(world: World) -> None:
+    import shutil
+    import threading
+
+    w = world
+    script = w.root / "hostile.py"
+    shutil.copy(HOSTILE, script)
+    script.chmod(0o644)
+    order = w.home(w.a) / "order"
+    statuses: list[tuple[float, int]] = []
+    stop = threading.Event()
+
+    def ask_status() -> None:
+        while not stop.is_set():
+            proc, took = _timed(w, w.a, "status", "--json")
+            statuses.append((took, proc.returncode))
+
+    with w.by_hand(w.b, script.read_text(), str(w.state), "30", "44") as hostile:
+        asker = threading.Thread(target=ask_status)
+        asker.start()
+        try:
+            runs = []
+            for i in range(100):
+                cmd = f"echo {i} >> {order}; sleep 0.1"  # sleep-ok: the command's own work (forged at)
+                p = w.popen(w.a, "run", "-q", "--json", str(w.home(w.a) / f"r{i}.json"), "--", "sh", "-c", cmd)
+                runs.append(p)
+                wait_for(lambda: _in_line_or_done(w, p, cmd), timeout=30, what=f"A's run {i} in line")
+            codes = [p.wait(timeout=120) for p in runs]
+            assert hostile.stdout is not None
+            assert hostile.wait(timeout=120) == 0
+            acts = dict(line.split(" ", 1) for line in hostile.stdout.read().decode().splitlines())
+        finally:
+            stop.set()
+            asker.join()
+    assert codes == [0] * 100
+    results = [json.loads((w.home(w.a) / f"r{i}.json").read_text()) for i in range(100)]
+    assert [r["outcome"] for r in results] == ["passed"] * 100
+    b_end, for_good_at = float(acts.pop("end")), float(acts.pop("for_good_at"))
+    done_in_chaos = sum(r["phases"]["ended"] < b_end for r in results)
+    # Runs that joined the line behind the ticket B held from its third
+    # second to its end, and were done before that end: none before.
+    passed_it = sum(for_good_at < r["phases"]["submitted"] and r["phases"]["ended"] < b_end for r in results)
+    assert order.read_text().split() == [str(i) for i in range(100)]  # every command, once, in order
+    for kind in ("forge_slot", "raw_ticket", "raw_lock", "plant_name", "counter", "silent_connect"):
+        assert int(acts.get(kind, 0)) > 0, acts  # the chaos happened
+    times = sorted(t for t, _ in statuses)
+    print(f"chaos: {len(times)} status calls, median {times[len(times) // 2]:.3f} s, max {times[-1]:.3f} s; "
+          f"{done_in_chaos} of A's runs done while B was at it ({passed_it} behind its ticket held for good); "
+          f"B's acts: {acts}")
+    assert passed_it >= 5, passed_it  # A's line went on past it (before: 0, all waited for B's end)
+    slow = [t for t, _ in statuses if t >= 1.0]
+    assert all(rc == 0 for _, rc in statuses) and not slow, (len(statuses), slow)
+    assert not _history_caller_gone(w) & {r["run_id"] for r in results}

@@ -16,8 +16,15 @@ who looked too). Its ticket is not touched: its place is kept, and if it
 claims a slot later it gets one like any head. A head whose holders use CPU
 (a slotq still loading on a crowded machine) is given `BUSY_WINDOW`.
 
-Nothing here is read from a file anyone could write: the lock table, the
-slot files' inodes, /proc/PID/stat of the lock holders.
+One user's waiting runs share what they found: a run that passes a head
+over adds it to its user's own file (`.passed.<pool>.<uid>` in the state
+dir: device, inode and change time of each ticket, trusted only as this
+user's regular file that nobody else can write), and a run of that user
+that joins the line later passes those tickets over from its first look,
+rather than each run waiting out the window anew behind the same ticket.
+
+Nothing here is read from a file another user could write: the lock table,
+the slot files' inodes, /proc/PID/stat of the lock holders, our own file.
 """
 
 from __future__ import annotations
@@ -27,19 +34,33 @@ import os
 CLAIM_WINDOW = 5.0  # seconds an idle head may leave a slot free
 BUSY_WINDOW = 30.0  # ... and one whose lock holders are busy (loading)
 LOOK_EVERY = 1.0  # how often a waiter behind looks
+MAX_SHARED = 64  # tickets remembered in a user's .passed file
+
+
+def shared_path(pdir: str) -> str:
+    """This user's file of passed-over tickets for the pool whose tickets
+    are in `pdir` (<state dir>/tickets/<pool>)."""
+    return os.path.join(os.path.dirname(os.path.dirname(pdir)), f".passed.{os.path.basename(pdir)}.{os.getuid()}")
 
 
 class Claims:
     """One waiter's view of whether the head of its line claims.
 
-    `ahead`: (path, device, inode) of the tickets ahead of ours, in line
-    order (no ticket is ever created ahead of ours). `slot_paths`: the
-    pool's slot files."""
+    `ahead`: (path, device, inode, change time) of the tickets ahead of
+    ours, in line order (no ticket is ever created ahead of ours).
+    `slot_paths`: the pool's slot files. `shared`: this user's file of
+    tickets passed over (shared_path), or None."""
 
-    def __init__(self, ahead: list[tuple[str, int, int]], slot_paths: list[str]) -> None:
+    def __init__(self, ahead: list[tuple[str, int, int, int]], slot_paths: list[str],
+                 shared: str | None = None) -> None:
         self.ahead = ahead
         self.slot_paths = slot_paths
+        self.shared = shared
         self.passed: set[str] = set()
+        known = self._known()
+        for path, *ident in ahead:
+            if tuple(ident) in known:
+                self.passed.add(path)
         self._head: str | None = None
         self._since = 0.0  # the head first seen leaving a slot free
         self._idle_since = 0.0  # ... and its holders last seen using CPU
@@ -60,13 +81,13 @@ class Claims:
             table = owners(data)
             if table is None:
                 return None
-        head = next(((path, key) for path, *key in self.ahead
-                     if path not in self.passed and tuple(key) in table), None)
+        head = next(((path, (dev, ino)) for path, dev, ino, _ in self.ahead
+                     if path not in self.passed and (dev, ino) in table), None)
         if head is None or not self._slot_free(table):
             self._head = None
             return None
         path, key = head
-        cpu = _cpu_ticks(table[tuple(key)])  # type: ignore[index]
+        cpu = _cpu_ticks(table[key])
         if path != self._head:
             self._head, self._since, self._idle_since, self._cpu = path, now, now, cpu
             return None
@@ -76,7 +97,34 @@ class Claims:
             return None
         self.passed.add(path)
         self._head = None
+        self._share()
         return path
+
+    def _known(self) -> set[tuple[int, int, int]]:
+        """(device, inode, change time) of the tickets our user's runs
+        passed over, from our own file."""
+        if self.shared is None:
+            return set()
+        from ..statefile import read_private
+
+        raw = read_private(self.shared, MAX_SHARED * 64)
+        out: set[tuple[int, int, int]] = set()
+        for line in (raw or b"").splitlines()[:MAX_SHARED]:
+            parts = line.split()
+            if len(parts) == 3 and all(p.isdigit() and len(p) <= 20 for p in parts):
+                out.add((int(parts[0]), int(parts[1]), int(parts[2])))
+        return out
+
+    def _share(self) -> None:
+        """Add the tickets we passed over to our user's file (best effort)."""
+        if self.shared is None:
+            return
+        from ..statefile import write_private
+
+        ours = [tuple(ident) for path, *ident in self.ahead if path in self.passed]
+        known = [k for k in self._known() if k not in ours]
+        lines = [b"%d %d %d" % k for k in [*known, *ours][-MAX_SHARED:]]
+        write_private(self.shared, b"\n".join(lines) + b"\n")
 
     def _slot_inodes(self) -> list[int]:
         out = []

@@ -293,12 +293,13 @@ class Waiter:
             # No ticket is ever created ahead of ours: one listing serves
             # every later look (in a line of hundreds, a wake-up then costs
             # a probe or two, not a directory listing).
-            entries = ahead_entries(pool_dir(self.state_dir, self.pool), self.ticket.path)
-            self._earlier = [p for p, _, _ in entries]
+            pdir = pool_dir(self.state_dir, self.pool)
+            entries = ahead_entries(pdir, self.ticket.path)
+            self._earlier = [e[0] for e in entries]
             if entries:  # (the head at once never loads claim.py)
-                from .claim import LOOK_EVERY, Claims
+                from .claim import LOOK_EVERY, Claims, shared_path
 
-                self._claims = Claims(entries, self.slot_paths())
+                self._claims = Claims(entries, self.slot_paths(), shared_path(pdir))
                 self._next_look = time.monotonic() + LOOK_EVERY
         passed = self._claims.passed if self._claims is not None else set()
         found = None

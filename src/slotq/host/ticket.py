@@ -49,9 +49,10 @@ MAX_INFO = 65536
 # smaller than this never reorders honest tickets).
 FORGED_SLACK_NS = 1_000_000_000
 # The counter lock is held for microseconds by honest runs; held longer than
-# this, someone holds it by hand (`flock seq sleep inf`): refuse, naming them.
-SEQ_LOCK_LIMIT = 10.0
-SEQ_LOCK_LOOKS = 10  # at the least, however long the limit took (~200 looks in 10 s)
+# this, with no ticket taken meanwhile, someone holds it by hand (`flock seq
+# sleep inf`): the run joins the line without it (status names the holder).
+SEQ_LOCK_LIMIT = 2.0
+SEQ_LOCK_LOOKS = 10  # at the least, however long the limit took (~50 looks in 2 s)
 MAX_SEQ = 10**18
 
 
@@ -133,7 +134,7 @@ def take_ticket(state_dir: str, pool: str, info: dict[str, object],
     if created:
         share_created(seq_fd, state_dir)  # every user takes numbers
     try:
-        _lock_seq(seq_fd, seq_path, wait)
+        _lock_seq(seq_fd, seq_path, wait)  # (or not: held by hand; link(2) below keeps names apart)
         if limits != (None, None):
             _admit(state_dir, pool, *limits, slots)
         raw = os.pread(seq_fd, 32, 0).strip()
@@ -165,14 +166,17 @@ def take_ticket(state_dir: str, pool: str, info: dict[str, object],
                 os.link(tmp, final)  # never replaces a name that is there
                 named = True
             except FileExistsError:
-                named = False  # planted: try the next number
+                named = False  # planted, or taken just now (no counter lock): the next free number
             finally:
                 os.unlink(tmp)
             if named:
                 break
             os.close(fd)
             fd = -1
+            taken = {n for n, _ in _names(pdir)}
             seq += 1
+            while seq in taken:  # a run of planted names is passed in one listing, not one try each
+                seq += 1
         if fd < 0:
             raise StateDirError(f"cannot name a ticket in {pdir}: every name tried was taken", pdir)
         # Fixed width, written in place: never a truncated, empty counter.
@@ -212,25 +216,28 @@ def take_early(state_dir: str, pool: str, info: dict[str, object],
         return None
 
 
-def _lock_seq(fd: int, path: str, wait: Callable[[float], None] | None) -> None:
-    """Take the sequence lock. Honest holders keep it for microseconds; if
-    it stays taken, pass the time with `wait` (the caller can still cancel)
-    and give up, naming who holds it, once nobody has taken a ticket for
-    SEQ_LOCK_LIMIT -- the counter did not move -- in at least
-    SEQ_LOCK_LOOKS looks. A crowd taking tickets (a thousand callers
-    started at once on two cores) is progress, not a stuck holder, however
-    long our own turn takes; nor is a machine that stood still (a paused
-    VM: its clock jumps by the pause, our looks do not)."""
+def _lock_seq(fd: int, path: str, wait: Callable[[float], None] | None) -> bool:
+    """Take the sequence lock: True once held. Honest holders keep it for
+    microseconds; if it stays taken, pass the time with `wait` (the caller
+    can still cancel) and go on without it (False) once nobody has taken a
+    ticket for SEQ_LOCK_LIMIT -- the counter did not move -- in at least
+    SEQ_LOCK_LOOKS looks: a lock held by hand must not close the pool (any
+    member can open the counter, and so lock it). Without the lock two
+    callers may pick one number: link(2) gives it to one, the other takes
+    the next; admission may then let one run too many wait. A crowd taking
+    tickets (a thousand callers started at once on two cores) is progress,
+    not a stuck holder, however long our own turn takes; nor is a machine
+    that stood still (a paused VM: its clock jumps by the pause, our looks
+    do not)."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return
+        return True
     except BlockingIOError:
         pass
     start = time.monotonic()
     counter = os.pread(fd, 32, 0)
     delay = 0.0005
     looks = 0
-    unseen = False  # a holder nobody can name was looked for once already
     while True:
         if wait is not None:
             wait(delay)
@@ -238,24 +245,14 @@ def _lock_seq(fd: int, path: str, wait: Callable[[float], None] | None) -> None:
             time.sleep(delay)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
+            return True
         except BlockingIOError:
             pass
         looks += 1
         if time.monotonic() - start >= SEQ_LOCK_LIMIT and (now := os.pread(fd, 32, 0)) != counter:
             counter, start, looks = now, time.monotonic(), 0  # tickets were taken meanwhile: the line moves
         if time.monotonic() - start >= SEQ_LOCK_LIMIT and looks >= SEQ_LOCK_LOOKS:
-            from .proclocks import describe_holders
-
-            st = os.fstat(fd)
-            who = describe_holders(st.st_dev, st.st_ino)
-            if not who and not unseen:
-                unseen = True  # nobody holds it now, maybe: one more look before we say so
-                continue
-            who = who or "a process slotq cannot see"
-            raise StateDirError(f"cannot join the line: the ticket counter {path} has been locked for "
-                                f"{SEQ_LOCK_LIMIT:g}s by {who}, with no ticket taken meanwhile (honest runs "
-                                "hold it for microseconds)", path)
+            return False
         delay = min(delay * 2, 0.05)
 
 
@@ -433,16 +430,17 @@ def list_tickets(pdir: str) -> list[tuple[int, str]]:
 
 def ahead_of(pdir: str, path: str) -> list[str]:
     """Paths of the tickets ahead of the one at `path` in its line."""
-    return [p for p, _, _ in ahead_entries(pdir, path)]
+    return [e[0] for e in ahead_entries(pdir, path)]
 
 
-def ahead_entries(pdir: str, path: str) -> list[tuple[str, int, int]]:
-    """(path, device, inode) of the tickets ahead of the one at `path`."""
-    out: list[tuple[str, int, int]] = []
+def ahead_entries(pdir: str, path: str) -> list[tuple[str, int, int, int]]:
+    """(path, device, inode, change time) of the tickets ahead of the one
+    at `path`."""
+    out: list[tuple[str, int, int, int]] = []
     for e in scan(pdir):
         if e.path == path:
             return out
-        out.append((e.path, e.dev, e.ino))
+        out.append((e.path, e.dev, e.ino, e.ctime_ns))
     return out
 
 
@@ -491,13 +489,13 @@ def wait_turn(path: str, seq: int, slot_paths: list[str] | None = None) -> None:
     back in a long line, on every hand-over."""
     pdir = os.path.dirname(path)
     entries = ahead_entries(pdir, path)
-    ahead = [p for p, _, _ in entries]
+    ahead = [e[0] for e in entries]
     names = {os.path.basename(p) for p in ahead}  # now, while waiting costs nothing
     claims = None
     if slot_paths:
-        from .claim import Claims
+        from .claim import Claims, shared_path
 
-        claims = Claims(entries, slot_paths)
+        claims = Claims(entries, slot_paths, shared_path(pdir))
     while ahead:
         closest = ahead.pop()
         if claims is not None and closest in claims.passed:
