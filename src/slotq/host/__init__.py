@@ -4,6 +4,7 @@
     callerlink.py  the runner's link to its caller (stream out, channel in, signals, cancel)
     hostqueue.py   one caller's wait in line (tickets, watches, the head's attempts)
     ticket.py      tickets: the sequence, liveness by kernel lock, line order
+    claim.py       the claim window: passing over a head that leaves a free slot untaken
     slot.py        slot lock files and holder records
     lineview.py    how the line looks to a waiting run's status reports
     proclocks.py   who holds which lock, from /proc/locks
