@@ -334,6 +334,18 @@ def test_no_member_can_erase_or_falsify_anothers_history(world: World) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_a_shared_history_file_planted_by_a_member_is_not_read(world: World) -> None:
+    w = world
+    assert w.run(w.a, "run", "-q", "--", "true").returncode == 0
+    month = w.state / "history" / time.strftime("%Y-%m.jsonl", time.gmtime())  # an older version's name
+    line = json.dumps({"run_id": "forged", "uid": w.uid(w.a), "outcome": "failed", "label": "forged",
+                       "phases": {"ended": time.time()}})
+    assert w.py(w.b, f"open({str(month)!r}, 'w').write({line!r} + '\\n')").returncode == 0
+    assert "forged" not in {r["run_id"] for r in _history(w)}
+    assert "forged" not in w.run(w.a, "status").stdout
+
+
+@pytest.mark.timeout(60)
 def test_a_history_file_name_taken_first_loses_no_line(world: World) -> None:
     w = world
     taken = w.state / "history" / f"u{w.uid(w.a)}.jsonl"

@@ -81,16 +81,22 @@ class HistoryFile:
 def history_files(state_dir: str) -> list[HistoryFile]:
     """Every history file: the spools first (the shared one of older
     versions, then each user's), then the segments; within each, the one
-    written last first. Links and odd files are left out."""
+    written last first. Links and odd files are left out, and so are shared
+    files of older versions that are not the pool's (owned by neither root
+    nor the state dir's owner: planted by a member)."""
     import stat
 
+    try:
+        pool_owners = {0, os.stat(state_dir).st_uid}
+    except OSError:
+        return []
     out: list[HistoryFile] = []
     for path in (history_path(state_dir), history_path(state_dir) + ".1"):
         try:
             st = os.lstat(path)
         except OSError:
             continue
-        if stat.S_ISREG(st.st_mode):
+        if stat.S_ISREG(st.st_mode) and st.st_uid in pool_owners:
             out.append(HistoryFile(path, None, path.endswith(".jsonl"), st.st_mtime))
     try:
         with os.scandir(segments_dir(state_dir)) as it:
@@ -105,7 +111,7 @@ def history_files(state_dir: str) -> list[HistoryFile]:
             st = e.stat(follow_symlinks=False)
         except OSError:
             continue
-        if stat.S_ISREG(st.st_mode):
+        if stat.S_ISREG(st.st_mode) and (kind != "month" or st.st_uid in pool_owners):
             out.append(HistoryFile(e.path, None if kind == "month" else st.st_uid, kind == "spool", st.st_mtime))
     out.sort(key=lambda f: (not f.spool, -f.mtime))
     return out
