@@ -434,7 +434,7 @@ def run_in_thread(spec: RunSpec, transport: Any = None, **kw: Any) -> tuple[thre
 
 def first_waited(state_dir: Path) -> float:
     """How long the first run in the shared line has waited so far (0: none)."""
-    from slotq.status import waiting
+    from slotq.host.status import waiting
 
     line = waiting(str(state_dir), "shared", time.time())
     return float(line[0].get("waited_s") or 0) if line else 0.0  # type: ignore[arg-type]

@@ -356,7 +356,7 @@ def test_without_inotify_instances_order_holds_and_dead_waiters_are_skipped(
 
 def test_status_reads_the_kernel_lock_table_and_wakes_nobody(tmp_path: Path) -> None:
     from slotq.host.proclocks import held
-    from slotq.status import snapshot
+    from slotq.host.status import snapshot
 
     first = Waiter(str(tmp_path), CFG, "shared", {"label": "first"})
     lease = first.attempt()

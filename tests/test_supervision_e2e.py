@@ -314,7 +314,7 @@ def test_a_holder_whose_pid_another_process_now_has_is_not_running(state_dir: Pa
     # names this live process, which holds the slot's lock: with its own
     # start time it is the running holder; with another start time it is
     # a runner and keeper that are gone.
-    from slotq.host.orphans import start_ticks
+    from slotq.procinfo import start_ticks
 
     me, started = os.getpid(), start_ticks(os.getpid())
     assert started is not None

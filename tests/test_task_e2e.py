@@ -15,7 +15,7 @@ import pytest
 
 from conftest import Run, first_waited, slotq_cmd, wait_for
 from slotq.host.slot import read_slot
-from slotq.status import waiting
+from slotq.host.status import waiting
 
 Start = Callable[..., Run]
 

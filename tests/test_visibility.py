@@ -244,7 +244,7 @@ def test_the_exec_timeout_message_does_not_restate_a_different_wait(state_dir: P
 
 @pytest.mark.timeout(30)
 def test_status_says_how_long_the_holder_has_held_its_slot(state_dir: Path) -> None:
-    from slotq.host.orphans import start_ticks
+    from slotq.procinfo import start_ticks
 
     with slot_held_here(state_dir) as lease:
         lease.record(run_id="feedc0de", label="long suite", pid=os.getpid(), pid_start=start_ticks(os.getpid()),

@@ -86,6 +86,12 @@ def env_path(name: str, what: str, env: dict[str, str] | os._Environ[str] | None
     return os.path.normpath(value)
 
 
+def ledger_path() -> str:
+    """The wait ledger's file: $SLOTQ_LEDGER (absolute: ConfigError if
+    not), else the user's."""
+    return ledger_env_path() or os.path.join(xdg_state_home(), "slotq", "ledger.sqlite")
+
+
 def ledger_env_path() -> str | None:
     """$SLOTQ_LEDGER (ConfigError if relative), None if unset: for
     client/ledger.py, and for `slotq run` to check before the run starts
@@ -462,7 +468,7 @@ def _untrusted(st: os.stat_result, state_dir: str, explicit: bool) -> str | None
     """Why a config file may not be used, or None if it may."""
     import stat
 
-    from .host.orphans import user_name
+    from .procinfo import user_name
 
     if not stat.S_ISREG(st.st_mode):
         return "it is not a regular file"

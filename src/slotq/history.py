@@ -417,7 +417,7 @@ _names: dict[int, str] = {}
 
 def _user_name(uid: int) -> str:
     if uid not in _names:
-        from .host.orphans import user_name
+        from .procinfo import user_name
 
         _names[uid] = user_name(uid)
     return _names[uid]

@@ -26,7 +26,7 @@ import sqlite3
 import time
 
 from . import history
-from .client.ledger import ledger_path_from_env
+from .config import ledger_path
 from .records import valid_text
 from .statefile import StateFileError, make_private_dirs, open_state
 
@@ -63,7 +63,7 @@ MAX_CATCH_UP = 256 << 20
 
 def index_path(state_dir: str) -> str:
     key = hashlib.sha256(os.path.realpath(state_dir).encode()).hexdigest()[:16]
-    return os.path.join(os.path.dirname(ledger_path_from_env()), "history-index", f"{key}.sqlite")
+    return os.path.join(os.path.dirname(ledger_path()), "history-index", f"{key}.sqlite")
 
 
 class Index:

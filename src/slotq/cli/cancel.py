@@ -59,7 +59,7 @@ def main(args: list[str]) -> int:
             _say(f"slotq cancel: no live run matches{' --label ' + opts.label if opts.label else ''}"
                  f"{' --mine' if opts.mine else ''}")
             return EXIT_NOT_FOUND
-    from slotq.host.orphans import user_name
+    from slotq.procinfo import user_name
 
     code = 0
     for run_id in targets:
@@ -117,7 +117,7 @@ def _send(run_id: str, live: _Live | None) -> CancelReply:
     not hear "no live run". A run waiting away (a shell: host/away.py) is
     woken first (SIGUSR1): it comes back, and listens."""
     from slotq.host.control import send_cancel
-    from slotq.host.orphans import alive
+    from slotq.procinfo import alive
 
     deadline = time.monotonic() + LISTEN_WAIT
     woken = False
@@ -144,7 +144,7 @@ def _owners() -> dict[str, _Live]:
     (its ticket file's owner, or its slot lock's holder) -- never from a
     record anyone could have written -- and its runner's pid."""
     from slotq.config import HostConfig, state_dir_from_env
-    from slotq.status import snapshot
+    from slotq.host.status import snapshot
 
     state_dir = state_dir_from_env()
     out: dict[str, _Live] = {}
@@ -167,9 +167,9 @@ def _matching(label: str | None, mine: bool) -> list[str]:
     from fnmatch import fnmatchcase
 
     from slotq.config import HostConfig, state_dir_from_env
-    from slotq.host.orphans import alive, uid_of
+    from slotq.procinfo import alive, uid_of
     from slotq.records import valid_text
-    from slotq.status import snapshot
+    from slotq.host.status import snapshot
 
     if label is not None:
         label = valid_text(label)  # as labels are kept: a byte that is not UTF-8 is `\xNN`
@@ -227,7 +227,7 @@ def _slurm(ids: list[str], label: str | None, mine: bool) -> int:
     matched against the job's comment, where `run --slurm` puts it."""
     from fnmatch import fnmatchcase
 
-    from slotq.host.orphans import user_name
+    from slotq.procinfo import user_name
     from slotq.transports.slurmctl import as_comment, cancel_jobs, slotq_jobs
 
     jobs = slotq_jobs()

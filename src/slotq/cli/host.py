@@ -91,9 +91,7 @@ def main(args: list[str]) -> int:
     if args == ["hello"]:
         return hello()
     if args == ["away-gone"]:
-        from slotq.host.away import gone
-
-        return gone()
+        return away_gone()
     if args[:1] == ["reap"]:
         if len(args) != 2 or not (args[1].isalnum() and args[1].isascii()):
             raise UsageError("usage: slotq host reap RUN_ID")
@@ -300,3 +298,47 @@ def _check_own_dir(path: str, private: bool) -> None:
     if private and st.st_mode & 0o077:
         raise StateDirError(f"work dir root {path} can be entered by others (mode "
                             f"{stat.S_IMODE(st.st_mode):04o}): refused", path)
+
+
+def away_gone() -> int:
+    """`slotq host away-gone`: the watcher's lock came -- the run died away.
+    Close its wait record now and bury its ticket (its history line)."""
+    import time
+
+    from slotq.host.away import ENV_GONE, MAX_ENV
+    from slotq.records import from_json
+
+    raw = os.environ.get(ENV_GONE, "")
+    try:
+        what = from_json(raw, max_depth=2) if 0 < len(raw) <= MAX_ENV else None
+    except ValueError:
+        what = None
+    if not isinstance(what, dict) or not all(isinstance(what.get(k), str) for k in
+                                             ("path", "run_id", "ledger", "workdir", "host")) \
+            or not isinstance(what.get("fd"), int):
+        sys.stderr.write(f"slotq host away-gone: error: ${ENV_GONE} is missing or malformed\n")
+        return 2
+    now = time.time()
+    try:
+        st = os.fstat(int(what["fd"]))
+        named = os.lstat(str(what["path"]))
+    except OSError as e:
+        sys.stderr.write(f"slotq host away-gone: error: {what['path']}: {e.strerror or e}\n")
+        return 1
+    from slotq.host.proclocks import holder_pids
+
+    # Only for a ticket whose lock our watcher (our parent) holds now: its
+    # run is dead. Never a live run's, whatever the environment says.
+    if (st.st_dev, st.st_ino) != (named.st_dev, named.st_ino) or \
+            holder_pids(st.st_dev, st.st_ino) != [os.getppid()]:
+        sys.stderr.write(f"slotq host away-gone: error: the lock of {what['path']} is not held by this "
+                         "watcher: nothing done\n")
+        return 1
+    from slotq.client.ledger import WaitRecorder
+
+    WaitRecorder(run_id=str(what["run_id"]), workdir=str(what["workdir"]), host=str(what["host"]),
+                 path=str(what["ledger"]), warn=lambda line: None).closer("queue")(now)
+    from slotq.host.ticket import bury
+
+    bury(str(what["path"]), int(what["fd"]))
+    return 0

@@ -130,7 +130,7 @@ def fit(line: str, columns: int) -> str:
 
 def _local(history_n: int, as_json: bool) -> Render:
     from slotq.config import HostConfig, state_dir_to_read
-    from slotq.status import format_snapshot, snapshot
+    from slotq.host.status import format_snapshot, snapshot
 
     state_dir = state_dir_to_read()
 
@@ -161,7 +161,7 @@ class _Remote:
 
     def __call__(self, watching: bool, tty: bool) -> str:
         from slotq.errors import HostUnavailable
-        from slotq.status import format_snapshot
+        from slotq.host.status import format_snapshot
 
         out: list[str] = []
         snaps: list[dict[str, object]] = []

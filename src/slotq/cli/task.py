@@ -44,9 +44,9 @@ PARSER = Parser(
 def main(args: list[str]) -> int:
     opts, command = PARSER.parse(args)
     check_dir("--credit-dir", opts.credit_dir)
-    from slotq.client.ledger import ledger_path_from_env
+    from slotq.config import ledger_path
 
-    ledger_path_from_env()  # the waits it credits: a bad $SLOTQ_LEDGER is said before the job starts
+    ledger_path()  # the waits it credits: a bad $SLOTQ_LEDGER is said before the job starts
     json_result = JsonResult(opts.json)
     from slotq.client.deadline import Deadline
     from slotq.client.task import describe_extension, run_task

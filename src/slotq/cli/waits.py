@@ -29,11 +29,12 @@ PARSER = Parser(
 def main(args: list[str]) -> int:
     opts, _ = PARSER.parse(args)
     from slotq.durations import format_duration
-    from slotq.client.ledger import Ledger, ledger_path_from_env, spool_path
+    from slotq.client.ledger import Ledger, spool_path
+    from slotq.config import ledger_path
 
     since, until = parse_window(opts)
     check_dir("--dir", opts.dir)
-    path = ledger_path_from_env()
+    path = ledger_path()
     if not os.path.exists(path) and not os.path.exists(spool_path(path)):
         credit_dict: dict[str, object] = {"workdir": os.path.realpath(opts.dir), "since": since, "until": until,
                                           "sum_s": 0.0, "union_s": 0.0, "waits": [], "in_progress": []}

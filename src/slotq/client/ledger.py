@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import os
 
+from ..config import ledger_path
 from ..records import from_json, is_pid, to_json, valid_text
 
 TYPE_CHECKING = False
@@ -64,13 +65,6 @@ CREATE INDEX IF NOT EXISTS waits_by_heartbeat ON waits (heartbeat);  -- a closed
 """
 
 
-def ledger_path_from_env() -> str:
-    """$SLOTQ_LEDGER (absolute: ConfigError if not), else the user's."""
-    from ..config import ledger_env_path, xdg_state_home
-
-    return ledger_env_path() or os.path.join(xdg_state_home(), "slotq", "ledger.sqlite")
-
-
 _boot_id: str | None = None
 
 
@@ -79,7 +73,7 @@ def process_start(pid: int) -> str | None:
     boot id + start time (clock ticks since boot). None if unknown/gone (a
     zombie waits for nothing). The boot id: records outlive a reboot."""
     global _boot_id
-    from ..host.orphans import start_ticks
+    from ..procinfo import start_ticks
 
     try:
         if _boot_id is None:
@@ -199,7 +193,7 @@ class Ledger:
 
         from ..statefile import make_private_dirs
 
-        self.path = path or ledger_path_from_env()
+        self.path = path or ledger_path()
         make_private_dirs(os.path.dirname(self.path) or ".")
         # Autocommit (isolation_level=None): each statement is its own short
         # transaction, so concurrent writers hold the write lock for
@@ -419,7 +413,7 @@ class WaitRecorder:
         self.workdir = workdir
         self.host = host
         self.warn = warn
-        self.path = path or ledger_path_from_env()
+        self.path = path or ledger_path()
         self._broken = False
         self._made_dir = False  # the spool's directory exists (made once, not every 30 s)
         self._spool_size = 0  # after our last append

@@ -32,7 +32,7 @@ def format_queued(ev: dict[str, object], compact: bool = False) -> str:
             + (" (stopping)" if h.get("phase") == "stopping" else "") for h in live)
         parts.append(f"slot held by {desc}")
     if len(live) < len(held):
-        from ..status import describe_orphan
+        from ..host.status import describe_orphan
 
         parts += [describe_orphan(h) for h in held if h.get("phase") == "orphaned"]
     if isinstance(ev.get("eta_s"), (int, float)):

@@ -16,6 +16,7 @@
     orphans.py     a run's processes when its keeper is gone
     terminate.py   the stopping policy (TERM, grace, KILL)
     control.py     a run's control socket (`slotq cancel`)
+    status.py      what `slotq status` shows
 
 Every way to reach a host ends here: the local transport runs the runner in
 a thread of the caller, ssh and Slurm run `slotq host run` on the machine.

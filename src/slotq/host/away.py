@@ -19,7 +19,7 @@ Away, the run is a `sh` (NAME in `ps`: `is_away`) waiting in `flock -s` on
 the ticket AWAY_AHEAD + 1 places ahead, its own ticket still locked (its
 place in line). If it dies away (a `kill -9` of its group), its watcher --
 `flock -x` on its ticket, in a session of its own -- gets the lock and
-starts `slotq host away-gone` (`gone`), which closes the run's wait record
+starts `slotq host away-gone` (cli/host.py), which closes the run's wait record
 at the moment of the death and buries the ticket (the run's `caller_gone`
 history line), as a standby keeper would.
 
@@ -31,7 +31,6 @@ keeper.
 from __future__ import annotations
 
 import os
-import sys
 
 AWAY_AHEAD = 4  # a run comes back when this many runs are ahead of it
 AWAY_MIN_WAIT = 60.0  # ... and goes away only if it expects to wait this long
@@ -98,46 +97,3 @@ def away_pid(pid: object) -> bool:
         return is_away(pid) and os.stat(f"/proc/{pid}").st_uid == os.getuid()
     except OSError:
         return False
-
-
-def gone() -> int:
-    """`slotq host away-gone`: the watcher's lock came -- the run died away.
-    Close its wait record now and bury its ticket (its history line)."""
-    import time
-
-    from ..records import from_json
-
-    raw = os.environ.get(ENV_GONE, "")
-    try:
-        what = from_json(raw, max_depth=2) if 0 < len(raw) <= MAX_ENV else None
-    except ValueError:
-        what = None
-    if not isinstance(what, dict) or not all(isinstance(what.get(k), str) for k in
-                                             ("path", "run_id", "ledger", "workdir", "host")) \
-            or not isinstance(what.get("fd"), int):
-        sys.stderr.write(f"slotq host away-gone: error: ${ENV_GONE} is missing or malformed\n")
-        return 2
-    now = time.time()
-    try:
-        st = os.fstat(int(what["fd"]))
-        named = os.lstat(str(what["path"]))
-    except OSError as e:
-        sys.stderr.write(f"slotq host away-gone: error: {what['path']}: {e.strerror or e}\n")
-        return 1
-    from .proclocks import holder_pids
-
-    # Only for a ticket whose lock our watcher (our parent) holds now: its
-    # run is dead. Never a live run's, whatever the environment says.
-    if (st.st_dev, st.st_ino) != (named.st_dev, named.st_ino) or \
-            holder_pids(st.st_dev, st.st_ino) != [os.getppid()]:
-        sys.stderr.write(f"slotq host away-gone: error: the lock of {what['path']} is not held by this "
-                         "watcher: nothing done\n")
-        return 1
-    from ..client.ledger import WaitRecorder
-
-    WaitRecorder(run_id=str(what["run_id"]), workdir=str(what["workdir"]), host=str(what["host"]),
-                 path=str(what["ledger"]), warn=lambda line: None).closer("queue")(now)
-    from .ticket import bury
-
-    bury(str(what["path"]), int(what["fd"]))
-    return 0

@@ -117,7 +117,7 @@ class Child:
                 self.started = (float(wall), float(mono))
                 self.cmd_pid = int(pid)
                 if self.cmd_pid > 0:
-                    from .orphans import start_ticks
+                    from ..procinfo import start_ticks
 
                     self.cmd_start = start_ticks(self.cmd_pid)
             return False

@@ -103,7 +103,7 @@ class ControlSocket:
         try:
             c.settimeout(1.0)  # our own user's silent client cannot hold the runner up for long
             pid, uid = peer(c)
-            from .orphans import user_name
+            from ..procinfo import user_name
 
             if uid not in (os.getuid(), 0):
                 # Refused before reading: anyone on the machine can connect

@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import os
 
-from .. import protocol
+from .. import procinfo, protocol
 from ..clock import Clock
 from ..config import HostConfig
 from ..errors import SlotqError
 from ..spec import RunSpec
-from . import orphans
 from .hostqueue import Waiter
 from .orphans import MARKER
 from .process import spawn
@@ -142,7 +141,7 @@ class Launch:
 
     def holder_record(self, phase: str) -> dict[str, object]:
         spec = self.spec
-        return {"run_id": spec.run_id, "label": spec.label, "pid": os.getpid(), "pid_start": orphans.own_start(),
+        return {"run_id": spec.run_id, "label": spec.label, "pid": os.getpid(), "pid_start": procinfo.own_start(),
                 "uid": os.getuid(), "phase": phase, "budget": self.budget, "grace": self.grace, "cls": spec.cls,
                 "host": self.host}
 

@@ -59,7 +59,7 @@ def survey(state_dir: str, pool: str, waiter: Waiter, now: float,
     read once -- and shared as the view, with our `typical`. At the head,
     `heal(table)` first ends orphaned holders; what it did are the
     notes."""
-    from ..status import holders
+    from .status import holders
     from .proclocks import owners
 
     view = read(state_dir, pool, waiter.ticket.seq, now)
@@ -88,7 +88,7 @@ def report(state_dir: str, pool: str, waiter: Waiter, now: float,
     `typical` run -- returned as well, brought up to date, for the next
     report."""
     from .. import eta
-    from ..status import load
+    from .status import load
 
     ahead, total, slots, healed, shared = survey(state_dir, pool, waiter, now, heal, typical)
     fields: dict[str, object] = {}

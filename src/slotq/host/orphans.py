@@ -42,6 +42,7 @@ from __future__ import annotations
 import os
 import time
 
+from ..procinfo import alive, start_ticks, stat_fields, uid_of
 from ..records import is_pid
 from ..spec import is_run_id
 
@@ -50,51 +51,12 @@ KEEPER_NAME = b"slotq-keeper"  # a keeper's comm (process.py): set by itself, so
 MAX_ANCESTORS = 256
 
 
-def _stat_fields(pid: int | str) -> list[bytes] | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def start_ticks(pid: int) -> int | None:
-    """When process `pid` started (clock ticks since boot); None if it is
-    gone or a zombie (which runs nothing and holds nothing)."""
-    fields = _stat_fields(pid)
-    if fields is None or fields[0] == b"Z":
-        return None
-    return int(fields[19])
-
-
-_own: tuple[int, int] | None = None
-
-
-def own_start() -> int:
-    """This process's start ticks (cached per process: forks re-read)."""
-    global _own
-    pid = os.getpid()
-    if _own is None or _own[0] != pid:
-        _own = (pid, start_ticks(pid) or 0)
-    return _own[1]
-
-
-def alive(pid: object, start: object) -> bool:
-    """Is the process that had `pid` and started at `start` still there?
-    Without a start time (an older record), the pid alone decides."""
-    if not is_pid(pid):
-        return False
-    if isinstance(start, int) and not isinstance(start, bool):
-        return start_ticks(pid) == start
-    return start_ticks(pid) is not None
-
-
 def _ancestors(limit: int = 4096) -> set[tuple[int, int]]:
     """(pid, start ticks) of this process and each of its ancestors."""
     out: set[tuple[int, int]] = set()
     pid = os.getpid()
     while pid > 1 and len(out) < limit:
-        fields = _stat_fields(pid)
+        fields = stat_fields(pid)
         if fields is None:
             break
         out.add((pid, int(fields[19])))
@@ -142,29 +104,6 @@ def nested_in(state_dir: str, pool: str, count: int, run_id: str) -> tuple[int, 
     return None
 
 
-def uid_of(pid: int) -> int | None:
-    """The real uid of `pid` (readable for every process), None if gone."""
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"Uid:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def user_name(uid: int | None) -> str:
-    if uid is None:
-        return "?"
-    import pwd
-
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
-
-
 def run_processes(*, session: int | None = None, session_start: int | None = None,
                   marker: str | None = None) -> dict[int, int]:
     """pid -> uid of the live processes of one run: members of `session`
@@ -183,7 +122,7 @@ def run_processes(*, session: int | None = None, session_start: int | None = Non
         pid = int(name)
         if pid == me:
             continue
-        fields = _stat_fields(name)
+        fields = stat_fields(name)
         if fields is None or fields[0] == b"Z":
             continue
         if (session is not None and int(fields[3]) == session) or (marker and run_marker(pid) == marker):
@@ -273,7 +212,7 @@ def run_marker(pid: int) -> str | None:
 
 
 def _parent(pid: int) -> int | None:
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     return int(fields[1]) if fields is not None else None
 
 
@@ -321,7 +260,7 @@ def orphan_in_slot(path: str) -> tuple[str, dict[int, int], int | None] | None:
         return None
     sessions = set()
     for pid in holders:
-        fields = _stat_fields(pid)
+        fields = stat_fields(pid)
         if fields is not None:
             sessions.add(int(fields[3]))
     return run_id, holders, sessions.pop() if len(sessions) == 1 else None

@@ -313,9 +313,9 @@ def _keeper(
     keeper_start = 0
     if record is not None and slot_path is not None:
         from ..records import to_json  # now, not after the command's start
-        from . import orphans
+        from .. import procinfo
 
-        keeper_start = orphans.own_start()
+        keeper_start = procinfo.own_start()
     lock_fd = -1
     if lock_path is not None:
         from .ticket import wait_turn
@@ -393,7 +393,7 @@ def _keeper(
         # the lock's own descriptor: a descriptor of our own would wake the
         # head's watch when it closes, for nothing.
         record = dict(record, keeper=os.getpid(), keeper_start=keeper_start, cmd=leader,
-                      cmd_start=orphans.start_ticks(leader))
+                      cmd_start=procinfo.start_ticks(leader))
         if lock_fd >= 0:
             record["since"] = time.time()
         _write_record(inherit_fds[-1], to_json(record))

@@ -74,7 +74,7 @@ def pids_on(path: str, table: dict[tuple[int, int], list[int]] | None) -> list[i
 def describe_holders(dev: int, ino: int, table: dict[tuple[int, int], list[int]] | None = None) -> str:
     """'pid 123 (user alice, flock)' for each process holding a lock on
     the file: who, from the kernel -- not from any record a user wrote."""
-    from .orphans import uid_of, user_name
+    from ..procinfo import uid_of, user_name
 
     bits = []
     for pid in holder_pids(dev, ino, table):

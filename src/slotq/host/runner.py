@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import select
 
-from .. import __version__, history, protocol
+from .. import __version__, history, procinfo, protocol
 from .. import signals as signal
 from ..clock import INF, Clock
 from ..config import HostConfig
@@ -420,7 +420,7 @@ class HostRunner:
             self._close_waiter()
             limit = spec.prepare_timeout if spec.prepare_timeout is not None else self.config.prepare_timeout
             child, streams = self.launch.start(["/bin/sh", "-c", spec.prepare], lease, last=False)
-            lease.record(keeper=child.keeper_pid, keeper_start=orphans.start_ticks(child.keeper_pid))
+            lease.record(keeper=child.keeper_pid, keeper_start=procinfo.start_ticks(child.keeper_pid))
             end, reason = self._pump(child, streams, limit)
             if end.lost:  # the prepare step's keeper was killed: not the work's failure
                 return self._finish(Outcome.UNAVAILABLE, None, lease, self._lost_message or "keeper killed")

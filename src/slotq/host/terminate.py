@@ -15,7 +15,7 @@ import os
 import time
 
 from .. import signals as signal
-from .orphans import start_ticks
+from ..procinfo import start_ticks
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -6,16 +6,16 @@ from __future__ import annotations
 import os
 import stat
 
-from . import history
-from .config import HostConfig
-from .durations import format_duration
-from .host import orphans
-from .host.claim import CLAIM_WINDOW
-from .host.proclocks import describe_holders, holder_pids, owners
-from .host.slot import read_slot, slot_name, slot_path
-from .host.ticket import ignored, list_tickets, pool_dir, probe, read_info, remove_stale_temps, scan
-from .records import printable
-from .statefile import StateFileError, kind, open_state
+from .. import history, procinfo
+from ..config import HostConfig
+from ..durations import format_duration
+from ..records import printable
+from ..statefile import StateFileError, kind, open_state
+from . import orphans
+from .claim import CLAIM_WINDOW
+from .proclocks import describe_holders, holder_pids, owners
+from .slot import read_slot, slot_name, slot_path
+from .ticket import ignored, list_tickets, pool_dir, probe, read_info, remove_stale_temps, scan
 
 Table = dict[tuple[int, int], list[int]]
 
@@ -89,7 +89,7 @@ def holders(state_dir: str, pool: str, count: int, now: float,
             if state == "orphaned":
                 procs = orphans.orphan_processes(info)
                 entry["orphan_pids"] = sorted(procs)
-                entry["orphan_user"] = ", ".join(sorted({orphans.user_name(u) for u in procs.values()})) or None
+                entry["orphan_user"] = ", ".join(sorted({procinfo.user_name(u) for u in procs.values()})) or None
         out.append(entry)
     return out
 
@@ -104,8 +104,8 @@ def _lock_holders(entry: dict[str, object], path: str, table: Table | None) -> N
     pids = holder_pids(st.st_dev, st.st_ino, table)
     if pids:
         entry["lock_pids"] = pids
-        uids = sorted({u for u in (orphans.uid_of(p) for p in pids) if u is not None})
-        entry["user"] = ", ".join(orphans.user_name(u) for u in uids)
+        uids = sorted({u for u in (procinfo.uid_of(p) for p in pids) if u is not None})
+        entry["user"] = ", ".join(procinfo.user_name(u) for u in uids)
         if len(uids) == 1:
             entry["uid"] = uids[0]
         entry["lock_holders"] = describe_holders(st.st_dev, st.st_ino, table)
@@ -130,14 +130,14 @@ def waiting(state_dir: str, pool: str, now: float,
         info = read_info(e.path)  # read first: a dead ticket is removed by probe
         if locked is None and not probe(e.path):
             continue
-        entry: dict[str, object] = {"seq": e.seq, "user": orphans.user_name(e.uid), "uid": e.uid,
+        entry: dict[str, object] = {"seq": e.seq, "user": procinfo.user_name(e.uid), "uid": e.uid,
                                     "ticket_age_s": round(max(0.0, now - e.ctime_ns / 1e9), 3)}
         if e.forged:
             entry["forged"] = True
         if info:
             entry.update({k: info.get(k) for k in ("run_id", "label", "pid", "since", "budget")})
             entry["class"] = info.get("cls")
-            from .host.away import is_away
+            from .away import is_away
 
             if is_away(info.get("pid")):
                 entry["away"] = True  # a shell until shortly before its turn (host/away.py)
@@ -163,7 +163,7 @@ def snapshot(state_dir: str, config: HostConfig, now: float, history_n: int = 10
             "classes": sorted(c for c, p in config.classes.items() if p == pool),
         })
     warnings += problems(state_dir, config, pools, table)
-    from .eta import RECENT, pool_etas
+    from ..eta import RECENT, pool_etas
 
     records = history.once_each(history.recent(state_dir, max(history_n, RECENT * len(pools))))
     for p in pools:
@@ -226,7 +226,7 @@ def problems(state_dir: str, config: HostConfig, pools: list[dict[str, object]],
                 out.append(f"{s['slot']} is held with no slotq record by {s.get('lock_holders') or '?'}")
         if table is not None:
             for e in ignored(pool_dir(state_dir, str(p["pool"])), set(table)):
-                out.append(f"ignored: {e.path}, a ticket name of user {orphans.user_name(e.uid)} that nobody "
+                out.append(f"ignored: {e.path}, a ticket name of user {procinfo.user_name(e.uid)} that nobody "
                            "holds: no place in line, and it moves no ticket number (only its owner or root "
                            "can remove it)")
         head = p["waiting"][0] if p["waiting"] else None  # type: ignore[index]
