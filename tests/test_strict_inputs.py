@@ -248,7 +248,8 @@ def test_any_json_value_in_a_ticket_or_holder_record_is_survived(tmp_path: Path,
     field of either, set to any JSON value, is read as that value or as
     unknown by status, the orphan check and the burial of a dead ticket --
     never an exception (each raised in `status` and in a waiting run)."""
-    from slotq import history, status
+    from slotq import history
+    from slotq.host import status
     from slotq.config import HostConfig
     from slotq.host import orphans
     from slotq.host.slot import read_slot

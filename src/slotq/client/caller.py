@@ -162,6 +162,30 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 
+class CallOptions:
+    """How a caller runs: `run`'s keyword arguments, read-only. (A plain
+    class: `dataclasses` would cost every `slotq run` its import.)"""
+
+    __slots__ = ("idle", "stdout_fd", "stderr_fd", "status", "handle_sigint", "backstop_margin", "credit_dir",
+                 "ledger_path", "live", "heartbeat_every")
+
+    def __init__(self, idle: float | None = None, stdout_fd: int = 1, stderr_fd: int = 2,
+                 status: Callable[[str], None] | None = None, handle_sigint: bool = False,
+                 backstop_margin: float = BACKSTOP_MARGIN, credit_dir: str | None = None,
+                 ledger_path: str | None = None, live: Callable[[str], None] | None = None,
+                 heartbeat_every: float = HEARTBEAT_S) -> None:
+        self.idle = idle
+        self.stdout_fd = stdout_fd
+        self.stderr_fd = stderr_fd
+        self.status = status
+        self.handle_sigint = handle_sigint
+        self.backstop_margin = backstop_margin
+        self.credit_dir = credit_dir
+        self.ledger_path = ledger_path
+        self.live = live
+        self.heartbeat_every = heartbeat_every
+
+
 def run(
     spec: RunSpec,
     transport: Transport,
@@ -196,271 +220,340 @@ def run(
     Raises UsageError when the host rejects the request as malformed (an
     unknown class); every other ending is a `RunResult`.
     """
-    clock = clock or Clock()
-    say = status or _silent
-    result = RunResult(spec, transport.host)
-    result.details = transport.details
-    result.phases["submitted"] = transport.queued_since or clock.wall()
-    dogs = Watchdogs(clock, idle, backstop_margin)
-    workdir = credit_dir or spec.cwd or os.getcwd()
-    made: list[WaitRecorder] = []
+    options = CallOptions(idle, stdout_fd, stderr_fd, status, handle_sigint, backstop_margin, credit_dir,
+                          ledger_path, live, heartbeat_every)
+    return _Call(spec, transport, options, clock or Clock()).run()
 
-    def waits() -> WaitRecorder:
+
+class _Call:
+    """One run, as its caller lives it:
+
+        transfer (remote hosts) -> start -> the stream (queue, slot, command) -> verdict
+
+    It owns the run's state: the result, the watchdogs, the wait recorder,
+    the stop signals it was sent (the one place that catches them and puts
+    the old handlers back: `_catching`)."""
+
+    def __init__(self, spec: RunSpec, transport: Transport, options: CallOptions, clock: Clock) -> None:
+        self.spec = spec
+        self.transport = transport
+        self.o = options
+        self.clock = clock
+        self.say = options.status or _silent
+        self.result = RunResult(spec, transport.host)
+        self.result.details = transport.details
+        self.result.phases["submitted"] = transport.queued_since or clock.wall()
+        self.dogs = Watchdogs(clock, options.idle, options.backstop_margin)
+        self.workdir = options.credit_dir or spec.cwd or os.getcwd()
+        self._recorder: WaitRecorder | None = None
+        self.stops: list[int] = []  # the stop signals this run was sent (handle_sigint)
+        self.queue_start = clock.monotonic()
+        if transport.came_back and transport.queued_since is not None:
+            self.queue_start -= max(0.0, clock.wall() - transport.queued_since)  # in line since, away meanwhile
+        self.to_fd = self.from_fd = -1
+        self.exited = False  # the host said how the command ended
+        self.beat_at = INF  # when a quiet run refreshes its open queue wait
+
+    def run(self) -> RunResult:
+        if self.transport.remote and not self._transfer():
+            return self.result
+        # The queue wait is recorded from its start, but written only once
+        # the host says the run must wait: an uncontended run (slot at once)
+        # costs no ledger write and no SQLite import.
+        self.queue_wall = (self.clock.wall() if self.transport.remote
+                           else self.result.phases["submitted"] or self.clock.wall())
+        self.transport.keep_wait_end(self._wait_closer)
+        if self.transport.came_back:
+            self.waits().adopt("queue")  # opened before this process waited away (transports/away.py)
+        self.to_fd, self.from_fd = self.transport.start(self.spec)
+        turned_down = None
+        held = self._catch(self._stop_run)
+        try:
+            if self.stops:  # one came while slotq started, or after the transfer: it meant this run
+                self._cancel_for(self.stops[0])
+            self._stream()
+        except (UsageError, StateDirError) as e:
+            turned_down = e
+        finally:
+            self._restore(held)
+            self._close_stream()
+        if self._recorder is not None:
+            self._recorder.finish(self.clock.wall())  # a run that ended without a slot: its wait ends now
+        if turned_down is not None:
+            # The host turned the request down (a bad class or partition, Slurm
+            # refusing the job, an unusable state dir) and its side is over:
+            # the transport still ends its part, as after any run -- Slurm's
+            # sentinel is told `done` (else it took our exit for a vanished
+            # caller and wrote that in the history).
+            self.transport.wait()
+            raise turned_down
+        if self.result.queue_s is None:  # (never a slot)
+            self.result.queue_s = self.clock.monotonic() - self.queue_start
+        self._verdict(self.transport.wait())
+        self.say(summary_line(self.result))
+        return self.result
+
+    # ---------------------------------------------------------------- the wait ledger
+
+    def waits(self) -> WaitRecorder:
         """The run's wait recorder, made at its first wait: an uncontended
         local run never imports the ledger (nor SQLite, which only reading
         the ledger does)."""
-        if not made:
+        if self._recorder is None:
             from .ledger import WaitRecorder
 
-            made.append(WaitRecorder(run_id=spec.run_id, workdir=workdir,
-                                     host=transport.host, path=ledger_path,
-                                     warn=lambda line: _write_line(stderr_fd, line)))
-        return made[0]
+            self._recorder = WaitRecorder(run_id=self.spec.run_id, workdir=self.workdir, host=self.transport.host,
+                                          path=self.o.ledger_path,
+                                          warn=lambda line: _write_line(self.o.stderr_fd, line))
+        return self._recorder
 
-    queue_start = clock.monotonic()
-    if transport.came_back and transport.queued_since is not None:
-        queue_start -= max(0.0, clock.wall() - transport.queued_since)  # in line since, away meanwhile
-    stops: list[int] = []  # the stop signals this run was sent (handle_sigint)
+    def _wait_closer(self) -> Callable[[float], None]:
+        """For a process of the run's host side that outlives us (a local
+        standby keeper): how it closes our queue wait. A recorder of its
+        own: the runner makes it in its thread, while ours may be in the
+        making."""
+        from .ledger import WaitRecorder
 
-    def catch_stops(handler: Callable[[int, object], None]) -> dict[int, object]:
-        """Our handler for the stop signals from now on, and those that came
-        since slotq's first line (signals.hold_stops) taken as ours."""
+        return WaitRecorder(run_id=self.spec.run_id, workdir=self.workdir, host=self.transport.host,
+                            path=self.o.ledger_path, warn=_silent).closer("queue")
+
+    # ---------------------------------------------------------------- stop signals
+
+    def _catch(self, handler: Callable[[int, object], None]) -> dict[int, object]:
+        """With `handle_sigint`, `handler` for the stop signals from now on
+        -- and those that came since slotq's first line (signals.hold_stops)
+        taken as ours. The handlers it replaced, for `_restore`."""
+        if not self.o.handle_sigint:
+            return {}
         old = signal.catch_stops(handler)
-        stops.extend(signal.early)
+        self.stops.extend(signal.early)
         signal.early.clear()
         return old
 
-    if transport.remote:
-        # Connection, handshake and work tree transfer: a wait of its own
-        # kind, never counted as execution. A stop signal meanwhile (Ctrl-C,
-        # a harness's SIGTERM) ends the transfer (its rsync is killed) and
-        # the run: cancelled, with its result, as later.
-        waits().open("transfer", result.phases["submitted"] or clock.wall())
+    @staticmethod
+    def _restore(old: dict[int, object]) -> None:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+
+    def _stop_run(self, signum: int, frame: object) -> None:
+        """Ctrl-C, a polite SIGTERM (a CI job being stopped) and SIGHUP (the
+        terminal closed) cancel the run and still deliver its result; the
+        runner ends the command."""
+        self.stops.append(signum)
+        self._cancel_for(signum)
+
+    def _cancel(self, reason: str) -> None:
+        """`reason`: an outcome's value, or the stop signal's word
+        (signals.stop_word), for the host's history."""
+        try:
+            os.write(self.to_fd, f"cancel {reason}\n".encode())
+        except OSError:
+            pass
+
+    def _cancel_for(self, signum: int) -> None:
+        self._cancel(signal.stop_word(signum) or Outcome.CANCELLED.value)
+
+    # ---------------------------------------------------------------- transfer
+
+    def _transfer(self) -> bool:
+        """Connection, handshake and work tree transfer: a wait of its own
+        kind, never counted as execution. A stop signal meanwhile (Ctrl-C, a
+        harness's SIGTERM) ends the transfer (its rsync is killed) and the
+        run: cancelled, with its result, as later. False if the run ended
+        here (its result is said)."""
+        result, clock, transport = self.result, self.clock, self.transport
+        self.waits().open("transfer", result.phases["submitted"] or clock.wall())
         preparing = [True]
 
         def stop_transfer(signum: int, frame: object) -> None:
-            stops.append(signum)
+            self.stops.append(signum)
             if preparing[0]:
                 preparing[0] = False
                 raise _Stopped
 
-        held = catch_stops(stop_transfer) if handle_sigint else {}
+        held = self._catch(stop_transfer)
         try:
-            if stops:  # one came while slotq started: the run it meant to stop is this one
+            if self.stops:  # one came while slotq started: the run it meant to stop is this one
                 raise _Stopped
-            transport.prepare(spec)
+            transport.prepare(self.spec)
             preparing[0] = False
         except WorkTreeError:
             preparing[0] = False
-            waits().finish(clock.wall())  # the transfer's wait ends here: the caller's error, said as one
+            self.waits().finish(clock.wall())  # the transfer's wait ends here: the caller's error, said as one
             raise
         except (HostUnavailable, _Stopped) as e:
             preparing[0] = False
             if isinstance(e, _Stopped):
                 result.outcome = Outcome.CANCELLED
-                result.message = (f"cancelled ({signal.stop_name(stops[0])}) before the run reached "
+                result.message = (f"cancelled ({signal.stop_name(self.stops[0])}) before the run reached "
                                   f"host {transport.host} (connecting, or sending the work tree); nothing ran")
             else:
                 result.message = str(e)
             result.phases["ended"] = clock.wall()
-            result.transfer_s = clock.monotonic() - queue_start
+            result.transfer_s = clock.monotonic() - self.queue_start
             result.transport = transport.describe()
-            waits().finish(clock.wall())
-            say(summary_line(result))
-            return result
+            self.waits().finish(clock.wall())
+            self.say(summary_line(result))
+            return False
         finally:
-            for sig, handler in held.items():
-                signal.signal(sig, handler)  # type: ignore[arg-type]
+            self._restore(held)
         result.phases["transferred"] = clock.wall()
-        result.transfer_s = clock.monotonic() - queue_start
+        result.transfer_s = clock.monotonic() - self.queue_start
         result.transport = transport.describe()
         for note in transport.notes():
             from ..records import printable
 
-            say(f"slotq: warning: {printable(note, 1000)}")
-        queue_start = clock.monotonic()
-        waits().close(clock.wall())
-    # The queue wait is recorded from its start, but written only once the
-    # host says the run must wait: an uncontended run (slot at once) costs
-    # no ledger write and no SQLite import.
-    queue_wall = clock.wall() if transport.remote else result.phases["submitted"] or clock.wall()
+            self.say(f"slotq: warning: {printable(note, 1000)}")
+        self.queue_start = clock.monotonic()
+        self.waits().close(clock.wall())
+        return True
 
-    def wait_closer() -> Callable[[float], None]:
-        """For a process of the run's host side that outlives us (a local
-        standby keeper): how it closes our queue wait. A recorder of its
-        own: the runner makes it in its thread, while ours may be making
-        `made[0]`."""
-        from .ledger import WaitRecorder
+    # ---------------------------------------------------------------- the stream
 
-        return WaitRecorder(run_id=spec.run_id, workdir=workdir, host=transport.host, path=ledger_path,
-                            warn=_silent).closer("queue")
-
-    transport.keep_wait_end(wait_closer)
-    if transport.came_back:
-        waits().adopt("queue")  # opened before this process waited away (transports/away.py)
-    to_fd, from_fd = transport.start(spec)
-    decoder = protocol.Decoder()
-    exited = False
-    seen: set[str] = set()  # event names seen so far
-
-    def cancel(reason: str) -> None:
-        """`reason`: an outcome's value, or the stop signal's word
-        (signals.stop_word), for the host's history."""
-        try:
-            os.write(to_fd, f"cancel {reason}\n".encode())
-        except OSError:
-            pass
-
-    def cancel_for(signum: int) -> None:
-        cancel(signal.stop_word(signum) or Outcome.CANCELLED.value)
-
-    old_handlers: dict[int, object] = {}
-    if handle_sigint:
-        # Ctrl-C, a polite SIGTERM (a CI job being stopped) and SIGHUP (the
-        # terminal closed) cancel the run and still deliver its result; the
-        # runner ends the command.
-        def stop_run(signum: int, frame: object) -> None:
-            stops.append(signum)
-            cancel_for(signum)
-
-        old_handlers = catch_stops(stop_run)
-        if stops:  # one came while slotq started, or after the transfer: it meant this run
-            cancel_for(stops[0])
-    sinks = {protocol.STDOUT: stdout_fd, protocol.STDERR: stderr_fd}
-    beat_at = INF  # when a quiet run refreshes its open queue wait
-    turned_down: SlotqError | None = None
-    try:
+    def _stream(self) -> None:
+        """Read the host's stream until it ends, keeping the watchdogs and
+        the quiet run's heartbeat; raises UsageError or StateDirError when
+        the host turned the request down."""
+        decoder = protocol.Decoder()
+        seen: set[str] = set()  # event names seen so far
+        self.sinks = {protocol.STDOUT: self.o.stdout_fd, protocol.STDERR: self.o.stderr_fd}
+        clock = self.clock
         while True:
-            deadline = min(dogs.next_deadline(), beat_at)
+            deadline = min(self.dogs.next_deadline(), self.beat_at)
             timeout = None if deadline == INF else max(0.0, deadline - clock.monotonic())
-            ready, _, _ = select.select([from_fd], [], [], timeout)
-            if clock.monotonic() >= beat_at:
-                made[0].heartbeat(clock.wall())
-                beat_at = clock.monotonic() + heartbeat_every
-            fired = dogs.expired()
-            if fired is Outcome.BACKSTOP:
-                result.outcome = Outcome.BACKSTOP
-                slot_at = result.phases["slot"]
-                result.message = (f"no result from host {transport.host} within budget + "
-                                  f"{backstop_margin:g}s after the slot was acquired"
-                                  + (f" (slot at {slot_at:.0f})" if slot_at else ""))
-                transport.kill()
-                break
-            if fired is Outcome.IDLE_TIMEOUT:
-                say(f"slotq: no output for {format_duration(idle or 0)}: stopping the command")
-                cancel(Outcome.IDLE_TIMEOUT.value)
+            ready, _, _ = select.select([self.from_fd], [], [], timeout)
+            if clock.monotonic() >= self.beat_at:
+                self.waits().heartbeat(clock.wall())
+                self.beat_at = clock.monotonic() + self.o.heartbeat_every
+            if self._watchdogs_fired():
+                return
             if not ready:
                 continue
-            data = os.read(from_fd, 65536)
+            data = os.read(self.from_fd, 65536)
             if not data:
-                break
+                return
             try:
                 frames = decoder.feed(data)
                 for kind, payload in frames:
                     if kind == protocol.EVENT:
                         _check_sequence(payload, seen)  # type: ignore[arg-type]
             except ProtocolError as e:
-                result.outcome = Outcome.UNAVAILABLE
-                result.message = f"host {transport.host}: {e}"
-                transport.kill()
-                break
+                self.result.outcome = Outcome.UNAVAILABLE
+                self.result.message = f"host {self.transport.host}: {e}"
+                self.transport.kill()
+                return
             for kind, payload in frames:
-                if kind in sinks:
-                    dogs.on_output()
-                    fd = sinks[kind]
-                    if fd < 0:
-                        continue
-                    try:
-                        _write_all(fd, payload)  # type: ignore[arg-type]
-                        if kind == protocol.STDOUT and payload:
-                            result.open_line = not payload.endswith(b"\n")  # type: ignore[union-attr]
-                    except OSError as e:
-                        # Our reader went away (`slotq run ... | head`): as in
-                        # a pipeline, the command's own stream closes (it gets
-                        # SIGPIPE/EPIPE and ends its own way); drop the rest.
-                        # Any other failure (a full disk) is not silent.
-                        sinks[kind] = -1
-                        if not isinstance(e, BrokenPipeError):
-                            name = "stdout" if kind == protocol.STDOUT else "stderr"
-                            _write_line(stderr_fd, f"slotq: warning: cannot write the command's {name} "
-                                                   f"({e.strerror or e}): the rest of it is dropped, and the "
-                                                   f"command's {name} is closed")
-                        try:
-                            os.write(to_fd, b"close stdout\n" if kind == protocol.STDOUT else b"close stderr\n")
-                        except OSError:
-                            pass
+                if kind in self.sinks:
+                    self._output(kind, payload)  # type: ignore[arg-type]
                 else:
-                    ev: dict[str, object] = payload  # type: ignore[assignment]
-                    if ev.get("event") == protocol.QUEUED:
-                        recorder = waits()
-                        if not recorder.opened:
-                            recorder.open("queue", queue_wall)
-                        recorder.heartbeat(clock.wall())
-                        if spec.quiet and recorder.opened:
-                            # Far back in a local one-slot line, the host's
-                            # standby keeper closes the record if we die:
-                            # nothing to refresh, no wake-up until our turn.
-                            kept = ev.get("wait_kept") is True and not transport.remote
-                            beat_at = INF if kept else clock.monotonic() + heartbeat_every
-                    elif ev.get("event") == protocol.AWAY:  # wait away as a shell (host/away.py), if we can
-                        if made and made[0].opened:
-                            transport.go_away(ev, recorder=made[0], stops=stops)  # returns only if we stay
-                        _write_line(to_fd, "stay")
-                    elif ev.get("event") == protocol.SLOT:
-                        now = clock.wall()
-                        end = _wait_end(ev, queue_wall, now, transport.remote)
-                        if made:
-                            made[0].close(end)
-                        beat_at = INF
-                        result.queue_s = max(0.0, clock.monotonic() - queue_start - (now - end))
-                    exited = _on_event(ev, result, dogs, say, spec, live) or exited
-    except (UsageError, StateDirError) as e:
-        turned_down = e
-    finally:
-        for sig, handler in old_handlers.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
+                    self._event(payload)  # type: ignore[arg-type]
+
+    def _watchdogs_fired(self) -> bool:
+        """The backstop (True: the run is over) or the idle watchdog."""
+        fired = self.dogs.expired()
+        if fired is Outcome.BACKSTOP:
+            result = self.result
+            result.outcome = Outcome.BACKSTOP
+            slot_at = result.phases["slot"]
+            result.message = (f"no result from host {self.transport.host} within budget + "
+                              f"{self.o.backstop_margin:g}s after the slot was acquired"
+                              + (f" (slot at {slot_at:.0f})" if slot_at else ""))
+            self.transport.kill()
+            return True
+        if fired is Outcome.IDLE_TIMEOUT:
+            self.say(f"slotq: no output for {format_duration(self.o.idle or 0)}: stopping the command")
+            self._cancel(Outcome.IDLE_TIMEOUT.value)
+        return False
+
+    def _output(self, kind: bytes, payload: bytes) -> None:
+        """The command's output, byte-exact, to our own stream."""
+        self.dogs.on_output()
+        fd = self.sinks[kind]
+        if fd < 0:
+            return
         try:
-            os.close(to_fd)
+            _write_all(fd, payload)
+            if kind == protocol.STDOUT and payload:
+                self.result.open_line = not payload.endswith(b"\n")
+        except OSError as e:
+            # Our reader went away (`slotq run ... | head`): as in a
+            # pipeline, the command's own stream closes (it gets
+            # SIGPIPE/EPIPE and ends its own way); drop the rest. Any other
+            # failure (a full disk) is not silent.
+            self.sinks[kind] = -1
+            if not isinstance(e, BrokenPipeError):
+                name = "stdout" if kind == protocol.STDOUT else "stderr"
+                _write_line(self.o.stderr_fd, f"slotq: warning: cannot write the command's {name} "
+                                              f"({e.strerror or e}): the rest of it is dropped, and the "
+                                              f"command's {name} is closed")
+            try:
+                os.write(self.to_fd, b"close stdout\n" if kind == protocol.STDOUT else b"close stderr\n")
+            except OSError:
+                pass
+
+    def _event(self, ev: dict[str, object]) -> None:
+        """An event of the host's: the wait's record first, then the
+        result and the status lines (_on_event)."""
+        clock, name = self.clock, ev.get("event")
+        if name == protocol.QUEUED:
+            recorder = self.waits()
+            if not recorder.opened:
+                recorder.open("queue", self.queue_wall)
+            recorder.heartbeat(clock.wall())
+            if self.spec.quiet and recorder.opened:
+                # Far back in a local one-slot line, the host's standby
+                # keeper closes the record if we die: nothing to refresh, no
+                # wake-up until our turn.
+                kept = ev.get("wait_kept") is True and not self.transport.remote
+                self.beat_at = INF if kept else clock.monotonic() + self.o.heartbeat_every
+        elif name == protocol.AWAY:  # wait away as a shell (host/away.py), if we can
+            if self._recorder is not None and self._recorder.opened:
+                self.transport.go_away(ev, recorder=self._recorder, stops=self.stops)  # returns only if we stay
+            _write_line(self.to_fd, "stay")
+        elif name == protocol.SLOT:
+            now = clock.wall()
+            end = _wait_end(ev, self.queue_wall, now, self.transport.remote)
+            if self._recorder is not None:
+                self._recorder.close(end)
+            self.beat_at = INF
+            self.result.queue_s = max(0.0, clock.monotonic() - self.queue_start - (now - end))
+        self.exited = _on_event(ev, self.result, self.dogs, self.say, self.spec, self.o.live) or self.exited
+
+    def _close_stream(self) -> None:
+        try:
+            os.close(self.to_fd)
         except OSError:
             pass
-        os.close(from_fd)
-    if turned_down is not None:
-        # The host turned the request down (a bad class or partition, Slurm
-        # refusing the job, an unusable state dir) and its side is over: the
-        # transport still ends its part, as after any run -- Slurm's sentinel
-        # is told `done` (else it took our exit for a vanished caller and
-        # wrote that in the history) -- and an open wait ends now.
-        if made:
-            made[0].finish(clock.wall())
-        transport.wait()
-        raise turned_down
-    if made:
-        made[0].finish(clock.wall())  # a run that ended without a slot: its wait ends now
-    if result.queue_s is None:
-        result.queue_s = clock.monotonic() - queue_start
-    diagnostics = transport.wait()
-    if not exited and result.outcome is Outcome.UNAVAILABLE and not result.message:
-        result.message = f"host runner on {transport.host} ended without a result"
-        if diagnostics:
-            result.message += f": {diagnostics.strip().splitlines()[-1]}"
-        note = transport.after_loss(spec.run_id)
-        if note:
-            result.message += f"; on the host, {note}"
-    if result.phases["ended"] is None:
-        result.phases["ended"] = clock.wall()
-    if result.outcome is Outcome.IDLE_TIMEOUT and idle is not None:
-        # The watchdog is ours (the host only heard "stop"): say what it saw.
-        result.message = f"no output for {format_duration(idle)} after the command started (--idle): stopped"
-    elif (result.outcome is Outcome.CANCELLED and stops and exited and "cancelled by slotq cancel" not in result.message
-          and f"({signal.stop_name(stops[0])}" not in result.message):
-        # Our cancel, for a stop signal, from a host that did not name it
-        # (an older slotq there, of the same protocol): which, and when.
-        name = signal.stop_name(stops[0])
-        phase = (WHILE_RUNNING if result.phases["started"] else WHILE_PREPARING if result.phases["slot"]
-                 else WHILE_WAITING)
-        result.message = f"cancelled ({name}) {phase}"
-    say(summary_line(result))
-    return result
+        os.close(self.from_fd)
+
+    # ---------------------------------------------------------------- verdict
+
+    def _verdict(self, diagnostics: str | None) -> None:
+        """What the result says, once the host's side is over: the one
+        place that words an outcome the stream left unsaid."""
+        result, transport = self.result, self.transport
+        if not self.exited and result.outcome is Outcome.UNAVAILABLE and not result.message:
+            result.message = f"host runner on {transport.host} ended without a result"
+            if diagnostics:
+                result.message += f": {diagnostics.strip().splitlines()[-1]}"
+            note = transport.after_loss(self.spec.run_id)
+            if note:
+                result.message += f"; on the host, {note}"
+        if result.phases["ended"] is None:
+            result.phases["ended"] = self.clock.wall()
+        stops = self.stops
+        if result.outcome is Outcome.IDLE_TIMEOUT and self.o.idle is not None:
+            # The watchdog is ours (the host only heard "stop"): say what it saw.
+            result.message = (f"no output for {format_duration(self.o.idle)} after the command started (--idle): "
+                              "stopped")
+        elif (result.outcome is Outcome.CANCELLED and stops and self.exited
+              and "cancelled by slotq cancel" not in result.message
+              and f"({signal.stop_name(stops[0])}" not in result.message):
+            # Our cancel, for a stop signal, from a host that did not name it
+            # (an older slotq there, of the same protocol): which, and when.
+            phase = (WHILE_RUNNING if result.phases["started"] else WHILE_PREPARING if result.phases["slot"]
+                     else WHILE_WAITING)
+            result.message = f"cancelled ({signal.stop_name(stops[0])}) {phase}"
 
 
 # Outcomes that say the command ran: never believed unless the host showed
