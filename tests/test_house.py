@@ -18,7 +18,6 @@ MAX_PARAMS = 8
 # "module:function": (lines, parameters) as they are, to come down.
 KNOWN = {
     "host/process.py:_keeper": (223, 20),
-    "host/runner.py:_queue": (128, 2),
     "host/process.py:spawn": (99, 18),
     "transports/slurm.py:run": (89, 1),
     "report.py:build": (82, 4),

@@ -197,13 +197,64 @@ class HostRunner:
 
     def _queue(self, pool: str) -> SlotLease | tuple[Child, dict[int, bytes]]:
         """Wait for a slot: a lease, or a standby keeper that has got the
-        slot and started the command (with its output streams)."""
+        slot and started the command (with its output streams). Each turn:
+        give up at --max-wait, report, offer to wait away, hand the wait
+        to a standby keeper, then sleep until something happens (_woken)."""
+        waiter, start = self._join_line(pool)
         spec = self.spec
+        self._standby: tuple[Child, dict[int, bytes]] | None = None
+        # A one-slot line waits in the kernel, like flock(1): each waiter's
+        # keeper, forked at once, waits for the tickets ahead to go, then
+        # for the slot, and starts the command the moment the slot is
+        # released. A hand-over then wakes one keeper and forks nothing.
+        self._by_keeper = waiter.slot_count == 1 and not spec.prepare
+        # Its keeper can close the caller's wait record if the caller dies
+        # (a local run): a quiet caller far back then sleeps without a
+        # single wake-up until its turn.
+        self._keeps_wait = self._by_keeper and self.wait_closer is not None
+        # Waiting has no limit unless the caller sets one (--max-wait): a
+        # policy with its own outcome, never a timeout.
+        give_up = start + spec.max_wait if spec.max_wait is not None else INF
+        self._next_report = start
+        self._next_heal = start + 1.0  # a head that gets its slot within a second never looks
+        try:
+            lease = waiter.attempt(watch=not self._by_keeper)
+            if lease is None:
+                self.link.listen_for_cancel()
+            while lease is None:
+                standby = self._standby
+                if standby is not None and standby[0].started is not None:
+                    return standby
+                now = self.clock.monotonic()
+                if now >= give_up:
+                    raise _Ended(Outcome.NOT_ADMITTED, self._stop_standby(standby) if standby else None,
+                                 self._not_admitted(waiter, pool, now - start))
+                if now >= self._next_report:
+                    self._report_turn(waiter, pool, start, now)
+                if standby is None and self._keeps_wait and self.may_go_away and spec.quiet and not waiter.is_head:
+                    self.may_go_away = False  # one look: a run that stays, stays
+                    self._offer_away(waiter, None if give_up == INF else give_up - now)
+                if standby is None and self._by_keeper and not self._stand_by(waiter, pool, now - start):
+                    lease = waiter.attempt()  # no keeper to be had: we wait for the slot ourselves
+                    continue
+                woken = self._woken(waiter, pool, now, give_up)
+                if woken is not None:
+                    return woken
+                if self._standby is None:
+                    lease = self._look_again(waiter, pool)
+        except BaseException:
+            waiter.withdraw()
+            raise
+        return lease
+
+    def _join_line(self, pool: str) -> tuple[Waiter, float]:
+        """Our waiter (with the ticket taken before us, if any), and when
+        our wait began on the monotonic clock."""
         reserved, self._reserved = self._reserved, None
         since = reserved.info["since"] if reserved is not None else None
         now_wall = since if isinstance(since, float) else self.clock.wall()
         self.phases["submitted"] = now_wall
-        info = reserved.info if reserved is not None else run_info(spec, self.config, now_wall)
+        info = reserved.info if reserved is not None else run_info(self.spec, self.config, now_wall)
         in_line, self._in_line = self._in_line, None
         if in_line is not None and in_line.pool != pool:
             in_line.close()  # (cannot happen: the same config chose both)
@@ -213,115 +264,97 @@ class HostRunner:
         start = self.clock.monotonic()
         if self.came_back:
             start -= max(0.0, self.clock.wall() - now_wall)  # in line since then (--max-wait counts from there)
-        next_report = start
-        standby: tuple[Child, dict[int, bytes]] | None = None
-        # A one-slot line waits in the kernel, like flock(1): each waiter's
-        # keeper, forked at once, waits for the tickets ahead to go, then
-        # for the slot, and starts the command the moment the slot is
-        # released. A hand-over then wakes one keeper and forks nothing.
-        by_keeper = waiter.slot_count == 1 and not spec.prepare
-        # Its keeper can close the caller's wait record if the caller dies
-        # (a local run): a quiet caller far back then sleeps without a
-        # single wake-up until its turn.
-        keeps_wait = by_keeper and self.wait_closer is not None
-        # Waiting has no limit unless the caller sets one (--max-wait): a
-        # policy with its own outcome, never a timeout.
-        give_up = start + spec.max_wait if spec.max_wait is not None else INF
-        self._next_heal = start + 1.0  # a head that gets its slot within a second never looks
+        return waiter, start
+
+    def _report_turn(self, waiter: Waiter, pool: str, start: float, now: float) -> None:
+        """A report period is up: say where we are (the head, or anyone not
+        quiet), or once that we wait (a quiet run far back)."""
+        spec, standby = self.spec, self._standby
+        first = self._next_report == start
+        if first:
+            # We have time now; the hand-over will not. From here on this run
+            # reads other users' records, the history and its reports with
+            # the C JSON scanner.
+            preload_for_start()
+            load_scanner()
+        # A quiet caller shows none of them: only the head reports, for its
+        # reports end orphaned holders. Far back, the run says once that it
+        # waits (the caller opens its wait record), without looking at the
+        # line, and sleeps in the kernel until its turn, at no CPU.
+        at_head = standby[0].at_head if standby is not None else waiter.is_head
+        if spec.quiet and not at_head:
+            self.link.event(protocol.QUEUED, waited_s=round(now - start, 3), pool=pool,
+                            **({"wait_kept": True} if self._keeps_wait and standby is None else {}))
+        else:
+            self._report(waiter, pool, now - start, with_eta=not first and not spec.quiet)
+        self._next_report = now + spec.report_every if not spec.quiet or at_head else INF
+
+    def _stand_by(self, waiter: Waiter, pool: str, waited: float) -> bool:
+        """Hand the wait to a standby keeper (after the first report: what
+        that loads and touches is then shared with the keeper, not copied,
+        about 1 MB less for each of the two). False if no process could be
+        had (EAGAIN, ENOMEM): our ticket is still ours, and we wait."""
+        waiter.stand_down()  # one waiter for the slot, not two (they would deadlock)
         try:
-            lease = waiter.attempt(watch=not by_keeper)
-            if lease is None:
-                self.link.listen_for_cancel()
-            while lease is None:
-                if standby is not None and standby[0].started is not None:
-                    return standby
-                now = self.clock.monotonic()
-                if now >= give_up:
-                    raise _Ended(Outcome.NOT_ADMITTED, self._stop_standby(standby) if standby else None,
-                                 self._not_admitted(waiter, pool, now - start))
-                if now >= next_report:
-                    first = next_report == start
-                    if first:
-                        # We have time now; the hand-over will not. From here
-                        # on this run reads other users' records, the history
-                        # and its reports with the C JSON scanner.
-                        preload_for_start()
-                        load_scanner()
-                    # A quiet caller shows none of them: only the head
-                    # reports, for its reports end orphaned holders. Far
-                    # back, the run says once that it waits (the caller
-                    # opens its wait record), without looking at the line,
-                    # and sleeps in the kernel until its turn, at no CPU.
-                    at_head = standby[0].at_head if standby is not None else waiter.is_head
-                    if spec.quiet and not at_head:
-                        self.link.event(protocol.QUEUED, waited_s=round(now - start, 3), pool=pool,
-                                        **({"wait_kept": True} if keeps_wait and standby is None else {}))
-                    else:
-                        self._report(waiter, pool, now - start, with_eta=not first and not spec.quiet)
-                    next_report = now + spec.report_every if not spec.quiet or at_head else INF
-                if standby is None and keeps_wait and self.may_go_away and spec.quiet and not waiter.is_head:
-                    self.may_go_away = False  # one look: a run that stays, stays
-                    self._offer_away(waiter, None if give_up == INF else give_up - now)
-                if standby is None and by_keeper:
-                    # After the first report: what that loads and touches is
-                    # then shared with the keeper, not copied (about 1 MB
-                    # less for each of the two).
-                    waiter.stand_down()  # one waiter for the slot, not two (they would deadlock)
-                    try:
-                        standby = self.launch.start(spec.argv, None, last=True, wait_for=waiter.slot_paths()[0],
+            self._standby = self.launch.start(self.spec.argv, None, last=True, wait_for=waiter.slot_paths()[0],
                                               ticket=waiter.ticket,
                                               wait_end=self.wait_closer() if self.wait_closer else None)
-                    except OSError:
-                        # No process to spare (EAGAIN, ENOMEM): our ticket is
-                        # still ours; wait for the slot ourselves.
-                        if keeps_wait and spec.quiet:  # the caller refreshes its wait record after all
-                            self.link.event(protocol.QUEUED, waited_s=round(now - start, 3), pool=pool,
-                                            wait_kept=False)
-                        by_keeper = keeps_wait = False
-                        lease = waiter.attempt()
-                        continue
-                fds = self.link.fds()
-                if standby is not None:
-                    fds.append(standby[0].done_fd)
-                elif waiter.fileno() >= 0:
-                    fds.append(waiter.fileno())
-                until = next_report - now if standby is not None else min(next_report - now, waiter.wait_timeout())
-                timeout = max(0.0, min(until, give_up - now))
-                ready, _, _ = select.select(fds, [], [], None if timeout == INF else timeout)
-                if standby is not None and standby[0].done_fd in ready and standby[0].on_readable():
-                    # The keeper ended without a report: killed (OOM, a
-                    # stray kill). If it had started the command just now,
-                    # that is ended too; the run is `unavailable` either way.
-                    child = standby[0]
-                    if child.started is None and child.end is not None and child.end.setup_error:
-                        raise _Ended(Outcome.UNAVAILABLE, None,
-                                     f"slotq could not set the command up on host {self.host}: "
-                                     f"{child.end.setup_error}; nothing ran")
-                    if child.started is None:
-                        self._end_lost(child)
-                        raise _Ended(Outcome.UNAVAILABLE, None, self._lost_message)
-                    return standby
-                if next_report == INF and standby is not None and standby[0].at_head:
-                    next_report = self.clock.monotonic()  # quiet, and the head for a report period now
-                ended = self.link.check(ready)
-                if ended is not None:
-                    end = None
-                    if standby is not None:
-                        end = self._stop_standby(standby)
-                    raise _Ended(ended, end)
-                if standby is None:
-                    lease = waiter.attempt()
-                    if next_report == INF and waiter.is_head:
-                        next_report = self.clock.monotonic() + spec.report_every  # quiet, now the head
-                    if lease is None and waiter.is_head and self.clock.monotonic() >= self._next_heal:
-                        # Woken and still no slot: was it a holder's death? At
-                        # most once a second (a line of hundreds wakes the head
-                        # often); the status reports look too.
-                        self._next_heal = self.clock.monotonic() + 1.0
-                        self._heal(pool, waiter.slot_count)
-        except BaseException:
-            waiter.withdraw()
-            raise
+            return True
+        except OSError:
+            if self._keeps_wait and self.spec.quiet:  # the caller refreshes its wait record after all
+                self.link.event(protocol.QUEUED, waited_s=round(waited, 3), pool=pool, wait_kept=False)
+            self._by_keeper = self._keeps_wait = False
+            return False
+
+    def _woken(self, waiter: Waiter, pool: str, now: float,
+               give_up: float) -> tuple[Child, dict[int, bytes]] | None:
+        """Sleep until the caller, our keeper or the line wakes us (or the
+        next report is due). The standby, if its keeper ended without a
+        report after starting the command; raises _Ended for a run that
+        ends here."""
+        standby = self._standby
+        fds = self.link.fds()
+        if standby is not None:
+            fds.append(standby[0].done_fd)
+        elif waiter.fileno() >= 0:
+            fds.append(waiter.fileno())
+        until = self._next_report - now if standby is not None else min(self._next_report - now,
+                                                                         waiter.wait_timeout())
+        timeout = max(0.0, min(until, give_up - now))
+        ready, _, _ = select.select(fds, [], [], None if timeout == INF else timeout)
+        if standby is not None and standby[0].done_fd in ready and standby[0].on_readable():
+            return self._keeper_ended(standby)
+        if self._next_report == INF and standby is not None and standby[0].at_head:
+            self._next_report = self.clock.monotonic()  # quiet, and the head for a report period now
+        ended = self.link.check(ready)
+        if ended is not None:
+            raise _Ended(ended, self._stop_standby(standby) if standby is not None else None)
+        return None
+
+    def _keeper_ended(self, standby: tuple[Child, dict[int, bytes]]) -> tuple[Child, dict[int, bytes]]:
+        """The keeper ended without a report: killed (OOM, a stray kill). If
+        it had started the command just now, that is ended too; the run is
+        `unavailable` either way."""
+        child = standby[0]
+        if child.started is None and child.end is not None and child.end.setup_error:
+            raise _Ended(Outcome.UNAVAILABLE, None,
+                         f"slotq could not set the command up on host {self.host}: "
+                         f"{child.end.setup_error}; nothing ran")
+        if child.started is None:
+            self._end_lost(child)
+            raise _Ended(Outcome.UNAVAILABLE, None, self._lost_message)
+        return standby
+
+    def _look_again(self, waiter: Waiter, pool: str) -> SlotLease | None:
+        """Woken, waiting ourselves: try for the slot; at the head and still
+        without one, look for a holder's death at most once a second (a
+        line of hundreds wakes the head often; the status reports look too)."""
+        lease = waiter.attempt()
+        if self._next_report == INF and waiter.is_head:
+            self._next_report = self.clock.monotonic() + self.spec.report_every  # quiet, now the head
+        if lease is None and waiter.is_head and self.clock.monotonic() >= self._next_heal:
+            self._next_heal = self.clock.monotonic() + 1.0
+            self._heal(pool, waiter.slot_count)
         return lease
 
     def _offer_away(self, waiter: Waiter, max_wait_left: float | None) -> None:
