@@ -20,7 +20,6 @@ KNOWN = {
     "host/process.py:_keeper": (223, 20),
     "host/process.py:spawn": (99, 18),
     "transports/slurm.py:run": (89, 1),
-    "report.py:build": (82, 4),
     # Records built whole, and the public call (its keyword arguments are
     # the API; it passes them on as one CallOptions).
     "client/caller.py:run": (37, 13),

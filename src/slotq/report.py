@@ -92,27 +92,38 @@ def build(runs: list[dict[str, object]], since: float, until: float, host: str) 
             ran[lane_name] = ran.get(lane_name, 0.0) + busy
         counts: dict[str, int] = p["outcomes"]  # type: ignore[assignment]
         counts[outcome] = counts.get(outcome, 0) + 1
+    return {"host": host, "since": since, "until": until, "lanes": lanes, "users": users, "labels": labels,
+            "outcomes": outcomes, "colors": [OUTCOME_COLORS.get(o, "#000") for o in outcomes], "runs": rows,
+            "queue": _queue_curve(queue_events, since), "summary": _summary(per_pool, since, until)}
+
+
+def _queue_curve(events: list[tuple[float, int]], since: float) -> list[list[int]]:
+    """How many waited, as [tenths of a second from `since`, depth] at each
+    change (one point per tenth)."""
     queue: list[list[int]] = []
     depth = 0
-    for at, step in sorted(queue_events):
+    for at, step in sorted(events):
         depth += step
         point = [int(round((at - since) * 10)), depth]
         if queue and queue[-1][0] == point[0]:
             queue[-1] = point
         else:
             queue.append(point)
+    return queue
+
+
+def _summary(per_pool: dict[str, dict[str, object]], since: float, until: float) -> list[dict[str, object]]:
+    """Per pool: runs, wait percentiles, each slot's utilisation, outcomes."""
     span = max(until - since, 1e-9)
     summary = []
     for pool, p in sorted(per_pool.items()):
         waits: list[float] = p["waits"]  # type: ignore[assignment]
-        ran = p["ran"]  # type: ignore[assignment]
+        ran: dict[str, float] = p["ran"]  # type: ignore[assignment]
         summary.append({"pool": pool, "runs": p["runs"],
                         "wait_p50_s": _pct(waits, 0.5), "wait_p95_s": _pct(waits, 0.95),
                         "utilisation": {slot: round(busy / span, 4) for slot, busy in sorted(ran.items())},
                         "outcomes": dict(sorted(p["outcomes"].items()))})  # type: ignore[attr-defined]
-    return {"host": host, "since": since, "until": until, "lanes": lanes, "users": users, "labels": labels,
-            "outcomes": outcomes, "colors": [OUTCOME_COLORS.get(o, "#000") for o in outcomes], "runs": rows,
-            "queue": queue, "summary": summary}
+    return summary
 
 
 def _lanes(runs: list[dict[str, object]]) -> list[str]:
