@@ -19,7 +19,6 @@ MAX_PARAMS = 8
 KNOWN = {
     "host/process.py:_keeper": (223, 20),
     "host/process.py:spawn": (99, 18),
-    "transports/slurm.py:run": (89, 1),
     # Records built whole, and the public call (its keyword arguments are
     # the API; it passes them on as one CallOptions).
     "client/caller.py:run": (37, 13),

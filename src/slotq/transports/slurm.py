@@ -281,16 +281,7 @@ class _Relay:
                 if not to_srun and ctl_closed:
                     srun.stdin.close()
                     sin = -1
-            if self.pending_since is not None and not self.node_live and time.monotonic() >= next_report:
-                self.report()
-                next_report = time.monotonic() + self.spec.report_every
-            if self.pending_since is not None and not self.node_live and self.cancel_reason is None \
-                    and time.monotonic() >= self.give_up:
-                # --max-wait in Slurm's line: the pending job is the place.
-                self.waited_pending = time.monotonic() - self.pending_since
-                self.cancel_reason = "not_admitted"
-                self.give_up = INF
-                self.t._scancel()
+            next_report = self._pending(next_report)
             for fd in ready:
                 data = os.read(fd, 65536)
                 if fd == out:
@@ -327,13 +318,7 @@ class _Relay:
                     elif self.node_live or not data.startswith(b"cancel"):
                         to_srun += data  # for the node's runner (`close stdout` comes only once it runs)
                     else:
-                        # Nothing runs yet: the cancel is Slurm's to do.
-                        reason = data.decode("ascii", "replace").split("\n")[0].removeprefix("cancel ").strip()
-                        self.cancel_reason = reason if reason in ("cancelled", "idle_timeout") else "cancelled"
-                        name = signal.word_name(reason)
-                        if name is not None:
-                            self.cancelled = f"cancelled ({name})"
-                        self.t._scancel()
+                        self._cancel_pending(data)
         srun.wait()
         if sin >= 0:
             try:
@@ -344,6 +329,30 @@ class _Relay:
             self.release()
         if not self.ended:
             self.conclude(srun.returncode)
+
+    def _pending(self, next_report: float) -> float:
+        """While the job waits in Slurm's line: report when due, and give up
+        at --max-wait (the pending job is the place). The next report's time."""
+        if self.pending_since is None or self.node_live:
+            return next_report
+        if time.monotonic() >= next_report:
+            self.report()
+            next_report = time.monotonic() + self.spec.report_every
+        if self.cancel_reason is None and not self.node_live and time.monotonic() >= self.give_up:
+            self.waited_pending = time.monotonic() - self.pending_since
+            self.cancel_reason = "not_admitted"
+            self.give_up = INF
+            self.t._scancel()
+        return next_report
+
+    def _cancel_pending(self, data: bytes) -> None:
+        """The client's cancel while nothing runs yet: Slurm's to do."""
+        reason = data.decode("ascii", "replace").split("\n")[0].removeprefix("cancel ").strip()
+        self.cancel_reason = reason if reason in ("cancelled", "idle_timeout") else "cancelled"
+        name = signal.word_name(reason)
+        if name is not None:
+            self.cancelled = f"cancelled ({name})"
+        self.t._scancel()
 
     def forward(self, frames: list[tuple[bytes, bytes | dict[str, object]]]) -> None:
         out = bytearray()
