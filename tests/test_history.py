@@ -458,3 +458,25 @@ def test_a_window_query_over_200k_runs_takes_milliseconds(state_dir: Path, tmp_p
         assert 80 <= len(got) <= 100, len(got)  # one hour of a run every ~39 s
     index.close()
     assert statistics.median(times) < 0.05, times
+
+
+@pytest.mark.timeout(60)
+def test_a_slurm_relays_line_is_shown_whichever_of_it_and_its_nodes_came_last(
+        state_dir: Path, tmp_path: Path) -> None:
+    # Under load, a node's runner stopped by Slurm's cancel wrote its line
+    # after the relay's, and history showed the node's word ("SIGTERM to the
+    # host runner") instead of the relay's ("Ctrl-C").
+    state_dir.mkdir()
+    now = time.time()
+    relay = record(1, now, message="cancelled (Ctrl-C) while the command ran", relay=True)
+    node = record(1, now + 0.5, message="cancelled (SIGTERM to the host runner) while the command ran")
+    for first, second in ((relay, node), (node, relay)):
+        shutil.rmtree(state_dir, ignore_errors=True)
+        state_dir.mkdir()
+        history.append(str(state_dir), first)
+        history.append(str(state_dir), second)
+        index = Index(str(state_dir), 180 * DAY, path=str(tmp_path / f"idx-{id(first)}.sqlite"))
+        index.catch_up()
+        assert [r["message"] for r in index.query()] == [relay["message"]]
+        index.close()
+        assert [r["message"] for r in history.once_each(history.recent(str(state_dir), 10))] == [relay["message"]]

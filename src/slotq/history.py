@@ -301,7 +301,11 @@ def once_each(records: list[dict[str, object]]) -> list[dict[str, object]]:
     def key(r: dict[str, object]) -> tuple[object, object]:
         return r.get("run_id"), r.get("recorded_by")  # another user's line never hides the run's own
 
-    later = {key(r): i for i, r in enumerate(records) if r.get("run_id") is not None}
+    later: dict[tuple[object, object], int] = {}
+    for i, r in enumerate(records):
+        k = key(r)
+        if r.get("run_id") is not None and (r.get("relay") or not records[later.get(k, i)].get("relay")):
+            later[k] = i  # a relay's line is never replaced by its node's
     return [r for i, r in enumerate(records) if r.get("run_id") is None or later[key(r)] == i]
 
 
@@ -396,6 +400,8 @@ def clean_record(rec: dict[str, object]) -> dict[str, object]:
     code = out.get("exit_code")
     # An exit status or a negative signal number: 32 bits at most (a longer
     # one would not fit the index's SQLite INTEGER).
+    if out.get("relay") is not True:  # a Slurm relay's line (transports/slurm.py) says so; no other
+        out.pop("relay", None)
     out["exit_code"] = code if isinstance(code, int) and not isinstance(code, bool) and -(1 << 31) <= code < 1 << 31 \
         else None
     raw = out.get("phases")

@@ -38,6 +38,7 @@ CREATE TABLE IF NOT EXISTS runs (
     submitted REAL, slot_at REAL, prepared REAL, started REAL, ended REAL NOT NULL,
     waited_s  REAL, ran_s REAL,
     recorded_by TEXT,                -- who wrote the line, where not the run's own user (its file's owner)
+    relay     INTEGER,               -- 1: a Slurm relay's line, which a node's line never replaces
     first     REAL NOT NULL,         -- its earliest phase: the run spans [first, ended]
     src       TEXT NOT NULL          -- the file its line was read from (files.name)
 );
@@ -51,8 +52,8 @@ CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT);
 """
 
 COLUMNS = ("run_id", "user", "label", "class", "pool", "slot", "host", "outcome", "blame", "exit_code", "message",
-           "submitted", "slot_at", "prepared", "started", "ended", "waited_s", "ran_s", "recorded_by")
-SCHEMA_VERSION = "4"  # the index is a cache: another version is dropped and rebuilt
+           "submitted", "slot_at", "prepared", "started", "ended", "waited_s", "ran_s", "recorded_by", "relay")
+SCHEMA_VERSION = "5"  # the index is a cache: another version is dropped and rebuilt
 HEAD = 256  # a file's first bytes: a spool emptied and refilled has other ones
 CHUNK = 8 << 20  # read at most this much of a file per step
 # At most this much of one file is read in one catch-up; a file with more
@@ -216,8 +217,13 @@ class Index:
         far is kept, so a window query scans only the runs that can reach it."""
         if rows:
             marks = ", ".join("?" * (len(COLUMNS) + 3))
-            self.db.executemany(f"INSERT OR REPLACE INTO runs (key, {', '.join(_q(c) for c in COLUMNS)}, first, "
-                                f"src) VALUES ({marks})", rows)
+            cols = [*map(_q, COLUMNS), "first", "src"]
+            # The later line of a run replaces the earlier, except that a
+            # Slurm relay's (it knows how Slurm ended the job) is never
+            # replaced by its node's, whichever was written last.
+            self.db.executemany(f"INSERT INTO runs (key, {', '.join(cols)}) VALUES ({marks}) ON CONFLICT(key) DO "
+                                f"UPDATE SET {', '.join(f'{c} = excluded.{c}' for c in cols)} "
+                                "WHERE runs.relay IS NULL OR excluded.relay IS NOT NULL", rows)
             end = COLUMNS.index("ended") + 1
             longest = max(float(r[end]) - float(r[-2]) for r in rows)  # type: ignore[arg-type]
             if longest > self._longest():
@@ -304,6 +310,7 @@ def _run(row: dict[str, object]) -> dict[str, object]:
     """A row in the vocabulary of `run --json`: phases nested."""
     phases = {"submitted": row.pop("submitted"), "slot": row.pop("slot_at"), "prepared": row.pop("prepared"),
               "started": row.pop("started"), "ended": row.pop("ended")}
+    row.pop("relay", None)
     if row.get("recorded_by") is None:
         row.pop("recorded_by", None)
     return {**row, "phases": phases}

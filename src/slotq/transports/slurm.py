@@ -543,8 +543,9 @@ class _Relay:
         node's runner wrote none (the job never reached it, or it was
         killed), or wrote the one it saw before Slurm's cancel was known.
         Into this user's state dir (the node's runner writes into the
-        same path: one place when home is shared); the later line of a run
-        is the one `slotq history` shows. Never a failure of the run."""
+        same path: one place when home is shared); `slotq history` shows
+        this line, marked `relay`, whichever of the two was written last.
+        Never a failure of the run."""
         from ..config import state_dir_from_env
         from ..history import append, run_record
         from ..host.hostqueue import ensure_state_dir
@@ -560,11 +561,12 @@ class _Relay:
         try:
             state_dir = state_dir_from_env()
             ensure_state_dir(state_dir)
-            append(state_dir, run_record(
+            line = run_record(
                 run_id=self.spec.run_id, label=self.spec.label, cls=self.spec.cls, host=self.t.node or "slurm",
                 outcome=str(ev.get("outcome")), exit_code=code if isinstance(code, int) else None,
                 message=str(ev.get("message") or ""), phases=phases, pool=self.spec.cls,
-                slot=f"slurm job {job}" if job and self.allocated_at is not None else None))
+                slot=f"slurm job {job}" if job and self.allocated_at is not None else None)
+            append(state_dir, dict(line, relay=True))  # never replaced by the node's, written first or last
         except Exception:  # (a state dir that cannot be used: the run's result is what matters)
             pass
 
