@@ -548,7 +548,7 @@ def test_a_socket_squatting_a_waiting_runs_name_first_does_not_stop_its_cancel(w
                 "            try:\n                s.bind(name); s.listen(1); socks.append(s)\n"
                 "            except OSError:\n                pass\n"
                 "        print(run_id, flush=True)\n"
-                "    time.sleep(0.001)\n"
+                "    time.sleep(0.001)\n"  # sleep-ok: B's own polling pace, in its script, not a wait of the test
                 "sys.stdin.read()\n")
     with w.by_hand(w.b, squatter) as squat:
         waiter = w.popen(w.a, "run", "-q", "--", "true")
