@@ -7,7 +7,7 @@ import os
 import pytest
 
 from slotq import protocol
-from slotq.client.caller import BACKSTOP_MARGIN, Watchdogs
+from slotq.client.watchdogs import BACKSTOP_MARGIN, Watchdogs
 from slotq.clock import FakeClock
 from slotq.config import HostConfig
 from slotq.durations import format_duration, parse_duration

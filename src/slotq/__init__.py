@@ -22,7 +22,7 @@ _EXPORTS = {
     "Credit": "slotq.client.ledger",
     "run_task": "slotq.client.task",
     "TaskResult": "slotq.client.task",
-    "RunResult": "slotq.client.caller",
+    "RunResult": "slotq.client.result",
     "run": "slotq.client.caller",
     "Clock": "slotq.clock",
     "FakeClock": "slotq.clock",
@@ -41,7 +41,8 @@ __all__ = ["__version__", *_EXPORTS]
 if TYPE_CHECKING:
     from typing import Any
 
-    from .client.caller import RunResult, run
+    from .client.caller import run
+    from .client.result import RunResult
     from .client.deadline import Deadline, Extension
     from .client.ledger import Credit, Ledger
     from .client.task import TaskResult, run_task

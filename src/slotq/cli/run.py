@@ -138,7 +138,7 @@ def main(args: list[str]) -> int:
         result = run(spec, transport, idle=opts.idle, status=say, handle_sigint=True,
                      credit_dir=opts.credit_dir or cwd, live=live)
         if opts.quiet and result.said_when_quiet:
-            from slotq.client.caller import summary_line
+            from slotq.client.result import summary_line
 
             _stderr_line(summary_line(result))
         json_result.write(result.to_json, open_line=result.open_line)
@@ -168,7 +168,7 @@ def _cancelled_while_choosing(opts: Namespace, spec: "RunSpec", signum: int) -> 
     asked which has the shortest wait: cancelled, its line and its result."""
     import time
 
-    from slotq.client.caller import RunResult, summary_line
+    from slotq.client.result import RunResult, summary_line
     from slotq.signals import stop_name
     from slotq.outcome import Outcome
 

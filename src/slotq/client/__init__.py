@@ -1,7 +1,9 @@
 """The caller's side of a run.
 
-    caller.py    `run()`: a transport, the stream, the watchdogs, status
-                 lines, the result (`RunResult`)
+    caller.py    `run()`: one run's phases -- transfer, start, the stream,
+                 verdict -- and its stop signals and status lines
+    result.py    how it ended: `RunResult`, the summary line
+    watchdogs.py the client's clocks: the backstop, the no-output watchdog
     ledger.py    the wait ledger: every wait recorded, credited once
     deadline.py  `Deadline`: a budget that grows by the waits credited to it
     task.py      `slotq task`: a job under a `Deadline`

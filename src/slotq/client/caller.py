@@ -1,13 +1,6 @@
 """The client: launches a host runner through a transport, relays its output,
-keeps the client-side clocks, and turns the stream into a `RunResult`.
-
-Client clocks, each started at the moment it should be:
-- the backstop (budget + 90 s) is created when the `slot` event arrives, and
-  moved later by the time a prepare step took;
-- the no-output watchdog (`idle`) is armed when `started` arrives and reset
-  by every output frame. Quiet time before the command starts never counts.
-The queue itself has no limit here: waiting is not executing.
-"""
+keeps the client-side clocks (watchdogs.py), and turns the stream into a
+`RunResult` (result.py)."""
 
 from __future__ import annotations
 
@@ -16,12 +9,14 @@ import select
 
 from .. import protocol
 from .. import signals as signal
-from ..clock import INF, Clock, Timer
+from ..clock import INF, Clock
 from ..durations import format_duration, seconds_in
 from ..errors import HostUnavailable, ProtocolError, SlotqError, StateDirError, UsageError, WorkTreeError
-from ..outcome import WHILE_PREPARING, WHILE_RUNNING, WHILE_WAITING, Outcome, exit_code_for
+from ..outcome import WHILE_PREPARING, WHILE_RUNNING, WHILE_WAITING, Outcome
 from ..spec import RunSpec
 from ..transports.base import Transport
+from .result import RunResult, summary_line
+from .watchdogs import BACKSTOP_MARGIN, Watchdogs
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -29,118 +24,10 @@ if TYPE_CHECKING:
 
     from .ledger import WaitRecorder
 
-BACKSTOP_MARGIN = 90.0
 # A quiet run's host does not report while it is far back in line: the
 # caller refreshes its open wait record itself, this often (a killed
 # waiter's wait ends at its last refresh).
 HEARTBEAT_S = 30.0
-PHASES = ("submitted", "transferred", "slot", "prepared", "started", "ended")
-
-
-class Watchdogs:
-    """The client's timers, as pure logic over a clock."""
-
-    def __init__(self, clock: Clock, idle: float | None, margin: float = BACKSTOP_MARGIN) -> None:
-        self.clock = clock
-        self.idle = idle
-        self.margin = margin
-        self.backstop: Timer | None = None
-        self.idle_timer: Timer | None = None
-
-    def on_slot(self, budget: float) -> None:
-        self.backstop = self.clock.timer("backstop", budget + self.margin)
-
-    def on_prepared(self, took: float) -> None:
-        if self.backstop is not None:
-            self.backstop.extend(took)  # the prepare step has its own limit
-
-    def on_started(self) -> None:
-        if self.idle is not None:
-            self.idle_timer = self.clock.timer("idle", self.idle)
-
-    def on_output(self) -> None:
-        t = self.idle_timer
-        if t is not None and self.idle is not None:
-            t.extend(self.clock.monotonic() + self.idle - t.deadline)
-
-    def next_deadline(self) -> float:
-        return min((t.deadline for t in (self.backstop, self.idle_timer) if t is not None), default=INF)
-
-    def expired(self) -> Outcome | None:
-        """The outcome whose clock ran out, if any. The idle watchdog fires
-        once (the runner is then asked to stop the command)."""
-        now = self.clock.monotonic()
-        if self.backstop is not None and self.backstop.remaining(now) <= 0:
-            return Outcome.BACKSTOP
-        if self.idle_timer is not None and self.idle_timer.remaining(now) <= 0:
-            self.idle_timer = None
-            return Outcome.IDLE_TIMEOUT
-        return None
-
-
-class RunResult:
-    """How one run ended. `phases` holds wall-clock epoch seconds (host
-    clock, `submitted` from the client), None when never reached."""
-
-    def __init__(self, spec: RunSpec, host: str) -> None:
-        self.outcome = Outcome.UNAVAILABLE
-        self.command_code: int | None = None
-        self.run_id = spec.run_id
-        self.label = spec.label
-        self.cls = spec.cls
-        self.host = host
-        self.message = ""
-        self.phases: dict[str, float | None] = dict.fromkeys(PHASES)
-        self.slot: str | None = None
-        self.ticket: int | None = None  # the host's sequence number: the order its queue keeps
-        self.budget = spec.budget
-        self.transport: dict[str, object] = {}
-        self.details: Callable[[], dict[str, object]] = dict  # the transport's extra fields (Slurm's job)
-        # Measured on the client's monotonic clock: host clocks may differ.
-        self.transfer_s: float | None = None
-        self.queue_s: float | None = None
-        self.open_line = False  # the command's stdout ended without a newline
-        self.not_started = False  # the command could not be started (not found, not executable)
-
-    @property
-    def exit_code(self) -> int:
-        return exit_code_for(self.outcome, self.command_code)
-
-    @property
-    def said_when_quiet(self) -> bool:
-        """-q silences progress, not an ending slotq decided, nor a command
-        that could not be started (no output of its own says why)."""
-        return self.outcome.decided_by_slotq or self.not_started
-
-    @property
-    def blame(self) -> str:
-        return self.outcome.blame
-
-    @property
-    def waited_s(self) -> float | None:
-        """Time in the host's queue, until the slot (or the end, without one)."""
-        return None if self.queue_s is None else round(self.queue_s, 3)
-
-    @property
-    def ran_s(self) -> float | None:
-        start, end = self.phases["started"], self.phases["ended"]
-        return round(max(0.0, end - start), 3) if start is not None and end is not None else None
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "outcome": self.outcome.value, "blame": self.blame, "exit_code": self.exit_code,
-            "command_exit_code": self.command_code, "run_id": self.run_id, "label": self.label,
-            "class": self.cls, "host": self.host, "slot": self.slot, "ticket": self.ticket, "budget": self.budget,
-            "message": self.message, "phases": dict(self.phases),
-            "waited_s": self.waited_s, "ran_s": self.ran_s,
-            "transfer_s": None if self.transfer_s is None else round(self.transfer_s, 3),
-            "transport": self.transport, **self.details(),
-        }
-
-    def to_json(self) -> str:
-        import json
-
-        return json.dumps(self.to_dict(), indent=2)
 
 
 def _write_line(fd: int, line: str) -> None:
@@ -673,19 +560,3 @@ def _on_event(ev: dict[str, object], result: RunResult, dogs: Watchdogs,
         for w in ev.get("warnings") or []:  # type: ignore[attr-defined]
             say(f"slotq: warning: {printable(w, 1000)}")
     return False
-
-
-def summary_line(result: RunResult) -> str:
-    waited = result.waited_s
-    ran = result.ran_s
-    bits = [f"slotq: {result.outcome.value}"]
-    if result.outcome in (Outcome.PASSED, Outcome.FAILED) and result.command_code is not None:
-        bits[0] += f" (exit {result.command_code})"
-    bits.append(f"waited {format_duration(waited) if waited is not None else '-'}")
-    bits.append(f"ran {format_duration(ran) if ran is not None else '-'}")
-    line = ", ".join(bits)
-    if result.outcome not in (Outcome.PASSED,) and result.message:
-        from ..records import printable
-
-        line += f" — {printable(result.message, 4000)}"
-    return line

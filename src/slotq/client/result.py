@@ -1,0 +1,95 @@
+"""How a run ended, as its caller tells it: `RunResult` (what `run --json`
+prints) and the one summary line."""
+
+from __future__ import annotations
+
+from ..durations import format_duration
+from ..outcome import Outcome, exit_code_for
+from ..spec import RunSpec
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+PHASES = ("submitted", "transferred", "slot", "prepared", "started", "ended")
+
+
+class RunResult:
+    """How one run ended. `phases` holds wall-clock epoch seconds (host
+    clock, `submitted` from the client), None when never reached."""
+
+    def __init__(self, spec: RunSpec, host: str) -> None:
+        self.outcome = Outcome.UNAVAILABLE
+        self.command_code: int | None = None
+        self.run_id = spec.run_id
+        self.label = spec.label
+        self.cls = spec.cls
+        self.host = host
+        self.message = ""
+        self.phases: dict[str, float | None] = dict.fromkeys(PHASES)
+        self.slot: str | None = None
+        self.ticket: int | None = None  # the host's sequence number: the order its queue keeps
+        self.budget = spec.budget
+        self.transport: dict[str, object] = {}
+        self.details: Callable[[], dict[str, object]] = dict  # the transport's extra fields (Slurm's job)
+        # Measured on the client's monotonic clock: host clocks may differ.
+        self.transfer_s: float | None = None
+        self.queue_s: float | None = None
+        self.open_line = False  # the command's stdout ended without a newline
+        self.not_started = False  # the command could not be started (not found, not executable)
+
+    @property
+    def exit_code(self) -> int:
+        return exit_code_for(self.outcome, self.command_code)
+
+    @property
+    def said_when_quiet(self) -> bool:
+        """-q silences progress, not an ending slotq decided, nor a command
+        that could not be started (no output of its own says why)."""
+        return self.outcome.decided_by_slotq or self.not_started
+
+    @property
+    def blame(self) -> str:
+        return self.outcome.blame
+
+    @property
+    def waited_s(self) -> float | None:
+        """Time in the host's queue, until the slot (or the end, without one)."""
+        return None if self.queue_s is None else round(self.queue_s, 3)
+
+    @property
+    def ran_s(self) -> float | None:
+        start, end = self.phases["started"], self.phases["ended"]
+        return round(max(0.0, end - start), 3) if start is not None and end is not None else None
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "outcome": self.outcome.value, "blame": self.blame, "exit_code": self.exit_code,
+            "command_exit_code": self.command_code, "run_id": self.run_id, "label": self.label,
+            "class": self.cls, "host": self.host, "slot": self.slot, "ticket": self.ticket, "budget": self.budget,
+            "message": self.message, "phases": dict(self.phases),
+            "waited_s": self.waited_s, "ran_s": self.ran_s,
+            "transfer_s": None if self.transfer_s is None else round(self.transfer_s, 3),
+            "transport": self.transport, **self.details(),
+        }
+
+    def to_json(self) -> str:
+        import json
+
+        return json.dumps(self.to_dict(), indent=2)
+
+
+def summary_line(result: RunResult) -> str:
+    waited = result.waited_s
+    ran = result.ran_s
+    bits = [f"slotq: {result.outcome.value}"]
+    if result.outcome in (Outcome.PASSED, Outcome.FAILED) and result.command_code is not None:
+        bits[0] += f" (exit {result.command_code})"
+    bits.append(f"waited {format_duration(waited) if waited is not None else '-'}")
+    bits.append(f"ran {format_duration(ran) if ran is not None else '-'}")
+    line = ", ".join(bits)
+    if result.outcome not in (Outcome.PASSED,) and result.message:
+        from ..records import printable
+
+        line += f" — {printable(result.message, 4000)}"
+    return line
