@@ -5,6 +5,7 @@
     hostqueue.py   one caller's wait in line (tickets, watches, the head's attempts)
     ticket.py      tickets: the sequence, liveness by kernel lock, line order
     claim.py       the claim window: passing over a head that leaves a free slot untaken
+    admission.py   who may wait: the host's [admission] limits
     slot.py        slot lock files and holder records
     lineview.py    how the line looks to a waiting run's status reports
     proclocks.py   who holds which lock, from /proc/locks

@@ -100,6 +100,45 @@ class Claims:
         self._share()
         return path
 
+    def wait_for(self, fd: int, path: str) -> bool:
+        """Wait in flock(2) for the ticket at `path` (open on `fd`) to go,
+        breaking the wait every LOOK_EVERY (SIGALRM) to look: True once we
+        hold its lock; False if it was passed over. For a keeper, whose
+        wait is in the kernel and which has no loop of its own."""
+        import fcntl
+        import signal
+        import time
+
+        armed = [False]
+
+        def look(signum: int, frame: object) -> None:
+            if armed[0]:
+                raise _Look
+
+        old = signal.signal(signal.SIGALRM, look)
+        try:
+            while True:
+                armed[0] = True
+                signal.setitimer(signal.ITIMER_REAL, LOOK_EVERY)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_SH)
+                    return True
+                except _Look:
+                    pass
+                armed[0] = False
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    return True  # granted just as the alarm came (or already ours)
+                except BlockingIOError:
+                    pass
+                self.look(time.monotonic())
+                if path in self.passed:
+                    return False
+        finally:
+            armed[0] = False
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+
     def _known(self) -> set[tuple[int, int, int]]:
         """(device, inode, change time) of the tickets our user's runs
         passed over, from our own file."""
@@ -144,6 +183,10 @@ class Claims:
             if (st.st_dev, st.st_ino) not in table:
                 return True
         return False
+
+
+class _Look(Exception):
+    """Time for a look at the head of the line (SIGALRM, in wait_for)."""
 
 
 def _cpu_ticks(pids: list[int]) -> int:

@@ -120,10 +120,8 @@ def take_ticket(state_dir: str, pool: str, info: dict[str, object],
     pdir = pool_dir(state_dir, pool)
     seq_path = os.path.join(state_dir, "seq")
     try:
-        # The early path (take_early) comes here with no ensure_state_dir.
-        refuse_unsafe_sharing(state_dir, [state_dir])
         make_dirs(pdir, state_dir)
-        refuse_unsafe_sharing(state_dir, [os.path.join(state_dir, "slots"), os.path.dirname(pdir), pdir])
+        refuse_unsafe_sharing(state_dir, [pdir])  # the dirs above: ensure_state_dir's, or take_early's
         seq_fd, created = open_state(seq_path, os.O_RDWR, create=True)
     except StateDirError:
         raise
@@ -211,6 +209,8 @@ def take_early(state_dir: str, pool: str, info: dict[str, object],
         time.sleep(seconds)
 
     try:
+        # What the runner's ensure_state_dir checks, before anything is made.
+        refuse_unsafe_sharing(state_dir, [state_dir, *(os.path.join(state_dir, d) for d in ("slots", "tickets"))])
         return take_ticket(state_dir, pool, info, limits, wait, slots)
     except (_Busy, StateDirError, AdmissionRefused, OSError):
         return None
@@ -305,6 +305,10 @@ def ignored(pdir: str, locked: set[tuple[int, int]]) -> list[Entry]:
 
 
 def _admit(state_dir: str, pool: str, max_waiting: int | None, per_user: int | None, slots: int) -> None:
+    """The host's [admission] limits (admission.py), for the line as the
+    kernel shows it. A run that will not wait -- nobody in line, a slot
+    free -- is always admitted: `max_waiting = 0` means "no waiting"."""
+    from .admission import judge
     from .proclocks import held
     from .slot import slot_path
 
@@ -321,30 +325,7 @@ def _admit(state_dir: str, pool: str, max_waiting: int | None, per_user: int | N
                 return  # not made yet: free
             if (st.st_dev, st.st_ino) not in locked:
                 return  # free, and nobody in line: this run will not wait
-    if max_waiting == 0:
-        raise AdmissionRefused(f"not admitted: the run would have to wait in pool {pool}, and the host lets no "
-                               f"run wait (host policy [admission] max_waiting = 0)")
-    per_owner: dict[int, int] = {}
-    for _, path in live:
-        try:
-            owner = os.stat(path).st_uid  # the kernel's word, not the ticket's
-        except OSError:
-            continue
-        per_owner[owner] = per_owner.get(owner, 0) + 1
-    mine = per_owner.get(os.getuid(), 0)
-    if per_user == 0:
-        raise AdmissionRefused(f"not admitted: the run would have to wait in pool {pool}, and the host lets "
-                               f"none of your runs wait (host policy [admission] max_waiting_per_user = 0)")
-    if per_user is not None and mine >= per_user:
-        raise AdmissionRefused(f"not admitted: you already have {mine} run(s) waiting in pool {pool} "
-                               f"(host policy [admission] max_waiting_per_user = {per_user})")
-    # A user's tickets past their own limit passed no admission (made by
-    # hand, or by a config that left the limits out): they count against
-    # that user only, never towards the line that turns the others away.
-    waiting = sum(n if per_user is None else min(n, per_user) for n in per_owner.values())
-    if max_waiting is not None and waiting >= max_waiting:
-        raise AdmissionRefused(f"not admitted: pool {pool} already has {waiting} run(s) waiting "
-                               f"(host policy [admission] max_waiting = {max_waiting})")
+    judge(pool, [path for _, path in live], max_waiting, per_user)
 
 
 def _names(pdir: str) -> list[tuple[int, str]]:
@@ -505,8 +486,11 @@ def wait_turn(path: str, seq: int, slot_paths: list[str] | None = None) -> None:
         except (OSError, StateFileError):
             continue  # gone, or no ticket (a link or FIFO put there since the listing: nobody's place)
         try:
-            if _wait_for(fd, closest, claims):  # the wait, in the kernel
+            if claims is None:
+                fcntl.flock(fd, fcntl.LOCK_SH)  # the wait, in the kernel
                 bury(closest, fd)  # dead now (its owner never locks it again)
+            elif claims.wait_for(fd, closest):  # the same, looking at the head now and then
+                bury(closest, fd)
         finally:
             os.close(fd)
         if ahead:
@@ -518,51 +502,6 @@ def wait_turn(path: str, seq: int, slot_paths: list[str] | None = None) -> None:
                 return
             present = set(listed)
             ahead = [p for p in ahead if os.path.basename(p) in present]
-
-
-class _Look(Exception):
-    """Time for a look at the head of the line (SIGALRM, in _wait_for)."""
-
-
-def _wait_for(fd: int, path: str, claims: Claims | None) -> bool:
-    """Wait for the ticket at `path` (open on `fd`) to go: True once we hold
-    its lock; False if it was passed over (a head that does not claim)."""
-    if claims is None:
-        fcntl.flock(fd, fcntl.LOCK_SH)
-        return True
-    import signal
-
-    from .claim import LOOK_EVERY
-
-    armed = [False]
-
-    def look(signum: int, frame: object) -> None:
-        if armed[0]:
-            raise _Look
-
-    old = signal.signal(signal.SIGALRM, look)
-    try:
-        while True:
-            armed[0] = True
-            signal.setitimer(signal.ITIMER_REAL, LOOK_EVERY)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH)
-                return True
-            except _Look:
-                pass
-            armed[0] = False
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                return True  # granted just as the alarm came (or already ours)
-            except BlockingIOError:
-                pass
-            claims.look(time.monotonic())
-            if path in claims.passed:
-                return False
-    finally:
-        armed[0] = False
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def bury(path: str, fd: int) -> None:
