@@ -145,12 +145,17 @@ def test_a_quiet_run_far_back_in_a_local_one_slot_line_never_wakes_to_refresh_it
 
 
 @pytest.mark.timeout(40)
+@pytest.mark.parametrize("pile_up", [False, True], ids=["one-stop", "stops-piled-up"])
 def test_a_quiet_waiter_killed_with_its_group_has_its_wait_closed_at_the_kill_by_its_keeper(
-        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+        state_dir: Path, runs: Start, tmp_path: Path, pile_up: bool) -> None:
     # A harness's timeout, far back in line: kill -9 of the caller's process
     # group. The standby keeper (a session of its own) outlives it and ends
     # the wait record at that moment, so an outer runner credits the wait
     # the caller really spent, though the caller never refreshed it.
+    # stops-piled-up: the parent-death signal comes again each time the
+    # kernel hands the keeper on to another dying thread of the caller;
+    # here a burst of them, and the keeper must still finish the first
+    # stop's work.
     from slotq.client.ledger import Ledger
 
     gate = tmp_path / "gate"
@@ -169,13 +174,19 @@ def test_a_quiet_waiter_killed_with_its_group_has_its_wait_closed_at_the_kill_by
                     None)
 
     wait_for(lambda: opened() is not None, what="the victim's wait record opened")
-    wait_for(lambda: any(blocked_in_flock(c) for c in children(victim.pid)), what="its keeper waiting")
+    keeper = wait_for(lambda: next((c for c in children(victim.pid) if blocked_in_flock(c)), None),
+                      what="its keeper waiting")
     record = opened()
     assert record is not None
     wait_for(lambda: time.time() >= record["start"] + 1.0, what="a wait of a second")
     killed_at = time.time()
     os.killpg(victim.pid, signal.SIGKILL)
     victim.wait()
+    for _ in range(3000 if pile_up else 0):
+        try:
+            os.kill(keeper, signal.SIGTERM)
+        except ProcessLookupError:
+            break
     wait_for(lambda: spool_ops(ledger, record["key"], "close"), what="the keeper closing the wait")
     led = Ledger(ledger)
     try:

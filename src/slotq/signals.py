@@ -13,20 +13,20 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from signal import (SIG_BLOCK, SIG_DFL, SIG_IGN, SIG_SETMASK, SIG_UNBLOCK, SIGALRM, SIGCHLD, SIGCONT, SIGHUP,
                         SIGINT, SIGKILL, SIGPIPE, SIGQUIT, SIGSTOP, SIGTERM, SIGXFSZ, ITIMER_REAL, pthread_sigmask,
-                        getsignal, set_wakeup_fd, setitimer, signal)
+                        getsignal, set_wakeup_fd, setitimer, sigwaitinfo, signal)
 else:
     try:
         from _signal import (SIG_BLOCK, SIG_DFL, SIG_IGN, SIG_SETMASK, SIG_UNBLOCK, SIGALRM, SIGCHLD, SIGCONT, SIGHUP,
                              SIGINT, SIGKILL, SIGPIPE, SIGQUIT, SIGSTOP, SIGTERM, SIGXFSZ, ITIMER_REAL, pthread_sigmask,
-                             getsignal, set_wakeup_fd, setitimer, signal)
+                             getsignal, set_wakeup_fd, setitimer, sigwaitinfo, signal)
     except ImportError:  # not CPython
         from signal import (SIG_BLOCK, SIG_DFL, SIG_IGN, SIG_SETMASK, SIG_UNBLOCK, SIGALRM, SIGCHLD, SIGCONT, SIGHUP,
                             SIGINT, SIGKILL, SIGPIPE, SIGQUIT, SIGSTOP, SIGTERM, SIGXFSZ, ITIMER_REAL, pthread_sigmask,
-                            getsignal, set_wakeup_fd, setitimer, signal)
+                            getsignal, set_wakeup_fd, setitimer, sigwaitinfo, signal)
 
 __all__ = ["SIG_BLOCK", "SIG_DFL", "SIG_IGN", "SIG_SETMASK", "SIG_UNBLOCK", "SIGALRM", "SIGCHLD", "SIGCONT",
            "SIGHUP", "SIGINT", "SIGKILL", "SIGPIPE", "SIGQUIT", "SIGSTOP", "SIGTERM", "SIGXFSZ", "ITIMER_REAL",
-           "pthread_sigmask", "set_wakeup_fd", "setitimer", "signal", "getsignal", "catch_stops", "hold_stops",
+           "pthread_sigmask", "set_wakeup_fd", "setitimer", "sigwaitinfo", "signal", "getsignal", "catch_stops", "hold_stops",
            "early", "stop_name", "stop_word", "word_name"]
 
 

@@ -27,6 +27,12 @@ A keeper that is itself killed is noticed by its runner (end-of-file with no
 report), which ends the command's processes itself (orphans.py); if the
 runner is gone too, the next in line does (see orphans.py).
 
+A stop is one stop however many signals bring it (the parent-death signal
+comes once for each dying thread of a caller the kernel hands the keeper
+on to): during the slot wait it is an exception out of flock(2), raised
+once; while the command runs the keeper takes signals one at a time
+(sigwaitinfo), so a stop and the command's end never both half happen.
+
 Stopping is one policy, `terminate_group` (terminate.py): TERM to the
 group, `grace` seconds, then KILL. The keeper reports how the leader ended through a pipe
 whose end-of-file also tells the runner that everything is gone.
@@ -93,7 +99,19 @@ class _Stop(Exception):
     pass
 
 
+_stopping = False  # (in the keeper) a stop is being handled
+
+
 def _raise_stop(signum: int, frame: object) -> None:
+    """The keeper's stop handler: one stop, however many signals. The
+    parent-death signal comes again each time the kernel hands the keeper
+    on to another thread of a dying caller (a runner is a thread of it):
+    a second _Stop would cut the first one's handling short -- no history
+    line, the wait left open."""
+    global _stopping
+    if _stopping:
+        return
+    _stopping = True
     raise _Stop()
 
 
@@ -256,6 +274,7 @@ def _keeper(
     signal.signal(signal.SIGTERM, _raise_stop)
     signal.signal(signal.SIGHUP, _raise_stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})  # taken by _command_end, never lost
     try:
         signal.set_wakeup_fd(-1)  # the runner's wake-up pipe is not ours
     except ValueError:
@@ -413,16 +432,9 @@ def _keeper(
         _tell(done_w, b"execfail=%d" % exec_errno + (b" interpreter=missing" if there else b""))
         return 0
 
-    report = b""
-    status: int | None = None
-    try:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
-        _, status = os.waitpid(leader, 0)
-        report = b"status=%d" % status
-    except _Stop:
+    status = _command_end(leader)
+    if status is None:  # a stop came first
         stopped = True
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
         if record is not None and slot_path is not None:
             try:
                 fd = os.open(slot_path, os.O_RDWR | os.O_CLOEXEC)
@@ -432,20 +444,32 @@ def _keeper(
                 _write_record(fd, to_json(dict(record, phase="stopping")))
                 os.close(fd)
         status = terminate_group(leader, grace, leader_is_child=True)
-        report = b"status=%d" % status
     else:
         # The leader ended; end what it left behind, quietly. From here on
         # all that is left is bookkeeping: the next holder's command, whose
         # slot was freed just now, should have the CPU first.
         _yield_cpu()
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         terminate_group(leader, grace, leader_is_child=False)
-    _tell(done_w, report + (b" stopped=1" if stopped else b""))
+    _tell(done_w, b"status=%d" % status + (b" stopped=1" if stopped else b""))
     os.close(done_w)  # end-of-file: the runner reads our report now
     _last_word(ack_fd, history, runner_pid, status,
                "the command's group was ended by its keeper" if stopped
                else "the command ended, but its runner vanished before recording the run", wait_end, started_at)
     return 0
+
+
+def _command_end(leader: int) -> int | None:
+    """Wait for the command's leader to end: its wait status, or None if a
+    stop came first. The stop signals and SIGCHLD stay blocked and are
+    taken one at a time (sigwaitinfo): a stop that comes as the command
+    ends is the one or the other, never half of both -- as a handler's
+    exception, raised after the leader was reaped, would make it."""
+    while True:
+        pid, status = os.waitpid(leader, os.WNOHANG)
+        if pid:
+            return status
+        if signal.sigwaitinfo({signal.SIGCHLD, *_STOP_SIGNALS}).si_signo != signal.SIGCHLD:
+            return None
 
 
 def _setup_failed(done_w: int, ticket: tuple[int, str, int] | None, why: str) -> int:
