@@ -17,8 +17,6 @@ MAX_PARAMS = 8
 
 # "module:function": (lines, parameters) as they are, to come down.
 KNOWN = {
-    "host/process.py:_keeper": (223, 20),
-    "host/process.py:spawn": (99, 18),
     # Records built whole, and the public call (its keyword arguments are
     # the API; it passes them on as one CallOptions).
     "client/caller.py:run": (37, 13),

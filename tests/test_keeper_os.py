@@ -18,7 +18,7 @@ import pytest
 from conftest import group_alive, take_slot, wait_for
 from slotq.config import HostConfig
 from slotq.host.hostqueue import Waiter
-from slotq.host.process import spawn
+from slotq.host.process import Command, KeeperPlan, Standby, Streams, spawn
 from slotq.host.slot import SlotLease, SlotProbe
 
 CFG = HostConfig()
@@ -27,7 +27,7 @@ CFG = HostConfig()
 def _spawn(argv: list[str], grace: float = 5.0):  # type: ignore[no-untyped-def]
     devnull = os.open(os.devnull, os.O_WRONLY)
     out = os.dup(devnull)
-    child = spawn(argv, cwd=None, env=None, stdout_fd=devnull, stderr_fd=out, grace=grace)
+    child = spawn(KeeperPlan(Command(argv, grace=grace), Streams(devnull, out)))
     return child
 
 
@@ -85,8 +85,7 @@ def test_a_stop_right_after_a_standby_keeper_is_forked_ends_its_wait(tmp_path: P
     try:
         for _ in range(20):
             devnull = os.open(os.devnull, os.O_WRONLY)
-            child = spawn(["true"], cwd=None, env=None, stdout_fd=devnull, stderr_fd=os.dup(devnull),
-                          lock_path=lease.path)
+            child = spawn(KeeperPlan(Command(["true"]), Streams(devnull, os.dup(devnull)), Standby(lease.path)))
             child.stop()
             wait_for(lambda: select.select([child.done_fd], [], [], 0.05)[0] and child.on_readable(),
                      timeout=5, what="the keeper to end its wait")
@@ -145,8 +144,8 @@ def test_a_standby_keeper_says_head_only_after_waiting_that_long_at_the_head(tmp
     t = waiter.ticket
     devnull = os.open(os.devnull, os.O_WRONLY)
     t0 = time.monotonic()
-    child = spawn(["true"], cwd=None, env=None, stdout_fd=devnull, stderr_fd=os.dup(devnull),
-                  lock_path=waiter.slot_paths()[0], ticket=(t.fd, t.path, t.seq), tell_head=0.3)
+    child = spawn(KeeperPlan(Command(["true"]), Streams(devnull, os.dup(devnull)),
+                             Standby(waiter.slot_paths()[0], (t.fd, t.path, t.seq), tell_head=0.3)))
     try:
         if lease is not None:
             wait_for(lambda: select.select([child.done_fd], [], [], 0.05)[0] and not child.on_readable()
@@ -173,11 +172,12 @@ def test_the_keeper_finds_prctl_loaded_and_never_dlopens_after_the_fork(tmp_path
     import subprocess
     import sys
 
-    code = ("import os, sys; from slotq.host import process\n"
-            "assert process._prctl is None\n"
+    code = ("import os, sys; from slotq.host import keeper, process\n"
+            "assert keeper._prctl is None\n"
             "null = os.open(os.devnull, os.O_WRONLY)\n"
-            "child = process.spawn(['true'], cwd=None, env=None, stdout_fd=null, stderr_fd=os.dup(null))\n"
-            "loaded = process._prctl is not None\n"
+            "plan = process.KeeperPlan(process.Command(['true']), process.Streams(null, os.dup(null)))\n"
+            "child = process.spawn(plan)\n"
+            "loaded = keeper._prctl is not None\n"
             "os.waitpid(child.keeper_pid, 0)\n"
             "sys.exit(0 if loaded else 3)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20, cwd=tmp_path)

@@ -123,11 +123,11 @@ def test_a_run_started_at_once_whose_keeper_cannot_fork_has_its_runner_try_again
     assert subprocess.run(slotq_cmd() + ["run", "-q", "--", "true"], cwd=tmp_path, timeout=20).returncode == 0
     forks: list[str] = []
 
-    def spawn(argv: list[str], **kw: Any) -> Any:
+    def spawn(plan: Any) -> Any:
         forks.append(threading.current_thread().name)
         if len(forks) == 1:  # the start at once (reserve): no process to spare
             raise BlockingIOError(11, "Resource temporarily unavailable")
-        return process.spawn(argv, **kw)
+        return process.spawn(plan)
 
     monkeypatch.setattr(launch, "spawn", spawn)
     out = tmp_path / "out"
@@ -288,11 +288,11 @@ def keeper_fork_refused(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     refused: list[str] = []
     real_spawn = process.spawn
 
-    def spawn(argv: list[str], **kw: Any) -> Any:
-        if kw.get("lock_path"):  # the standby keeper's fork, only
-            refused.append(kw["lock_path"])
+    def spawn(plan: Any) -> Any:
+        if plan.standby is not None:  # the standby keeper's fork, only
+            refused.append(plan.standby.lock_path)
             raise BlockingIOError(11, "Resource temporarily unavailable")
-        return real_spawn(argv, **kw)
+        return real_spawn(plan)
 
     monkeypatch.setattr(launch, "spawn", spawn)
     return refused

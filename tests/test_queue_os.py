@@ -130,13 +130,14 @@ def test_a_waiter_that_will_not_watch_holds_no_inotify_instance(tmp_path: Path) 
 WAIT_WITHOUT_CTYPES = """
 import errno, os, sys
 from slotq.config import HostConfig
-from slotq.host import libc, process
+from slotq.host import keeper, libc
 from slotq.host.hostqueue import Waiter
 from slotq.host.slot import SlotProbe
 
 state = sys.argv[1]
 config = HostConfig(pools={"shared": 2, "landing": 1})
-assert process._load_prctl(), "no prctl"
+keeper.preload_for_start()
+assert keeper._prctl, "no prctl"
 w = Waiter(state, config, "shared", {})
 assert w.attempt() is None  # both slots held: it watches (inotify) and waits
 assert w.fileno() >= 0 and os.readlink(f"/proc/self/fd/{w.fileno()}") == "anon_inode:inotify"

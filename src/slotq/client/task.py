@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from .. import signals as signal
 from ..durations import format_duration
-from ..host.process import spawn
+from ..host.process import Command, KeeperPlan, Streams, spawn
 from ..outcome import Outcome, exit_code_for
 from .deadline import Deadline, Extension
 
@@ -80,8 +80,7 @@ def run_task(argv: list[str], deadline: Deadline, *, grace: float = 10.0,
         if handle_signals and signal.early:  # a stop signal while slotq started (signals.hold_stops): no job
             return TaskResult(Outcome.CANCELLED, None, f"cancelled ({signal.stop_name(signal.early[0])}) "
                               "before the job started; nothing ran", clock.monotonic() - start, deadline)
-        child = spawn(argv, cwd=None, env=None, stdout_fd=os.dup(1), stderr_fd=os.dup(2), stdin_fd=os.dup(0),
-                      grace=grace)
+        child = spawn(KeeperPlan(Command(argv, grace=grace), Streams(os.dup(1), os.dup(2), os.dup(0))))
         reason: Outcome | None = None
         while child.end is None:
             timeout = None if reason is not None else deadline.remaining()

@@ -26,7 +26,7 @@ from ..errors import SlotqError
 from ..spec import RunSpec
 from .hostqueue import Waiter
 from .orphans import MARKER
-from .process import spawn
+from .process import Books, Command, KeeperPlan, Standby, Streams, spawn
 from .slot import SlotLease, slot_name
 
 TYPE_CHECKING = False
@@ -86,18 +86,17 @@ class Launch:
         # What the command knows of its slot (a per-slot port or database).
         slot_env = {"SLOTQ_POOL": pool or spec.cls, "SLOTQ_SLOT": name, "SLOTQ_SLOT_INDEX": str(index),
                     "SLOTQ_BUDGET": f"{self.budget:g}"}
+        run: dict[str, object] = {"run_id": spec.run_id, "label": spec.label, "class": spec.cls, "host": self.host,
+                                  "pool": pool, "slot": name, "phases": dict(self.phases)}
+        plan = KeeperPlan(
+            Command(argv, spec.cwd, spec.env, spec.run_id, slot_env, self.grace),
+            Streams(out_w, err_w, inherit_fds=(lease.fd,) if lease is not None and lease.fd >= 0 else ()),
+            Standby(wait_for, (ticket.fd, ticket.path, ticket.seq) if ticket is not None else None,
+                    spec.report_every if spec.quiet and ticket is not None else None) if wait_for else None,
+            Books(record if last else None, self.slot_path if last else None, (self.state_dir, run),
+                  ack_r if last else None, wait_end))
         try:
-            child = spawn(argv, cwd=spec.cwd, env=spec.env, stdout_fd=out_w, stderr_fd=err_w,
-                          slot_env=slot_env,
-                          inherit_fds=(lease.fd,) if lease is not None and lease.fd >= 0 else (), grace=self.grace,
-                          lock_path=wait_for, record=record if last else None,
-                          history=(self.state_dir, {"run_id": spec.run_id, "label": spec.label,
-                                                    "class": spec.cls, "host": self.host, "pool": pool,
-                                                    "slot": name, "phases": dict(self.phases)}),
-                          ticket=(ticket.fd, ticket.path, ticket.seq) if ticket is not None else None,
-                          tell_head=spec.report_every if spec.quiet and ticket is not None else None,
-                          run_id=spec.run_id, slot_path=self.slot_path if last else None,
-                          ack_fd=ack_r if last else None, wait_end=wait_end)
+            child = spawn(plan)
         except OSError:
             for fd in (out_r, out_w, err_r, err_w):
                 os.close(fd)
