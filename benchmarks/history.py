@@ -39,7 +39,7 @@ def _record(i: int, end: float) -> str:
 def run(n: int = 1_000_000) -> dict[str, object]:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
     from slotq import history
-    from slotq.historydb import Index
+    from slotq.history.index import Index
 
     work = Path(tempfile.mkdtemp(prefix="slotq-bench-history-"))
     try:

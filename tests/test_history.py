@@ -17,7 +17,7 @@ import pytest
 
 from conftest import Start, live_tickets, slotq_cmd, start_holder, wait_for
 from slotq import history
-from slotq.historydb import Index
+from slotq.history.index import Index
 
 DAY = 86400.0
 

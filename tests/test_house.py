@@ -26,7 +26,7 @@ KNOWN = {
     "spec.py:__init__": (36, 16),
     "host/verdict.py:judge": (31, 10),
     "cli/args.py:__init__": (21, 11),
-    "history.py:run_record": (16, 11),
+    "history/__init__.py:run_record": (16, 11),
     "client/ledger.py:__init__": (12, 11),
 }
 

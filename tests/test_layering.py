@@ -62,7 +62,7 @@ def graph() -> dict[str, set[str]]:
 
 def layer(module: str) -> str:
     parts = module.split(".")
-    return parts[1] if len(parts) > 2 else "core"
+    return parts[1] if len(parts) > 2 and parts[1] in LAYERS else "core"  # history/ is core
 
 
 def cycles(g: dict[str, set[str]]) -> list[list[str]]:

@@ -193,7 +193,8 @@ def test_a_waiting_runs_eta_counts_a_run_with_two_history_lines_once(tmp_path: P
     # A Slurm run can have two lines (its node's, then the relay's word):
     # the typical run is the median of runs, not of lines. Counted twice,
     # one slow run made the typical run 55 s here instead of 10 s.
-    from slotq import eta, history
+    from slotq import history
+    from slotq.history import eta
 
     now = time.time()
     for run_id, ran in (("slow", 100.0), ("slow", 100.0), ("a", 10.0), ("b", 10.0)):

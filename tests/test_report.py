@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from conftest import one_line, slotq_cmd
-from slotq import history, report
+from slotq import history
+from slotq.history import report
 
 # Dispatched into a copy of the page: hovering the first bar must show its
 # details; the tooltip's text is copied where --dump-dom shows it.

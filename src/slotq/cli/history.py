@@ -156,7 +156,7 @@ def query(state_dir: str, config: HostConfig, **filters: object) -> tuple[list[d
     import sqlite3
 
     from slotq.errors import StateDirError
-    from slotq.historydb import Index
+    from slotq.history.index import Index
     from slotq.host.ticket import bury_dead
 
     bury_dead(state_dir, config.pools)

@@ -32,7 +32,7 @@ def main(args: list[str]) -> int:
     from slotq.cli.history import query
     from slotq.config import HostConfig, state_dir_to_read
     from slotq.errors import HostUnavailable
-    from slotq.report import build, render_html
+    from slotq.history.report import build, render_html
 
     since, until = parse_window(opts)
     out = JsonResult(opts.html, "--html")  # checked now: a bad path is a usage error before any work; written whole

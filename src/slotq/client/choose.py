@@ -1,6 +1,6 @@
 """Several hosts: pick the one with the shortest expected wait.
 
-The expected wait is eta.py's (the typical run time from the host's recent
+The expected wait is history/eta.py's (the typical run time from the host's recent
 runs, holders' time left, the line ahead, the slots). Ties go to the host with fewer busy slots and waiters,
 then to the order given.
 """
@@ -15,8 +15,8 @@ DEFAULT_RUN = 60.0
 def expected_wait(snapshot: dict[str, object], cls: str, default_run: float = DEFAULT_RUN) -> tuple[float, str]:
     """(seconds, why) for a new run of class `cls` on the host whose
     `slotq status --json` is `snapshot`; inf if the host has no such class.
-    The estimate is eta.py's."""
-    from .. import eta
+    The estimate is history/eta.py's."""
+    from ..history import eta
 
     pools = snapshot.get("pools")
     pool = None

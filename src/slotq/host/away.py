@@ -23,7 +23,7 @@ starts `slotq host away-gone` (cli/host.py), which closes the run's wait record
 at the moment of the death and buries the ticket (the run's `caller_gone`
 history line), as a standby keeper would.
 
-Measured (docs/architecture.md, "Memory per waiter"): sh, flock and the
+Measured (docs/internals.md, "Memory per waiter"): sh, flock and the
 watcher together are about 0.35 MB, against about 6 MB for a caller and its
 keeper.
 """
@@ -31,6 +31,12 @@ keeper.
 from __future__ import annotations
 
 import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ..outcome import Outcome
+    from .callerlink import CallerLink
+    from .hostqueue import Waiter
 
 AWAY_AHEAD = 4  # a run comes back when this many runs are ahead of it
 AWAY_MIN_WAIT = 60.0  # ... and goes away only if it expects to wait this long
@@ -60,7 +66,7 @@ def plan(state_dir: str, pool: str, ticket_path: str) -> int | None:
     if len(ahead) <= AWAY_AHEAD or program("flock") is None:
         return None
     from .. import history
-    from ..eta import RECENT, typical_run
+    from ..history.eta import RECENT, typical_run
 
     try:
         typical, runs = typical_run(history.once_each(history.recent(state_dir, 2 * RECENT)), pool)
@@ -75,6 +81,37 @@ def plan(state_dir: str, pool: str, ticket_path: str) -> int | None:
     except (OSError, StateFileError):
         return None  # gone already: the line moves; stay
     return fd
+
+
+def offer(link: CallerLink, state_dir: str, waiter: Waiter, max_wait_left: float | None) -> Outcome | None:
+    """Offer the run of `waiter` to wait away, if `plan` says it should: the
+    caller execs -- the runner's thread ends with its process -- or says
+    `stay` (a stop signal came first, or the exec failed), and the run
+    waits on as any other. The outcome if the caller ended the run
+    meanwhile."""
+    import select
+
+    from .. import protocol
+    from .. import signals as signal
+
+    ahead_fd = plan(state_dir, waiter.pool, waiter.ticket.path)
+    if ahead_fd is None:
+        return None
+    # The stop signals go to the caller's thread only: there they are
+    # either handled (a cancel, and `stay`) or held across its exec.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+    try:
+        link.event(protocol.AWAY, ticket=waiter.ticket.path, ticket_fd=waiter.ticket.fd, ahead_fd=ahead_fd,
+                   **({} if max_wait_left is None else {"max_wait_s": round(max_wait_left, 3)}))
+        while not link.stayed:
+            ready, _, _ = select.select(link.fds(), [], [])
+            ended = link.check(ready)
+            if ended is not None:
+                return ended
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        os.close(ahead_fd)
+    return None
 
 
 def is_away(pid: object) -> bool:

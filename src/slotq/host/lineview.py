@@ -46,7 +46,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ..eta import Basis as Typical  # the pool's typical run: (seconds, how many runs, when read)
+    from ..history.eta import Basis as Typical  # the pool's typical run: (seconds, how many runs, when read)
     from .hostqueue import Waiter
 
 
@@ -87,7 +87,7 @@ def report(state_dir: str, pool: str, waiter: Waiter, now: float,
     the machine's load and, `with_eta`, the expected wait from the pool's
     `typical` run -- returned as well, brought up to date, for the next
     report."""
-    from .. import eta
+    from ..history import eta
     from .status import load
 
     ahead, total, slots, healed, shared = survey(state_dir, pool, waiter, now, heal, typical)

@@ -163,7 +163,7 @@ def snapshot(state_dir: str, config: HostConfig, now: float, history_n: int = 10
             "classes": sorted(c for c, p in config.classes.items() if p == pool),
         })
     warnings += problems(state_dir, config, pools, table)
-    from ..eta import RECENT, pool_etas
+    from ..history.eta import RECENT, pool_etas
 
     records = history.once_each(history.recent(state_dir, max(history_n, RECENT * len(pools))))
     for p in pools:

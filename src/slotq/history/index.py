@@ -25,10 +25,10 @@ import os
 import sqlite3
 import time
 
-from . import history
-from .config import ledger_path
-from .records import valid_text
-from .statefile import StateFileError, make_private_dirs, open_state
+from .. import history
+from ..config import ledger_path
+from ..records import valid_text
+from ..statefile import StateFileError, make_private_dirs, open_state
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (

@@ -23,7 +23,7 @@ those, so their lines carry no writer.
 Readers:
 - `recent(state_dir, n)`: the last `n` runs, read backwards from the files
   written last (no index; `slotq status`).
-- `historydb.Index` (`slotq history`, `slotq report`): a per-user SQLite
+- `history.index.Index` (`slotq history`, `slotq report`): a per-user SQLite
   index of every file, caught up incrementally, queried by window.
 
 One vocabulary everywhere (`run --json`, `status --json`, history):
@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import os
 
-from .records import from_json, is_number, to_json, valid_text
+from ..records import from_json, is_number, to_json, valid_text
 
 SPOOL_BYTES = 1 << 20  # the spool moves to its segment past this
 MAX_LINE = 64 * 1024  # longer lines are skipped as corrupt
@@ -155,7 +155,7 @@ def segment_files(state_dir: str) -> list[str]:
 def append(state_dir: str, record: dict[str, object]) -> None:
     """Add a finished run's record to our own spool; failures are ignored
     (a run's result never depends on its history line)."""
-    from .statefile import StateFileError, make_dirs
+    from ..statefile import StateFileError, make_dirs
 
     line = to_json(record).encode() + b"\n"
     hdir = segments_dir(state_dir)
@@ -175,7 +175,7 @@ def append(state_dir: str, record: dict[str, object]) -> None:
 def _own_spool(hdir: str) -> tuple[int, str]:
     """Our spool, open for appending: u<uid>.jsonl, or if that name is
     someone else's (taken first) a u<uid>.<random>.jsonl of ours."""
-    from .statefile import StateFileError, open_state, share_created
+    from ..statefile import StateFileError, open_state, share_created
 
     uid = os.getuid()
     path = os.path.join(hdir, f"u{uid}.jsonl")  # spool_path's
@@ -255,7 +255,7 @@ def recent(state_dir: str, n: int = 10) -> list[dict[str, object]]:
     """The last `n` records, oldest first, read backwards from the files
     written last. A file last written before the n-th newest run found
     ended holds none newer: the reading stops there."""
-    from .statefile import StateFileError, open_state
+    from ..statefile import StateFileError, open_state
 
     if n <= 0:
         return []
@@ -383,7 +383,7 @@ def clean_record(rec: dict[str, object]) -> dict[str, object]:
     dict of numbers or None, and `blame` from the outcome. Anything else
     (a corrupt or hand-written line) becomes None, never a crash. Older
     lines' names (`cls`, `phases.queued`) are read as today's."""
-    from .outcome import Outcome
+    from ..outcome import Outcome
 
     out = dict(rec)
     uid = out.get("uid")
@@ -423,7 +423,7 @@ _names: dict[int, str] = {}
 
 def _user_name(uid: int) -> str:
     if uid not in _names:
-        from .procinfo import user_name
+        from ..procinfo import user_name
 
         _names[uid] = user_name(uid)
     return _names[uid]

@@ -32,7 +32,7 @@ def _pct(xs: list[float], q: float) -> float | None:
 
 
 def build(runs: list[dict[str, object]], since: float, until: float, host: str) -> dict[str, object]:
-    """The page's data and summary from history rows (historydb's). The
+    """The page's data and summary from history rows (history.index's). The
     time axis spans the runs' own extent within [since, until] (a day's
     window with an hour of runs shows the hour); utilisation is over it."""
     times = [float(v) for r in runs for v in r["phases"].values()  # type: ignore[attr-defined]
@@ -152,7 +152,7 @@ def _lanes(runs: list[dict[str, object]]) -> list[str]:
 
 
 def _fmt(s: object) -> str:
-    from .durations import format_duration
+    from ..durations import format_duration
 
     return "-" if not isinstance(s, (int, float)) else format_duration(float(s))
 

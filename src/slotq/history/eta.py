@@ -13,7 +13,7 @@ slot that frees after them.
 
 from __future__ import annotations
 
-from .durations import format_duration, seconds_in
+from ..durations import format_duration, seconds_in
 
 # No `statistics` here: a waiting run computes this, and `statistics` pulls
 # in decimal, fractions, random and re -- about 1 MB more in every queued
@@ -47,7 +47,7 @@ def basis(state_dir: str, pool: str, now: float, kept: Basis | None, shared: Bas
         return kept
     if shared is not None and 0 <= now - shared[2] <= BASIS_MAX_AGE:
         return shared
-    from . import history
+    from .. import history
 
     return (*typical_run(history.once_each(history.recent(state_dir, 2 * RECENT)), pool), now)
 
