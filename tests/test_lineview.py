@@ -170,7 +170,7 @@ def test_far_back_a_report_takes_its_eta_basis_from_the_view_not_the_history(
                         config=HostConfig(), in_fd=in_r, out_fd=out_w)
     try:
         monkeypatch.setattr(history, "recent", no_read)
-        runner._report(FarBack(), "shared", 40.0, with_eta=True)  # type: ignore[arg-type]
+        runner.line().report(FarBack(), "shared", 40.0, with_eta=True)  # type: ignore[arg-type]
         stream = protocol.MAGIC + os.read(out_r, 65536)
         events = [p for k, p in protocol.Decoder().feed(stream) if k == protocol.EVENT]
         queued = [e for e in events if isinstance(e, dict) and e.get("event") == "queued"]
@@ -178,9 +178,9 @@ def test_far_back_a_report_takes_its_eta_basis_from_the_view_not_the_history(
         assert "typical run 2m03s (median of 7 recent run(s))" in str(queued[0]["eta_how"]), queued[0]
         # With no basis in the view, the run reads the history itself.
         lineview.write(str(state_dir), "shared", [*range(1, 21), 4242], SLOTS, time.time())
-        runner._typical = None
+        runner.line().typical = None
         with pytest.raises(AssertionError, match="the history was read"):
-            runner._report(FarBack(), "shared", 70.0, with_eta=True)  # type: ignore[arg-type]
+            runner.line().report(FarBack(), "shared", 70.0, with_eta=True)  # type: ignore[arg-type]
     finally:
         runner.close_stream()
         for fd in (in_r, in_w, out_r):

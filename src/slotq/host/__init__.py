@@ -1,6 +1,9 @@
 """The host side: the queue on one machine and a run on it.
 
-    runner.py      one run's life on the host, from ticket to exit
+    runner.py      one run's life on the host, from ticket to exit: its steps in
+    inline.py        the wait in line, until a slot (or a standby keeper's start)
+    holding.py       the slot: prepare step, command, budget
+    hostrun.py       what the steps share, and the run's end (finish)
     callerlink.py  the runner's link to its caller (stream out, channel in, signals, cancel)
     hostqueue.py   one caller's wait in line (tickets, watches, the head's attempts)
     ticket.py      tickets: the sequence, liveness by kernel lock, line order
@@ -11,7 +14,8 @@
     proclocks.py   who holds which lock, from /proc/locks
     inotify.py     wake-ups (inotify); lockwait.py when none can be had
     libc.py        libc calls the standard library lacks (prctl, inotify), via _ctypes
-    process.py     the keeper: supervises the command, survives its caller
+    process.py     a keeper's plan, and its fork (spawn)
+    keeper.py      the keeper: supervises the command, survives its caller
     child.py       the runner's view of a keeper
     away.py        a quiet run far back in a slow line waits as a shell (flock)
     orphans.py     a run's processes when its keeper is gone
