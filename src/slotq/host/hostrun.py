@@ -11,8 +11,6 @@ The steps: the wait in line (inline.py), the slot and the command
 
 from __future__ import annotations
 
-import os
-
 from .. import history, protocol
 from ..clock import Clock
 from ..config import HostConfig
@@ -24,6 +22,7 @@ from .child import Child, ChildEnd, pump
 from .hostqueue import Waiter
 from .launch import Launch
 from .slot import SlotLease
+from .terminate import yield_cpu
 
 
 class HostRun:
@@ -99,12 +98,7 @@ class HostRun:
         sent (`exited`), the history line written."""
         spec = self.spec
         if lease is None or lease.fd < 0:
-            # The slot is free already: what is left is bookkeeping, and the
-            # next holder's command should have the CPU first.
-            try:
-                os.nice(10)
-            except OSError:
-                pass
+            yield_cpu()  # the slot is free already
         self.phases["ended"] = self.clock.wall()
         if lease is not None:
             lease.release()  # (if still ours) the group is gone: the slot is free before we say so

@@ -32,7 +32,7 @@ from . import libc
 from .child import ChildEnd
 from .orphans import KEEPER_NAME
 from .slot import open_slot_file, still_at_path, write_record
-from .terminate import terminate_group
+from .terminate import terminate_group, yield_cpu
 from .ticket import wait_turn
 
 TYPE_CHECKING = False
@@ -88,7 +88,6 @@ class Keeper:
         self.plan = plan
         self.done_w = done_w
         self.runner_pid = runner_pid
-        self.state = "forked"
         # True until we have tried to start the command or told the runner why not.
         self.before_start = True
         self.record = plan.books.record  # the holder record, completed once the command runs
@@ -110,7 +109,6 @@ class Keeper:
         try:
             self._prepare(devnull)
             if self.plan.standby is not None:
-                self.state = "waiting"
                 if not self._wait_for_slot():
                     self._stopped_in_line()
                     return 0
@@ -274,7 +272,6 @@ class Keeper:
                 except OSError as e2:
                     exec_errno = e2.errno or errno.ENOEXEC
         self.before_start = False
-        self.state = "started"
         self.started_at = time.time()
         started = b"started=%r,%r,%d\n" % (self.started_at, time.monotonic(), self.leader)
         books = self.plan.books
@@ -313,7 +310,6 @@ class Keeper:
         its group TERM, grace, KILL). Its wait status, and whether we
         stopped it."""
         status = _command_end(self.leader)
-        self.state = "ending"
         if status is None:  # a stop came first
             slot_path = self.plan.books.slot_path
             if self.record is not None and slot_path is not None:
@@ -328,14 +324,13 @@ class Keeper:
         # The leader ended; end what it left behind, quietly. From here on
         # all that is left is bookkeeping: the next holder's command, whose
         # slot was freed just now, should have the CPU first.
-        _yield_cpu()
+        yield_cpu()
         terminate_group(self.leader, self.plan.command.grace, leader_is_child=False)
         return status, False
 
     # -- ended --
 
     def _finish(self, status: int, stopped: bool) -> None:
-        self.state = "ended"
         _tell(self.done_w, b"status=%d" % status + (b" stopped=1" if stopped else b""))
         os.close(self.done_w)  # end-of-file: the runner reads our report now
         _last_word(self, status, "the command's group was ended by its keeper" if stopped
@@ -488,10 +483,3 @@ def _close_all_but(keep: set[int]) -> None:
                 os.close(fd)
             except OSError:
                 pass  # the directory listing's own descriptor, already gone
-
-
-def _yield_cpu() -> None:
-    try:
-        os.nice(10)
-    except OSError:
-        pass

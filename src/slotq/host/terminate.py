@@ -66,6 +66,15 @@ def _reap() -> dict[int, int]:
         reaped[pid] = status
 
 
+def yield_cpu() -> None:
+    """Lower our priority: what is left of a run once its slot is free is
+    bookkeeping, and the next holder's command should have the CPU first."""
+    try:
+        os.nice(10)
+    except OSError:
+        pass
+
+
 def terminate_group(leader: int, grace: float, *, leader_is_child: bool) -> int:
     """End the command's group and our other descendants: TERM (+CONT, so a
     stopped process can act on it), up to `grace` seconds, then KILL.
