@@ -6,8 +6,8 @@ waits (for the test to kill it, or to say `done` on stdin).
 
 import sys
 
-from slotq.transports.sentinel import Sentinel
-from slotq.transports.slurmctl import submit
+from slotq.transports.slurm.sentinel import Sentinel
+from slotq.transports.slurm.ctl import submit
 
 job = submit(["-p", sys.argv[1], "-c2", "-o", "/dev/null", "-J", "slotq-sentinel-test"], "sleep 2")
 sentinel = Sentinel([job])

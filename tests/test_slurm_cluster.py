@@ -161,7 +161,7 @@ def test_a_caller_that_says_done_leaves_its_job_alone() -> None:
 
 def test_a_job_slurm_refuses_is_one_line_naming_slurms_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     from slotq.errors import HostUnavailable
-    from slotq.transports.slurmctl import submit
+    from slotq.transports.slurm.ctl import submit
 
     monkeypatch.setenv("SLURM_CONF", CONF)
     with pytest.raises(HostUnavailable, match="Slurm refused the job: .*[Pp]artition"):
@@ -170,7 +170,7 @@ def test_a_job_slurm_refuses_is_one_line_naming_slurms_reason(monkeypatch: pytes
 
 @pytest.mark.timeout(60)
 def test_the_pending_view_gives_position_reason_and_holders(monkeypatch: pytest.MonkeyPatch) -> None:
-    from slotq.transports.slurmctl import pending_view, submit
+    from slotq.transports.slurm.ctl import pending_view, submit
 
     monkeypatch.setenv("SLURM_CONF", CONF)
     blocker = _occupy()

@@ -1,4 +1,5 @@
-"""The client's relay of a Slurm run (transports/slurm.py `_Relay`), pure
+"""The client's relay of a Slurm run (transports/slurm/: `Relay`, and `JobEnding`
+that decides how a job ended), pure
 logic: what srun and the node's runner said, and Slurm's facts about the
 job, are given to it as they are said (a fake `job_info`, no srun), for the
 endings a one-node test cluster cannot cause on demand or only by a race.
@@ -39,12 +40,13 @@ def test_a_ctrl_c_that_beats_the_nodes_hello_is_reported_as_cancelled(node: dict
     from slotq.config import HostConfig
     from slotq.spec import RunSpec
     from slotq.transports import slurm
+    from slotq.transports.slurm.relay import Relay
 
     t = slurm.SlurmTransport(HostConfig())
     t.job_id = "42"
     r, w = os.pipe()
-    relay = slurm._Relay(t, RunSpec(["true"]), -1, w)
-    relay.cancel_reason = "cancelled"
+    relay = Relay(t, RunSpec(["true"]), -1, w)
+    relay.end.cancel_reason = "cancelled"
     relay.forward([(protocol.EVENT, {"event": "hello", "at": 1.0, "protocol": protocol.PROTOCOL_VERSION,
                                      "host": "node", "pid": 1, "run_id": "x"}),
                    (protocol.EVENT, {"event": "exited", "at": 2.0, "phases": {}, **node})])
@@ -79,12 +81,14 @@ def test_a_scancel_of_a_running_job_is_cancelled_even_if_the_command_died_first(
     from slotq.config import HostConfig
     from slotq.spec import RunSpec
     from slotq.transports import slurm
+    from slotq.transports.slurm import ending
+    from slotq.transports.slurm.relay import Relay
 
-    monkeypatch.setattr(slurm, "job_info", lambda job, env=None: dict(info))
+    monkeypatch.setattr(ending, "job_info", lambda job, env=None: dict(info))
     t = slurm.SlurmTransport(HostConfig())
     t.job_id = "42"
     r, w = os.pipe()
-    relay = slurm._Relay(t, RunSpec(["true"]), -1, w)
+    relay = Relay(t, RunSpec(["true"]), -1, w)
     relay.forward([(protocol.EVENT, {"event": "hello", "at": 1.0, "protocol": protocol.PROTOCOL_VERSION,
                                      "host": "node", "pid": 1, "run_id": "x"}),
                    (protocol.STDOUT, b"out"),
@@ -121,14 +125,16 @@ def test_how_slurm_ended_a_job_maps_to_an_outcome_in_the_result_and_the_history(
     from slotq.config import HostConfig
     from slotq.spec import RunSpec
     from slotq.transports import slurm
+    from slotq.transports.slurm import ending
+    from slotq.transports.slurm.relay import Relay
 
-    monkeypatch.setattr(slurm, "job_info", lambda job, env=None: dict(info))
+    monkeypatch.setattr(ending, "job_info", lambda job, env=None: dict(info))
     t = slurm.SlurmTransport(HostConfig())
     t.job_id = "42"
     r, w = os.pipe()
     spec = RunSpec(["true"], label="the run", submitted=1.8e9)
-    relay = slurm._Relay(t, spec, -1, w)
-    relay.node_live, relay.allocated_at = True, 1.8e9 + 5
+    relay = Relay(t, spec, -1, w)
+    relay.end.allocated_at = 1.8e9 + 5
     relay.conclude(1)
     os.close(w)
     with os.fdopen(r, "rb") as f:
@@ -155,7 +161,7 @@ def test_how_slurm_ended_a_job_maps_to_an_outcome_in_the_result_and_the_history(
     ("QOSMaxJobsPerUserLimit", None), ("AssocGrpCpuLimit", None), ("QOSGrpNodeLimit", None),
 ])
 def test_only_reasons_that_never_pass_end_a_pending_job(reason: str, never: str | None) -> None:
-    from slotq.transports.slurm import never_starts
+    from slotq.transports.slurm.relay import never_starts
 
     change = never_starts(reason)
     assert (change is None) if never is None else (change is not None and never in change), change
@@ -178,11 +184,12 @@ def test_a_job_slurm_never_had_is_told_apart_by_why(lines: list[str], kind: str,
     from slotq.config import HostConfig
     from slotq.spec import RunSpec
     from slotq.transports import slurm
+    from slotq.transports.slurm.relay import Relay
 
     t = slurm.SlurmTransport(HostConfig())
     t._lines.extend(lines)
     r, w = os.pipe()
-    slurm._Relay(t, RunSpec(["true"]), -1, w).conclude(1)
+    Relay(t, RunSpec(["true"]), -1, w).conclude(1)
     os.close(w)
     with os.fdopen(r, "rb") as f:
         frames = protocol.Decoder().feed(f.read())
@@ -198,7 +205,7 @@ def test_a_slurm_tool_that_does_not_answer_is_one_sentence(monkeypatch: pytest.M
     import subprocess
 
     from slotq.errors import HostUnavailable
-    from slotq.transports import slurmctl
+    from slotq.transports.slurm import ctl as slurmctl
 
     def hang(argv: list[str], env: object, timeout: float) -> object:
         raise subprocess.TimeoutExpired(argv, timeout)

@@ -24,7 +24,7 @@ State directory: `$SLOTQ_STATE_DIR`, else `$XDG_STATE_HOME/slotq/host`, else
     away = true        # quiet local runs far back in a slow one-slot line wait
                        # as a shell (about 0.35 MB instead of 6): host/away.py
 
-    [slurm]            # optional: `slotq run --slurm` (transports/slurm.py)
+    [slurm]            # optional: `slotq run --slurm` (transports/slurm/)
     slotq = "/opt/slotq/bin/slotq"   # slotq on the nodes (default: this one, by path)
     options = ["--account=ci"]       # given to Slurm (srun) for every run
 

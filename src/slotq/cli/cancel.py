@@ -228,7 +228,7 @@ def _slurm(ids: list[str], label: str | None, mine: bool) -> int:
     from fnmatch import fnmatchcase
 
     from slotq.procinfo import user_name
-    from slotq.transports.slurmctl import as_comment, cancel_jobs, slotq_jobs
+    from slotq.transports.slurm.ctl import as_comment, cancel_jobs, slotq_jobs
 
     jobs = slotq_jobs()
     me = os.getuid()

@@ -201,7 +201,7 @@ def _slurm(as_json: bool) -> Render:
 
     def render(watching: bool, tty: bool) -> str:
         from slotq.errors import HostUnavailable
-        from slotq.transports.slurmctl import format_partitions, partition_view
+        from slotq.transports.slurm.ctl import format_partitions, partition_view
 
         by_partition: dict[str | None, list[str]] = {}
         for cls, job in sorted(config.slurm.classes.items()):

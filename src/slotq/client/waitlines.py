@@ -62,7 +62,7 @@ def _compact_queued(ev: dict[str, object]) -> str:
 
 
 def format_pending(waited: float, view: dict[str, object]) -> str:
-    """One status line for a pending Slurm job (transports/slurm.py's
+    """One status line for a pending Slurm job (transports/slurm/'s
     pending_view): position in Slurm's priority order, Slurm's reason, who
     holds the partition, the expected start."""
     from ..records import printable

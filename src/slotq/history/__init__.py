@@ -400,7 +400,7 @@ def clean_record(rec: dict[str, object]) -> dict[str, object]:
     code = out.get("exit_code")
     # An exit status or a negative signal number: 32 bits at most (a longer
     # one would not fit the index's SQLite INTEGER).
-    if out.get("relay") is not True:  # a Slurm relay's line (transports/slurm.py) says so; no other
+    if out.get("relay") is not True:  # a Slurm relay's line (transports/slurm/) says so; no other
         out.pop("relay", None)
     out["exit_code"] = code if isinstance(code, int) and not isinstance(code, bool) and -(1 << 31) <= code < 1 << 31 \
         else None

@@ -5,8 +5,8 @@ A backend is a subclass of `Transport`, one module per way to reach a host:
     transports/local.py   this machine (the runner in a thread of the caller;
                           away.py: the caller waiting away as a shell)
     transports/ssh.py     a remote host through OpenSSH
-    transports/slurm.py   a Slurm cluster (srun; Slurm is the queue;
-                          slurmctl.py asks Slurm's tools)
+    transports/slurm/     a Slurm cluster (srun; Slurm is the queue;
+                          ctl.py asks Slurm's tools)
 
 The client (client.py) imports only this module; the CLI picks the backend.
 """

@@ -28,7 +28,7 @@ _SENTINEL = ('IFS= read -r word; [ "$word" = done ] && exit 0; py=$1 code=$2 dir
              'scancel --quiet "$@"; sleep 1; scancel --quiet "$@"; '
              '[ -n "$py" ] && exec "$py" -S -c "$code" "$dir" "$rec"; exit 0')
 _LAST_WORD = ("import sys; sys.path.insert(0, sys.argv[1]); "
-              "from slotq.transports.sentinel import last_word; last_word(sys.argv[2])")
+              "from slotq.transports.slurm.sentinel import last_word; last_word(sys.argv[2])")
 
 
 class Sentinel:
@@ -46,9 +46,11 @@ class Sentinel:
                  gone: dict[str, object] | None = None) -> None:
         last: list[str] = ["", "", "", ""]
         if gone is not None:
-            from ..records import to_json
+            from ...records import to_json
 
-            here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+            from ... import __file__ as package_init
+
+            here = os.path.dirname(os.path.dirname(os.path.abspath(package_init)))  # where slotq is imported from
             last = [sys.executable, _LAST_WORD, here, to_json(gone)]
         r, self._w = os.pipe()  # both close-on-exec
         try:
@@ -76,10 +78,10 @@ def last_word(arg: str) -> None:
     a node, whose runner writes that. `arg`: the record Sentinel was given."""
     import time
 
-    from ..errors import HostUnavailable
-    from ..records import from_json, is_number
-    from ..spec import is_run_id
-    from .slurmctl import jobs_named
+    from ...errors import HostUnavailable
+    from ...records import from_json, is_number
+    from ...spec import is_run_id
+    from .ctl import jobs_named
 
     ended = time.time()
     try:
@@ -102,8 +104,8 @@ def last_word(arg: str) -> None:
         return  # it ran: its node's runner said how it ended
     message = (f"caller gone while pending in Slurm's line; its sentinel cancelled Slurm job {jobs[0][0]}" if jobs
                else "caller gone before Slurm had the job" + unsure)
-    from ..history import append, run_record
-    from ..host.hostqueue import ensure_state_dir
+    from ...history import append, run_record
+    from ...host.hostqueue import ensure_state_dir
 
     try:
         ensure_state_dir(state_dir)

@@ -1,7 +1,7 @@
 """What Slurm's own client tools say, asked with limits: `sbatch` (submit),
 `squeue` and `sinfo` (a pending job's place, a partition's queue),
 `scontrol` and `sacct` (how a job ended). Used by the Slurm transport
-(slurm.py) and by `slotq status --slurm`. Every tool has a timeout, and
+(this package) and by `slotq status --slurm`. Every tool has a timeout, and
 its output is read only so far; a failure is HostUnavailable in the tool's
 own words (job_info: {} instead)."""
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import subprocess
 
-from ..errors import HostUnavailable
+from ...errors import HostUnavailable
 
 
 def _run(argv: list[str], env: dict[str, str] | None, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -47,7 +47,7 @@ def as_comment(label: str) -> str:
     """A run's label as its job's comment, where `run --slurm` puts it and
     `cancel --slurm --label` looks for it (the pattern made the same way):
     one line of printable text, in the bytes Slurm keeps, whole characters."""
-    from ..records import printable, valid_text
+    from ...records import printable, valid_text
 
     return printable(valid_text(label), 1000).encode()[:COMMENT_BYTES].decode("utf-8", "ignore")
 
@@ -149,7 +149,7 @@ def _labels(where: list[str], rows: list[list[str]], name_at: int, env: dict[str
 def _named(job: dict[str, object]) -> str:
     """A job as status shows it: its name (a slotq run's, `slotq-<run id>`,
     is what `slotq cancel --slurm` takes), then its label if it is ours."""
-    from ..records import printable
+    from ...records import printable
 
     return printable(job["name"], 60) + (f" ({printable(job['label'], 60)})" if job.get("label") else "")
 
@@ -162,7 +162,7 @@ def _default_partition(env: dict[str, str] | None) -> str:
 
 def format_partitions(views: list[dict[str, object]]) -> str:
     """`slotq status --slurm` as text."""
-    from ..records import printable
+    from ...records import printable
 
     out: list[str] = []
     for v in views:
@@ -188,7 +188,7 @@ def slotq_jobs(env: dict[str, str] | None = None) -> dict[str, tuple[str, int, s
     """run id -> (Slurm job id, its owner's uid, its label) for the jobs
     slotq submitted (named `slotq-<run id>`) that are pending or running.
     The label is the job's comment (None if it has none)."""
-    from ..spec import is_run_id
+    from ...spec import is_run_id
 
     rows = _squeue(["-t", "PD,CF,R,S,RQ,RS,RH", "--format=%i|%U|%j|%k"], env)
     out: dict[str, tuple[str, int, str | None]] = {}
