@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from slotq.host.child import ChildEnd
-from slotq.host.verdict import judge
+from slotq.host.verdict import Ran, judge
 from slotq.outcome import Outcome
 
 EXIT_3 = 3 << 8  # raw wait status of `exit 3`
@@ -48,12 +48,12 @@ CASES = [
 @pytest.mark.parametrize("end,reason,caller,outcome,words", CASES)
 def test_a_runs_end_reads_as_its_outcome_and_message(end: ChildEnd, reason: Outcome | None, caller: Any,
                                                       outcome: Outcome, words: str) -> None:
-    got, message = judge(end, reason, caller, argv0="cmd", host="h", budget=5.0, slot_at=1e9, started_at=1e9)
+    got, message = judge(end, reason, caller, Ran("cmd", "h", 5.0, slot_at=1e9, started_at=1e9))
     assert got is outcome and words in message, (got, message)
 
 
 @pytest.mark.timeout(10)
 def test_a_scheduler_runs_budget_names_its_allocation() -> None:
-    got, message = judge(ChildEnd(KILLED_BY_TERM, None, True), Outcome.EXEC_TIMEOUT, link(), argv0="cmd",
-                         host="node1", budget=5.0, slot_at=1e9, started_at=1e9, allocation="slurm:42")
+    got, message = judge(ChildEnd(KILLED_BY_TERM, None, True), Outcome.EXEC_TIMEOUT, link(),
+                         Ran("cmd", "node1", 5.0, slot_at=1e9, started_at=1e9, allocation="slurm:42"))
     assert got is Outcome.EXEC_TIMEOUT and "(slurm:42 started on node1 at" in message, message

@@ -103,7 +103,7 @@ def main(args: list[str]) -> int:
         raise UsageError(f"{what}: init, hello, reap or run (see `slotq host --help`)")
     opts, command = PARSER.parse(args[1:])
     from slotq.config import HostConfig, state_dir_from_env
-    from slotq.host.runner import HostRunner
+    from slotq.host.runner import Arrival, HostRunner
     from slotq.spec import RunSpec
 
     state_dir = state_dir_from_env()
@@ -139,7 +139,7 @@ def main(args: list[str]) -> int:
             raise UsageError("--slurm-job: not inside a Slurm job ($SLURM_JOB_ID is not set)")
         allocation = f"slurm job {job}"
     HostRunner(spec, state_dir=state_dir, config=config, in_fd=0, out_fd=1, ctl_buffer=leftover,
-               allocation=allocation).run()
+               arrival=Arrival(allocation)).run()
     return 0
 
 

@@ -89,9 +89,9 @@ class HostRun:
         return pump(self.link, self.clock, child, streams, limit, self.end_lost)
 
     def judge(self, end: ChildEnd, reason: Outcome | None) -> tuple[Outcome, str]:
-        return verdict.judge(end, reason, self.link, argv0=self.spec.argv[0], host=self.host, budget=self.budget,
-                             slot_at=self.phases["slot"], started_at=self.phases["started"],
-                             allocation=self.allocation, lost_message=self.lost_message)
+        ran = verdict.Ran(self.spec.argv[0], self.host, self.budget, self.phases["slot"], self.phases["started"],
+                          self.allocation, self.lost_message)
+        return verdict.judge(end, reason, self.link, ran)
 
     def finish(self, outcome: Outcome, end: ChildEnd | None, lease: SlotLease | None, message: str) -> Outcome:
         """The run's end, whatever the path: the slot released, the result

@@ -42,36 +42,42 @@ if TYPE_CHECKING:
 MAX_SCHEDULER_WAIT = 30 * 86400.0
 
 
+class Arrival:
+    """What a run brings to its runner besides its request: a slot or a
+    place in line it already has. `allocation`: a slot a scheduler granted
+    (Slurm: "slurm job N"): the run then skips the host's own queue. The
+    rest comes from a caller in this process (LocalTransport). `ticket`: its place in line, taken before the runner
+    was made (LocalTransport.reserve); the runner adopts it, or withdraws it
+    if the run never queues. `early`: what launch.start_now did in place of
+    a ticket: the command started (the runner carries the run on), or the
+    run's waiter, in line (the runner waits with it). `wait_closer`
+    (LocalTransport.keep_wait_end): how a standby keeper closes the caller's
+    queue wait if the caller dies in line; a quiet caller is then told it
+    need not refresh it. `may_go_away`: the caller can wait away
+    (host/away.py: `slotq run`, the runner a thread of it). `came_back`: the
+    caller is back from waiting away."""
+
+    __slots__ = ("allocation", "ticket", "early", "wait_closer", "may_go_away", "came_back")
+
+    def __init__(self, allocation: str | None = None, ticket: Ticket | None = None, early: Early | None = None,
+                 wait_closer: Callable[[], Callable[[float], None]] | None = None, may_go_away: bool = False,
+                 came_back: bool = False) -> None:
+        self.allocation = allocation
+        self.ticket = ticket
+        self.early = early
+        self.wait_closer = wait_closer
+        self.may_go_away = may_go_away
+        self.came_back = came_back
+
+
 class HostRunner:
-    def __init__(
-        self,
-        spec: RunSpec,
-        *,
-        state_dir: str,
-        config: HostConfig,
-        in_fd: int = 0,
-        out_fd: int = 1,
-        clock: Clock | None = None,
-        ctl_buffer: bytes = b"",
-        allocation: str | None = None,
-        ticket: Ticket | None = None,
-        wait_closer: Callable[[], Callable[[float], None]] | None = None,
-        may_go_away: bool = False,
-        came_back: bool = False,
-        early: Early | None = None,
-    ) -> None:
-        """`ticket`: the run's place in line, taken before this runner was
-        made (LocalTransport.reserve); the runner adopts it, or withdraws it
-        if the run never queues. `allocation`: a slot a scheduler already
-        granted (Slurm: "slurm:JOBID"): the run then skips the host's own
-        queue. `wait_closer` (LocalTransport.keep_wait_end): how a standby
-        keeper closes the caller's queue wait if the caller dies in line; a
-        quiet caller is then told it need not refresh it. `may_go_away`:
-        the caller can wait away (host/away.py: `slotq run` with the local
-        transport, the runner a thread of it). `early`: what
-        launch.start_now did before this runner was made, in place of a
-        ticket: the command started (the runner carries the run on), or the
-        run's waiter, in line (the runner waits with it)."""
+    def __init__(self, spec: RunSpec, *, state_dir: str, config: HostConfig, in_fd: int = 0, out_fd: int = 1,
+                 ctl_buffer: bytes = b"", arrival: Arrival | None = None, clock: Clock | None = None) -> None:
+        """The caller's channel: `in_fd`, `out_fd`, and what was read of it
+        before (`ctl_buffer`). `arrival`: the slot or the place in line the
+        run already has (Arrival)."""
+        came = arrival or Arrival()
+        ticket, early = came.ticket, came.early
         clock = clock or Clock()
         in_line: Waiter | None = None
         if early is not None and early.launch is None:
@@ -80,13 +86,13 @@ class HostRunner:
         launch = early.launch if early is not None and early.launch else Launch(
             spec, state_dir=state_dir, config=config, host=os.uname().nodename, clock=clock)
         link = CallerLink(in_fd, out_fd, spec.run_id, clock, ctl_buffer)
-        self.run_state = run = HostRun(spec, config, state_dir, link, launch, clock, allocation)
+        self.run_state = run = HostRun(spec, config, state_dir, link, launch, clock, came.allocation)
         run.waiter = early.waiter if early is not None else None
         self._line: LineWait | None = None
         self._place = (ticket, in_line)  # a place in line taken before us, if any
-        self._wait_closer = wait_closer
-        self._may_go_away = may_go_away and not came_back and config.wait_away
-        self._came_back = came_back
+        self._wait_closer = came.wait_closer
+        self._may_go_away = came.may_go_away and not came.came_back and config.wait_away
+        self._came_back = came.came_back
         self._early = early
 
     def line(self) -> LineWait:

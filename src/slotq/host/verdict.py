@@ -40,18 +40,36 @@ def stop_message(link: CallerLink, reason: Outcome, phase: str) -> str | None:
     return None
 
 
-def judge(end: ChildEnd, reason: Outcome | None, link: CallerLink, *, argv0: str, host: str, budget: float,
-          slot_at: float | None, started_at: float | None, allocation: str | None = None,
-          lost_message: str | None = None) -> tuple[Outcome, str]:
+class Ran:
+    """What a verdict's words name of the run: its command (`argv0`), the
+    host, the budget, when its slot and its command began, the
+    scheduler's grant of a Slurm run (`allocation`), and what the runner
+    found when the keeper was killed (`lost_message`)."""
+
+    __slots__ = ("argv0", "host", "budget", "slot_at", "started_at", "allocation", "lost_message")
+
+    def __init__(self, argv0: str, host: str, budget: float, slot_at: float | None = None,
+                 started_at: float | None = None, allocation: str | None = None,
+                 lost_message: str | None = None) -> None:
+        self.argv0 = argv0
+        self.host = host
+        self.budget = budget
+        self.slot_at = slot_at
+        self.started_at = started_at
+        self.allocation = allocation
+        self.lost_message = lost_message
+
+
+def judge(end: ChildEnd, reason: Outcome | None, link: CallerLink, ran: Ran) -> tuple[Outcome, str]:
     """The outcome and message of a command that ran (or could not start):
     `reason` is why the runner stopped it (a limit, a cancel), if it did;
-    `allocation` the scheduler's grant of a Slurm run; `lost_message` what
-    the runner found when the keeper was killed."""
+    `link` says who cancelled it."""
+    argv0, host, budget, slot_at, allocation = ran.argv0, ran.host, ran.budget, ran.slot_at, ran.allocation
     slot_clock = time.strftime("%H:%M:%S", time.localtime(slot_at or 0))
     if end.setup_error:
         return Outcome.UNAVAILABLE, f"slotq could not set the command up on host {host}: {end.setup_error}; nothing ran"
     if end.lost:
-        return Outcome.UNAVAILABLE, lost_message or "the command's keeper was killed"
+        return Outcome.UNAVAILABLE, ran.lost_message or "the command's keeper was killed"
     if reason is Outcome.CANCELLED and link.cancel_note is not None:
         return reason, f"{link.cancel_note} while the command ran" + (": stopped" if end.stopped else "")
     if end.exec_errno is not None:
@@ -65,7 +83,7 @@ def judge(end: ChildEnd, reason: Outcome | None, link: CallerLink, *, argv0: str
                             f"from the command's start)")
         if reason is Outcome.EXEC_TIMEOUT:
             # The wait is the summary line's (the client's clock): not restated here.
-            started = time.strftime("%H:%M:%S", time.localtime(started_at or 0))
+            started = time.strftime("%H:%M:%S", time.localtime(ran.started_at or 0))
             return reason, (f"command ran past its budget of {format_duration(budget)} "
                             f"(slot acquired at {slot_clock}; the budget counted from the command's start "
                             f"at {started})")

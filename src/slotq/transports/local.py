@@ -207,11 +207,12 @@ class LocalTransport(Transport):
                    early: Early | None = None) -> None:
         runner = None
         try:
-            from ..host.runner import HostRunner
+            from ..host.runner import Arrival, HostRunner
 
+            arrival = Arrival(None, ticket, early, self._wait_closer, may_go_away=self.away and done is not None,
+                              came_back=self.came_back)
             runner = HostRunner(spec, state_dir=self.state_dir, config=self.config, in_fd=ctl_r, out_fd=ev_w,
-                                ticket=ticket, wait_closer=self._wait_closer,
-                                may_go_away=self.away and done is not None, came_back=self.came_back, early=early)
+                                arrival=arrival)
             runner.run()
         except BaseException as e:
             why = (f"{e.strerror}" + (f" ({e.filename})" if e.filename else "") if isinstance(e, OSError)
