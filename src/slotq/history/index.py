@@ -60,6 +60,10 @@ CHUNK = 8 << 20  # read at most this much of a file per step
 # unread (grown by hand: a month of runs is tens of MiB) is read from its
 # last CHUNK, and named: a query never hangs on one file.
 MAX_CATCH_UP = 256 << 20
+# A catch-up lists the files again while it finds one moved since its last
+# listing (a spool renamed to its segment), at most this often: a spool
+# moves once a SPOOL_BYTES of runs, and nobody's renames keep a query waiting.
+MAX_PASSES = 8
 
 
 def index_path(state_dir: str) -> str:
@@ -102,17 +106,15 @@ class Index:
         retention. The number of lines read."""
         now = time.time() if now is None else now
         history.prune(self.state_dir, self.retention_s, now)
-        # The spool before the segments: a spool found emptied drops the
-        # runs read from it, and the segment its lines moved to (written
-        # before the spool is emptied) gives them back in the same step.
-        files = history.history_files(self.state_dir)
         cutoff = now - self.retention_s
         n = 0
         self.db.execute("BEGIN IMMEDIATE")
         try:
-            self._forget_files_gone([f.path for f in files])
-            for f in files:
-                n += self._read_file(f, cutoff)
+            for _ in range(MAX_PASSES):
+                read, moved = self._pass(cutoff)
+                n += read
+                if not moved:
+                    break
             self.db.execute("DELETE FROM runs WHERE ended < ?", (cutoff,))
             self.db.execute("COMMIT")
         except BaseException:
@@ -120,24 +122,45 @@ class Index:
             raise
         return n
 
-    def _forget_files_gone(self, files: list[str]) -> None:
-        """Drop the runs read from a history file that is no longer there
-        (a segment past the retention, or the whole state dir: removed, a
-        reboot's /tmp). The index is a cache of the files: it must not go
-        on showing runs whose lines are gone."""
-        names = {os.path.relpath(p, self.state_dir) for p in files}
-        for (name,) in self.db.execute("SELECT name FROM files").fetchall():
-            if name not in names:
-                self.db.execute("DELETE FROM runs WHERE src = ?", (name,))
-                self.db.execute("DELETE FROM files WHERE name = ?", (name,))
+    def _pass(self, cutoff: float) -> tuple[int, bool]:
+        """List the files and read what is new in each: (lines read,
+        whether a file read before was gone or replaced). A spool that
+        moved to its segment between the listing and its read (or while
+        the directory was being listed, which may then show neither name)
+        has its rows dropped with its segment not yet listed: the caller
+        lists again, in the same transaction, so that no reader ever sees
+        those runs missing."""
+        files = history.history_files(self.state_dir)
+        moved = self._forget_files_gone([f.path for f in files])
+        n = 0
+        for f in files:
+            read, replaced = self._read_file(f, cutoff)
+            n += read
+            moved = moved or replaced
+        return n, moved
 
-    def _read_file(self, f: history.HistoryFile, cutoff: float) -> int:
+    def _forget_files_gone(self, files: list[str]) -> bool:
+        """Drop the runs read from a history file that is no longer there
+        (a segment past the retention, a spool moved on, or the whole state
+        dir: removed, a reboot's /tmp). The index is a cache of the files:
+        it must not go on showing runs whose lines are gone. Whether any
+        was."""
+        names = {os.path.relpath(p, self.state_dir) for p in files}
+        gone = [name for (name,) in self.db.execute("SELECT name FROM files").fetchall() if name not in names]
+        for name in gone:
+            self.db.execute("DELETE FROM runs WHERE src = ?", (name,))
+            self.db.execute("DELETE FROM files WHERE name = ?", (name,))
+        return bool(gone)
+
+    def _read_file(self, f: history.HistoryFile, cutoff: float) -> tuple[int, bool]:
+        """Read what is new in one file: (lines read, whether the file read
+        before under its name was replaced, its rows dropped)."""
         path = f.path
         name = os.path.relpath(path, self.state_dir)
         try:
             fd, _ = open_state(path, os.O_RDONLY)
         except (OSError, StateFileError):
-            return 0
+            return 0, False
         try:
             if f.spool and f.owner is None:  # the shared spool of older versions
                 # The spool is emptied when its lines move to a segment: read
@@ -150,16 +173,17 @@ class Index:
                 if not history.lock_within(fd, fcntl.LOCK_SH, history.LOCK_WAIT):
                     self.skipped_files.append(f"{path}: locked by someone else (for more than "
                                               f"{history.LOCK_WAIT:g} s); its newest runs are not shown")
-                    return 0
+                    return 0, False
             st = os.fstat(fd)
             head = os.pread(fd, HEAD, 0)
             row = self.db.execute("SELECT ino, off, head FROM files WHERE name = ?", (name,)).fetchone()
-            off = 0
+            off, replaced = 0, False
             if row is not None and row[0] == st.st_ino and row[1] <= st.st_size and \
                     bytes(row[2] or b"")[:len(head)] == head[:len(row[2] or b"")]:
                 off = row[1]
             elif row is not None:  # emptied (moved to a segment) or replaced: its lines are not these
                 self.db.execute("DELETE FROM runs WHERE src = ?", (name,))
+                replaced = True
             if st.st_size - off > MAX_CATCH_UP:
                 self.skipped_files.append(f"{path}: {st.st_size - off} bytes unread, more than a history file "
                                           f"grows to ({MAX_CATCH_UP >> 20} MiB); only its last {CHUNK >> 20} MiB "
@@ -198,7 +222,7 @@ class Index:
             self._insert(rows)
             self.db.execute("INSERT OR REPLACE INTO files (name, ino, off, head) VALUES (?, ?, ?, ?)",
                             (name, st.st_ino, off, head))
-            return n
+            return n, replaced
         finally:
             os.close(fd)
 
