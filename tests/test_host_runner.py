@@ -150,7 +150,7 @@ def test_every_host_command_explains_itself_with_help(state_dir: Path, args: lis
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["host"], "name a host command: init, hello, reap or run (see `slotq host --help`)"),
+    (["host"], "name a host command: init, hello, reap, run, keep or attach (see `slotq host --help`)"),
     (["host", "frob"], "unknown host command 'frob'"),
     (["host", "hello", "--json"], "slotq host hello (it takes no options)"),
     (["host", "reap"], "usage: slotq host reap RUN_ID"),

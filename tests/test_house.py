@@ -25,9 +25,9 @@ MAX_PARAMS = 8
 # verdict.Ran, runner.Arrival).
 KNOWN = {
     "client/caller.py:run": (37, 13),
-    "client/caller.py:__init__": (21, 10),
+    "client/caller.py:__init__": (19, 10),
     "config.py:__init__": (37, 12),
-    "spec.py:__init__": (36, 16),
+    "spec.py:__init__": (35, 15),
     "cli/args.py:__init__": (21, 11),
     "history/__init__.py:run_record": (16, 11),
     "client/ledger.py:__init__": (12, 11),

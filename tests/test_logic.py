@@ -48,7 +48,9 @@ def test_exit_codes_are_distinct_and_timeout_is_124() -> None:
 
 
 def test_every_outcome_names_whom_it_blames() -> None:
-    assert {o.blame for o in Outcome.members()} <= {"work", "infrastructure", "caller", "task"}
+    assert {o.blame for o in Outcome.members()} <= {"work", "infrastructure", "caller", "task", "none"}
+    # `detached` is not an ending (a kept run goes on): the one outcome that blames nobody.
+    assert [o for o in Outcome.members() if o.blame == "none"] == [Outcome.DETACHED]
     assert Outcome.BACKSTOP.blame == "infrastructure" and Outcome.EXEC_TIMEOUT.blame == "work"
 
 
@@ -175,7 +177,7 @@ def test_bad_config_is_a_config_error_naming_the_file(tmp_path: os.PathLike[str]
 def test_outcome_values_are_interned_strings() -> None:
     assert Outcome("passed") is Outcome.PASSED and Outcome.PASSED == "passed"
     assert str(Outcome.EXEC_TIMEOUT) == "exec_timeout" and repr(Outcome.BACKSTOP) == "Outcome.BACKSTOP"
-    assert len(Outcome.members()) == 12
+    assert len(Outcome.members()) == 13
     with pytest.raises(ValueError, match="not an outcome"):
         Outcome("exploded")
 

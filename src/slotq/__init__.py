@@ -24,6 +24,9 @@ _EXPORTS = {
     "TaskResult": "slotq.client.task",
     "RunResult": "slotq.client.result",
     "run": "slotq.client.caller",
+    "submit": "slotq.client.kept",
+    "submit_async": "slotq.client.kept",
+    "KeptRun": "slotq.client.kept",
     "Clock": "slotq.clock",
     "FakeClock": "slotq.clock",
     "Timer": "slotq.clock",
@@ -44,6 +47,7 @@ if TYPE_CHECKING:
     from .client.caller import run
     from .client.result import RunResult
     from .client.deadline import Deadline, Extension
+    from .client.kept import KeptRun, submit, submit_async
     from .client.ledger import Credit, Ledger
     from .client.task import TaskResult, run_task
     from .clock import Clock, FakeClock, Timer

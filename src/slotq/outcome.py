@@ -32,6 +32,7 @@ class Outcome(str):
     BUDGET_EXHAUSTED: ClassVar[Outcome]
     DEADLINE: ClassVar[Outcome]
     NOT_ADMITTED: ClassVar[Outcome]
+    DETACHED: ClassVar[Outcome]
 
     def __new__(cls, value: str) -> Outcome:
         try:
@@ -85,6 +86,9 @@ Outcome.CANCELLED = Outcome._define("cancelled")
 Outcome.BUDGET_EXHAUSTED = Outcome._define("budget_exhausted")
 Outcome.DEADLINE = Outcome._define("deadline")
 Outcome.NOT_ADMITTED = Outcome._define("not_admitted")
+# Not an ending: the caller left a kept run on purpose (--attach-for,
+# `slotq attach --for`), which goes on; exit 75, EX_TEMPFAIL, "not yet".
+Outcome.DETACHED = Outcome._define("detached")
 
 BLAME: dict[str, str] = {
     "passed": "work",
@@ -99,6 +103,7 @@ BLAME: dict[str, str] = {
     "budget_exhausted": "task",
     "deadline": "task",
     "not_admitted": "infrastructure",
+    "detached": "none",
 }
 
 # The one exit-code table. passed/failed pass the command's own code through
@@ -119,6 +124,7 @@ EXIT_CODES: dict[Outcome, int | None] = {
     Outcome.BUDGET_EXHAUSTED: 119,
     Outcome.DEADLINE: 118,
     Outcome.NOT_ADMITTED: 117,
+    Outcome.DETACHED: 75,
 }
 
 

@@ -45,6 +45,7 @@ STARTED = "started"
 EXITED = "exited"
 ERROR = "error"
 AWAY = "away"  # local runs only: the caller may wait away (host/away.py)
+DETACHED = "detached"  # a kept run's attacher leaves, the run goes on (host/kept.py)
 
 
 def frame(kind: bytes, payload: bytes) -> bytes:
@@ -65,7 +66,7 @@ _OPT_STR = (str, type(None))
 # _REQUIRED; other known fields are optional; unknown fields are ignored.
 _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     HELLO: {"protocol": (int,), "version": (str,), "host": (str,), "pid": (int,), "run_id": (str,),
-            "warnings": (list,)},
+            "warnings": (list,), "request": (dict,), "lease_s": _NUM, "credit_dir": (str,)},
     QUEUED: {"waited_s": _NUM, "ahead": (int,), "position": (int,), "waiting": (int,), "pool": (str,),
              "holders": (list,), "notes": (list,), "slurm": (dict,), "load1": _NUM, "load5": _NUM, "load15": _NUM,
              "cores": (int,), "eta_s": _NUM, "eta_how": (str,), "wait_kept": (bool,)},
@@ -76,10 +77,11 @@ _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
              "not_started": (bool,)},
     ERROR: {"kind": (str,), "message": (str,)},
     AWAY: {"ticket": (str,), "ticket_fd": (int,), "ahead_fd": (int,), "max_wait_s": _NUM},
+    DETACHED: {"run_id": (str,), "phase": (str,), "position": (int,), "ran_s": _NUM, "lease_s": _NUM},
 }
 _REQUIRED = {HELLO: ("protocol",), QUEUED: (), SLOT: ("slot",), PREPARED: ("ok",), STARTED: (),
              EXITED: ("outcome",), ERROR: ("message",),
-             AWAY: ("ticket", "ticket_fd", "ahead_fd")}
+             AWAY: ("ticket", "ticket_fd", "ahead_fd"), DETACHED: ("run_id", "phase")}
 
 
 def _finite(x: float) -> bool:

@@ -40,7 +40,8 @@ class RunSpec:
     """
 
     __slots__ = ("argv", "cls", "budget", "prepare", "prepare_timeout", "label",
-                 "report_every", "kill_grace", "cwd", "env", "run_id", "work_id", "max_wait", "quiet", "submitted")
+                 "report_every", "kill_grace", "cwd", "env", "run_id", "work_id", "max_wait", "quiet", "submitted",
+                 "kept")
 
     # What travels to a remote runner (`slotq host run --request-stdin`).
     _REQUEST = ("argv", "cls", "budget", "prepare", "prepare_timeout", "label", "report_every",
@@ -80,9 +81,8 @@ class RunSpec:
         self.work_id = work_id  # a synced work dir on a remote host (instead of cwd)
         self.max_wait = max_wait
         self.quiet = quiet
-        # When the run was submitted, if before its runner started: a Slurm
-        # job's runner starts once the job has waited in Slurm's line.
-        self.submitted = submitted
+        self.submitted = submitted  # if before its runner started (a Slurm job waits in Slurm's line first)
+        self.kept: float | None = None  # a kept run's lease (client/standin.py), for `slotq status`; not sent
 
     def to_request(self) -> bytes:
         """One JSON line. Arguments are JSON strings: no shell sees them.

@@ -18,6 +18,7 @@ queue. Waiting in line is never charged to the command's budget.
 
 commands:
   run      run a command when a slot is free:   slotq run --budget 10m -- pytest -q
+  attach   come back to a kept run (run --attach-for / --detach):  slotq attach RUN_ID --for 100s
   status   show pools, slot holders, the waiting line and recent runs
   cancel   cancel queued or running runs of yours:  slotq cancel RUN_ID | --label PAT | --mine
   task     run a whole job under a budget that recorded waits extend:
@@ -31,7 +32,8 @@ commands:
 Run `slotq <command> --help` for its options. Exit codes: see `slotq run --help`.
 """
 
-COMMANDS = {"run": "slotq.cli.run", "status": "slotq.cli.status", "cancel": "slotq.cli.cancel",
+COMMANDS = {"run": "slotq.cli.run", "attach": "slotq.cli.attach", "status": "slotq.cli.status",
+            "cancel": "slotq.cli.cancel",
             "task": "slotq.cli.task",
             "waits": "slotq.cli.waits", "history": "slotq.cli.history",
             "report": "slotq.cli.report", "completion": "slotq.cli.completion", "host": "slotq.cli.host"}

@@ -291,6 +291,29 @@ def parse_window(opts: Namespace) -> tuple[float, float]:
     return since, until
 
 
+def byte_size(text: str) -> int:
+    """`64M`, `512K`, `1G` or a number of bytes."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    digits, unit = (text[:-1], units[text[-1].upper()]) if text[-1:].upper() in units else (text, 1)
+    if not digits.isdigit() or not 0 < int(digits) * unit <= 1 << 40:
+        raise ValueError(f"{text!r} is not a size (e.g. 64M, 512K, or bytes)")
+    return int(digits) * unit
+
+
+def run_id_and_options(parser: Parser, args: list[str]) -> tuple[str, Namespace]:
+    """RUN_ID first or last, options around it."""
+    from slotq.spec import is_run_id
+
+    first = args[:1] and not args[0].startswith("-")
+    opts, rest = parser.parse(args[1:] if first else args)
+    ids = args[:1] + rest if first else rest
+    if len(ids) != 1:
+        raise parser.error("name one run id" if not ids else f"unexpected argument {ids[1]!r}")
+    if not is_run_id(ids[0]):
+        raise parser.error(f"{ids[0]!r} is not a run id (1..64 letters and digits)")
+    return ids[0], opts
+
+
 def positive_int(text: str) -> int:
     """A whole number from 0; one above 10**12 (more than any count slotq
     keeps) means "all" and is read as 10**12."""

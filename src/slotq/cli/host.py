@@ -10,6 +10,7 @@ import os
 import sys
 
 from slotq.cli.args import FLAG, RUN_OPTIONS, Opt, Parser, current_dir
+from slotq.cli.hostrequest import request_from_stdin, work_root
 from slotq.errors import UsageError
 
 
@@ -43,7 +44,7 @@ PARSER = Parser(
 
 HELP = {
     None: """\
-usage: slotq host <init | hello | reap | run> ...
+usage: slotq host <init | hello | reap | run | keep | attach> ...
 
 The host side. A person runs `init` (as root); transports run the others on
 the test host, over ssh or in a Slurm job.
@@ -57,6 +58,10 @@ the test host, over ssh or in a Slurm job.
                                 (same user only)
   run [options] -- CMD          the runner of one run; stdin is the caller's
                                 channel (`slotq host run --help`)
+  keep --request-stdin          start a kept run (it outlives its caller:
+                                `slotq run --attach-for`), then attach to it
+  attach RUN_ID [--for D]       a kept run's stream, from where its last
+                                attacher left off (`slotq attach`)
   away-gone                     a run that waited away died: close its wait
                                 and bury its ticket (started by the run's
                                 watcher, with $SLOTQ_AWAY_GONE)
@@ -92,6 +97,10 @@ def main(args: list[str]) -> int:
         return hello()
     if args == ["away-gone"]:
         return away_gone()
+    if args[:1] in (["keep"], ["attach"]):
+        from slotq.cli import hostkeep
+
+        return hostkeep.keep(args[1:]) if args[0] == "keep" else hostkeep.attach(args[1:])
     if args[:1] == ["reap"]:
         if len(args) != 2 or not (args[1].isalnum() and args[1].isascii()):
             raise UsageError("usage: slotq host reap RUN_ID")
@@ -100,7 +109,7 @@ def main(args: list[str]) -> int:
         raise UsageError("usage: slotq host hello (it takes no options)")
     if not args or args[0] != "run":
         what = f"unknown host command {args[0]!r}" if args else "name a host command"
-        raise UsageError(f"{what}: init, hello, reap or run (see `slotq host --help`)")
+        raise UsageError(f"{what}: init, hello, reap, run, keep or attach (see `slotq host --help`)")
     opts, command = PARSER.parse(args[1:])
     from slotq.config import HostConfig, state_dir_from_env
     from slotq.host.runner import Arrival, HostRunner
@@ -110,21 +119,10 @@ def main(args: list[str]) -> int:
     config = HostConfig.load(state_dir=state_dir)
     leftover = b""
     if opts.request_stdin:
-        line, leftover = _read_line(0)
-        try:
-            spec = RunSpec.from_request(line)
-        except (ValueError, TypeError) as e:
-            from slotq.records import printable
-
-            raise UsageError(f"bad run request on stdin: {printable(e, 300)}") from None
-        if opts.await_sync:
-            # Started while the client's rsync runs: our start-up overlaps it.
-            word, leftover = _read_line(0, leftover, eof_ok=True)
-            if word != b"synced":
-                return 0  # the transfer failed or the client is gone: nothing was queued
-        if spec.work_id is not None:
-            spec.cwd = os.path.join(work_root(state_dir), spec.work_id)
-            _check_own_dir(spec.cwd, private=False)
+        got, leftover = request_from_stdin(state_dir, opts.await_sync)
+        if got is None:
+            return 0  # the transfer failed or the client is gone: nothing was queued
+        spec = got
     else:
         if not command:
             raise PARSER.error("no command given (or --request-stdin)")
@@ -142,23 +140,6 @@ def main(args: list[str]) -> int:
                arrival=Arrival(allocation)).run()
     return 0
 
-
-def _read_line(fd: int, buf: bytes = b"", eof_ok: bool = False) -> tuple[bytes, bytes]:
-    """One line from `fd` (after what `buf` holds already), and the bytes
-    read past it. End-of-file: b"" if `eof_ok`, else a usage error."""
-    from slotq.spec import MAX_REQUEST
-
-    while b"\n" not in buf:
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            if eof_ok:
-                return b"", b""
-            raise UsageError("no run request on stdin")
-        buf += chunk
-        if len(buf) > MAX_REQUEST and b"\n" not in buf:
-            raise UsageError(f"bad run request on stdin: longer than {MAX_REQUEST} bytes")
-    line, rest = buf.split(b"\n", 1)
-    return line, rest
 
 
 def reap(run_id: str) -> int:
@@ -222,82 +203,6 @@ def hello() -> int:
                               "work_root": root}) + "\n")
     return 0
 
-
-def work_root(state_dir: str) -> str:
-    """The caller's own directory for synced work trees: `work/<uid>`,
-    made here (mode 0700), and refused unless it is a real directory of
-    ours that nobody else can enter -- in a shared state dir, another user
-    could otherwise have planted a link there and had our rsync --delete
-    run into their choice of directory."""
-    from slotq.errors import StateDirError
-    from slotq.statefile import make_dirs
-
-    shared = os.path.join(state_dir, "work")
-    root = os.path.join(shared, str(os.getuid()))
-    try:
-        make_dirs(shared, state_dir)
-        try:
-            os.mkdir(root, 0o700)
-        except FileExistsError:
-            if not _is_ours(root):
-                # Taken first by someone else (`mkdir work/<our uid>`, a link):
-                # in a sticky dir we cannot remove it, so we live beside it,
-                # under a name nobody can guess. The client is told which
-                # (`slotq host hello`).
-                return _own_root_beside(shared, root)
-    except OSError as e:
-        raise StateDirError(f"cannot make the work dir root {root}: {e.strerror}", root) from None
-    _check_own_dir(root, private=True)
-    return root
-
-
-def _is_ours(path: str) -> bool:
-    import stat
-
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
-
-
-def _own_root_beside(shared: str, taken: str) -> str:
-    """Our work dir root when `taken` (work/<uid>) is someone else's: the
-    one we made before (work/<uid>.<random>, ours, private), or a new one."""
-    prefix = os.path.basename(taken) + "."
-    for name in sorted(os.listdir(shared)):
-        path = os.path.join(shared, name)
-        if name.startswith(prefix) and _is_ours(path):
-            _check_own_dir(path, private=True)
-            return path
-    while True:
-        path = taken + "." + os.urandom(8).hex()
-        try:
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            continue
-        _check_own_dir(path, private=True)
-        return path
-
-
-def _check_own_dir(path: str, private: bool) -> None:
-    import stat
-
-    from slotq.errors import StateDirError
-
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return  # not synced yet: the runner says so
-    except OSError as e:
-        raise StateDirError(f"work dir {path}: {e.strerror}", path) from None
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise StateDirError(f"work dir {path} is not a plain directory (a planted link?): refused", path)
-    if st.st_uid != os.getuid():
-        raise StateDirError(f"work dir {path} belongs to uid {st.st_uid}, not to you: refused", path)
-    if private and st.st_mode & 0o077:
-        raise StateDirError(f"work dir root {path} can be entered by others (mode "
-                            f"{stat.S_IMODE(st.st_mode):04o}): refused", path)
 
 
 def away_gone() -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from slotq.cli.args import (FLAG, RUN_OPTIONS, JsonResult, Namespace, Opt, Parser, check_dir, current_dir, duration,
-                            host_options, slurm_options, ssh_transport, use_slurm)
+                            host_options, slurm_options, ssh_transport, use_slurm, byte_size)
 from slotq.errors import UsageError
 
 TYPE_CHECKING = False
@@ -30,6 +30,9 @@ outcomes and exit codes:
   not_admitted    an admission policy turned it away         117
                   (--max-wait, the host's [admission] limits, or a run
                   started inside a run that holds its pool's slot)
+  detached        not finished yet: the caller left a kept run 75
+                  (--attach-for, `slotq attach --for`), which goes on;
+                  `slotq attach RUN_ID` comes back to it
   bad arguments 2, bad host config 78, unusable state directory 73,
   a remote run's work tree with a file you cannot read 66
 
@@ -62,6 +65,19 @@ PARSER = Parser(
                  "it is slow (a minute or more), waiting away: as a shell, at about 0.35 MB rather than 6, until 4 "
                  "places before its turn (slotq status shows it) --; elsewhere waking every 30 s to refresh its "
                  "wait record"),
+        Opt("--attach-for", metavar="D", convert=duration(allow_zero=True),
+            help="keep the run (it outlives this call) and stay attached at most D: if it has not ended "
+                 "by then, leave it with one line naming its run id and `slotq attach RUN_ID`, exit 75; it "
+                 "keeps its place and its clocks (for tool calls a harness kills after a fixed time; a stop "
+                 "signal leaves it too, `slotq cancel` gives it up)"),
+        Opt("--detach", kind=FLAG, help="keep the run and leave it as soon as it has its place in line: "
+                                        "prints its run id on stdout, exit 0"),
+        Opt("--lease", metavar="D", convert=duration(),
+            help="a kept run waits this long for someone to attach again (every attach renews it); then it "
+                 "ends as caller_gone: withdrawn if waiting, stopped if running (default: 15m)"),
+        Opt("--log-max", metavar="SIZE", convert=byte_size,
+            help="a kept run's output is logged for attachers up to SIZE (e.g. 64M, the default); past it "
+                 "the middle is dropped, its head and tail kept"),
         *host_options(),
         *slurm_options(),
         Opt("--sync", metavar="MODE", default="rsync", choices=("rsync", "none"),
@@ -81,6 +97,8 @@ def main(args: list[str]) -> int:
     from slotq.config import ledger_env_path
 
     ledger_env_path()  # the ledger is read only if the run waits: a bad value is said now, not mid-line
+    if opts.detach or opts.attach_for is not None or opts.lease is not None or opts.log_max is not None:
+        return _kept(opts, command)
     from slotq.transports.base import Transport
 
     say = None if opts.quiet else _stderr_line
@@ -144,6 +162,57 @@ def main(args: list[str]) -> int:
         json_result.write(result.to_json, open_line=result.open_line)
     finally:
         json_result.discard()  # no result (an error escaped): no file, and the old one untouched
+    return result.exit_code
+
+
+def _kept(opts: Namespace, command: list[str]) -> int:
+    """A kept run (transports/kept.py): it outlives this call."""
+    import time
+
+    from slotq.client.caller import run
+    from slotq.outcome import Outcome
+    from slotq.transports.base import Transport
+    from slotq.transports.kept import KeptTransport, keep_args, over_ssh
+
+    if use_slurm(opts):
+        raise UsageError("--detach, --attach-for, --lease and --log-max keep a run on this machine or over ssh "
+                         "(--host), not in Slurm yet")
+    if opts.detach and opts.attach_for is not None:
+        raise UsageError("--detach leaves at once, --attach-for after a while: give one of them")
+    if not opts.detach and opts.attach_for is None:
+        raise UsageError("--lease and --log-max are for a kept run: add --attach-for D or --detach")
+    if not opts.host:
+        if opts.sync != "rsync":
+            raise UsageError("--sync is for --host")
+        from slotq.config import HostConfig
+
+        known = HostConfig.load().classes
+        if opts.cls not in known:
+            raise UsageError(f"unknown class {opts.cls!r} (this host knows: {', '.join(sorted(known))})")
+    spec = _spec(opts, command, opts.report_every)
+    spec.submitted = time.time()
+    json_result = JsonResult(opts.json)
+    say = None if opts.quiet else _stderr_line
+    terms = keep_args(opts.lease, opts.log_max, opts.idle, os.path.realpath(opts.credit_dir or str(spec.cwd)),
+                      opts.attach_for, opts.detach)
+    transport: Transport = KeptTransport(terms, send_request=True)
+    if opts.host:
+        if opts.sync == "rsync":
+            from slotq.transports.ssh import check_work_tree
+
+            check_work_tree(current_dir())
+        try:
+            transport = over_ssh(_remote(opts), terms)
+        except _ChoiceStopped as stop:
+            return _cancelled_while_choosing(opts, spec, stop.signum)
+    try:
+        result = run(spec, transport, status=say, handle_sigint=True)
+        json_result.write(result.to_json, open_line=result.open_line)
+    finally:
+        json_result.discard()
+    if opts.detach and result.outcome is Outcome.DETACHED:
+        os.write(1, f"{result.run_id}\n".encode())
+        return 0
     return result.exit_code
 
 

@@ -54,7 +54,7 @@ class CallOptions:
     class: `dataclasses` would cost every `slotq run` its import.)"""
 
     __slots__ = ("idle", "stdout_fd", "stderr_fd", "status", "handle_sigint", "backstop_margin", "credit_dir",
-                 "ledger_path", "live", "heartbeat_every")
+                 "ledger_path", "live", "heartbeat_every", "kept")
 
     def __init__(self, idle: float | None = None, stdout_fd: int = 1, stderr_fd: int = 2,
                  status: Callable[[str], None] | None = None, handle_sigint: bool = False,
@@ -62,6 +62,7 @@ class CallOptions:
                  ledger_path: str | None = None, live: Callable[[str], None] | None = None,
                  heartbeat_every: float = HEARTBEAT_S) -> None:
         self.idle = idle
+        self.kept = False
         self.stdout_fd = stdout_fd
         self.stderr_fd = stderr_fd
         self.status = status
@@ -71,6 +72,14 @@ class CallOptions:
         self.ledger_path = ledger_path
         self.live = live
         self.heartbeat_every = heartbeat_every
+
+    def attach_only(self) -> None:
+        """The run is a kept run (host/kept.py) this caller attaches to: the
+        run's host side keeps its clocks and its wait record; the caller only
+        shows it, and may leave (`detached`)."""
+        self.kept = True
+        self.idle = None
+        self.backstop_margin = INF
 
 
 def run(
@@ -104,11 +113,18 @@ def run(
     (`spec.quiet`: its host reports only at the head of the line) refreshes
     that record itself every `heartbeat_every` seconds.
 
+    A transport to a kept run (`transport.kept`: transports/kept.py) makes
+    this caller an attacher: the run's host side keeps the clocks and the
+    wait record, and a stop signal makes the caller leave it (outcome
+    `detached`), never cancels it.
+
     Raises UsageError when the host rejects the request as malformed (an
     unknown class); every other ending is a `RunResult`.
     """
     options = CallOptions(idle, stdout_fd, stderr_fd, status, handle_sigint, backstop_margin, credit_dir,
                           ledger_path, live, heartbeat_every)
+    if transport.kept:
+        options.attach_only()
     return _Call(spec, transport, options, clock or Clock()).run()
 
 
@@ -174,6 +190,8 @@ class _Call:
             # caller and wrote that in the history).
             self.transport.wait()
             raise turned_down
+        if self.result.queue_s is None and self.o.kept:
+            self.result.queue_s = _kept_wait(self.result, self.clock.wall())
         if self.result.queue_s is None:  # (never a slot)
             self.result.queue_s = self.clock.monotonic() - self.queue_start
         self._verdict(self.transport.wait())
@@ -193,6 +211,20 @@ class _Call:
                                           path=self.o.ledger_path,
                                           warn=lambda line: _write_line(self.o.stderr_fd, line))
         return self._recorder
+
+    def _record_kept_wait(self) -> None:
+        """A remote kept run's wait, from its submission to its slot, as the
+        first attacher here to see the slot records it (the ledger keys it by
+        run id: any later one changes nothing)."""
+        from .ledger import WaitRecorder
+
+        start, end = self.result.phases["submitted"], self.result.phases["slot"]
+        if start is None or end is None:
+            return
+        rec = WaitRecorder(run_id=self.result.run_id, workdir=self.workdir, host=self.transport.host,
+                           path=self.o.ledger_path, warn=lambda line: _write_line(self.o.stderr_fd, line))
+        rec.open("queue", start)
+        rec.close(max(start, end))
 
     def _wait_closer(self) -> Callable[[float], None]:
         """For a process of the run's host side that outlives us (a local
@@ -382,7 +414,17 @@ class _Call:
         """An event of the host's: the wait's record first, then the
         result and the status lines (_on_event)."""
         clock, name = self.clock, ev.get("event")
-        if name == protocol.QUEUED:
+        if self.o.kept:  # its host side records the wait (unless it is remote: below)
+            if name == protocol.SLOT:
+                self.result.phases["slot"] = float(ev["at"])  # type: ignore[arg-type]
+                self.result.queue_s = _kept_wait(self.result, self.clock.wall())
+                if self.transport.waits_by_caller:
+                    self._record_kept_wait()
+            elif name == protocol.HELLO:
+                _adopt_request(self.result, ev)
+                if isinstance(ev.get("credit_dir"), str):
+                    self.workdir = str(ev["credit_dir"])
+        elif name == protocol.QUEUED:
             recorder = self.waits()
             if not recorder.opened:
                 recorder.open("queue", self.queue_wall)
@@ -559,4 +601,45 @@ def _on_event(ev: dict[str, object], result: RunResult, dogs: Watchdogs,
 
         for w in ev.get("warnings") or []:  # type: ignore[attr-defined]
             say(f"slotq: warning: {printable(w, 1000)}")
+    elif name == protocol.DETACHED:
+        result.outcome = Outcome.DETACHED
+        result.message = _detached_message(ev)
+        return True
     return False
+
+
+def _detached_message(ev: dict[str, object]) -> str:
+    """Where the kept run is, and how to come back to it."""
+    run_id, phase = ev.get("run_id"), ev.get("phase")
+    if phase == "running":
+        where = f"running for {format_duration(seconds_in(ev.get('ran_s')))}"
+    elif phase == "preparing":
+        where = "in its --prepare step"
+    else:
+        pos = ev.get("position")
+        where = f"waiting at position {pos}" if isinstance(pos, int) else "waiting for a slot"
+    lease = format_duration(seconds_in(ev.get("lease_s")))
+    return (f"run {run_id} goes on, {where}: come back with `slotq attach {run_id}` within {lease} "
+            f"(its lease), or give it up with `slotq cancel {run_id}`")
+
+
+def _kept_wait(result: RunResult, now: float) -> float | None:
+    """A kept run's time in line, from the host's phases (this caller may
+    have come later than the slot)."""
+    start = result.phases["submitted"]
+    end = result.phases["slot"] or result.phases["ended"] or now
+    return None if start is None else max(0.0, end - start)
+
+
+def _adopt_request(result: RunResult, ev: dict[str, object]) -> None:
+    """An attacher learns the kept run's request from its hello: the result
+    record names the run as `slotq run` would have."""
+    request = ev.get("request")
+    if not isinstance(request, dict):
+        return
+    for key, attr in (("label", "label"), ("cls", "cls"), ("budget", "budget"), ("run_id", "run_id")):
+        if isinstance(request.get(key), (str, int, float)) and not isinstance(request.get(key), bool):
+            setattr(result, attr, request[key])
+    submitted = request.get("submitted")
+    if isinstance(submitted, (int, float)) and not isinstance(submitted, bool):
+        result.phases["submitted"] = float(submitted)

@@ -5,7 +5,8 @@
 - in: the caller's channel on `in_fd`: `cancel <reason>` lines (an
   outcome, or the stop signal the caller was sent: `cancel SIGTERM`),
   `close stdout|stderr` (its reader is gone), `stay` (it will not wait
-  away after all: host/away.py);
+  away after all: host/away.py), `lapsed <seconds>` (a kept run's lease
+  ran out: client/standin.py);
   end-of-file or a read error means the caller is gone.
 - signals: SIGTERM/SIGHUP to the runner's process (`slotq host run` over
   ssh, or a forked local runner) cancel the run, through a wake-up pipe;
@@ -31,7 +32,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .control import ControlSocket
 
-_CANCEL_REASONS = {"cancelled": Outcome.CANCELLED, "idle_timeout": Outcome.IDLE_TIMEOUT}
+_CANCEL_REASONS = {"cancelled": Outcome.CANCELLED, "idle_timeout": Outcome.IDLE_TIMEOUT,
+                   "backstop": Outcome.BACKSTOP}  # (a kept run's stand-in keeps the backstop: client/standin.py)
 _STREAMS = {"stdout": protocol.STDOUT, "stderr": protocol.STDERR}
 
 
@@ -51,6 +53,7 @@ class CallerLink:
         self.control_tried = False
         self.cancel_note: str | None = None  # who cancelled us through `slotq cancel`
         self.stopped_by: str | None = None  # the stop signal that cancelled us, as the history names it
+        self.lapsed: str | None = None  # a kept run's lease lapsed (client/standin.py): how, for the history
         self.stayed = False  # the caller said `stay`: it will not wait away (host/away.py)
         self.closed: set[bytes] = set()  # streams whose reader is gone (`close stdout`): close them, as a pipe would
 
@@ -154,6 +157,12 @@ class CallerLink:
                 if self.stopped_by is None:
                     self.stopped_by = signal.word_name(words[1])
                 return _CANCEL_REASONS.get(words[1], Outcome.CANCELLED)
+            if len(words) == 2 and words[0] == "lapsed":  # a kept run's lease: nobody came back
+                from ..durations import format_duration
+
+                lease = float(words[1]) if words[1].replace(".", "", 1).isdigit() else 0.0
+                self.lapsed = f"nobody attached within the {format_duration(lease)} lease"
+                return Outcome.CALLER_GONE
             if words == ["stay"]:
                 self.stayed = True
             if len(words) == 2 and words[0] == "close" and words[1] in _STREAMS:

@@ -140,9 +140,12 @@ class Launch:
 
     def holder_record(self, phase: str) -> dict[str, object]:
         spec = self.spec
-        return {"run_id": spec.run_id, "label": spec.label, "pid": os.getpid(), "pid_start": procinfo.own_start(),
-                "uid": os.getuid(), "phase": phase, "budget": self.budget, "grace": self.grace, "cls": spec.cls,
-                "host": self.host}
+        record = {"run_id": spec.run_id, "label": spec.label, "pid": os.getpid(), "pid_start": procinfo.own_start(),
+                  "uid": os.getuid(), "phase": phase, "budget": self.budget, "grace": self.grace, "cls": spec.cls,
+                  "host": self.host}
+        if spec.kept is not None:
+            record["kept"] = spec.kept  # a kept run's lease (host/kept.py), for `slotq status`
+        return record
 
     def recorded(self) -> None:
         """The run's history line is written: the keeper need not write it."""

@@ -81,6 +81,7 @@ def holders(state_dir: str, pool: str, count: int, now: float,
         elif held and info:
             entry.update({k: info.get(k) for k in ("run_id", "label", "pid", "pid_start", "keeper", "cmd", "since",
                                                    "budget")})
+            _kept(entry, info)
             entry["class"] = info.get("cls")
             entry["phase"] = state
             since = info.get("since")
@@ -92,6 +93,20 @@ def holders(state_dir: str, pool: str, count: int, now: float,
                 entry["orphan_user"] = ", ".join(sorted({procinfo.user_name(u) for u in procs.values()})) or None
         out.append(entry)
     return out
+
+
+def _kept_note(entry: dict[str, object]) -> str:
+    kept = entry.get("kept")
+    if not isinstance(kept, dict):
+        return ""
+    return f" [kept: its caller may be away, lease {format_duration(float(kept['lease_s']))}]"
+
+
+def _kept(entry: dict[str, object], info: dict[str, object]) -> None:
+    """A kept run (host/kept.py) says its lease: shown, never acted on."""
+    lease = info.get("kept")
+    if isinstance(lease, (int, float)) and not isinstance(lease, bool) and 0 < lease < 1e9:
+        entry["kept"] = {"lease_s": float(lease)}
 
 
 def _lock_holders(entry: dict[str, object], path: str, table: Table | None) -> None:
@@ -137,6 +152,7 @@ def waiting(state_dir: str, pool: str, now: float,
         if info:
             entry.update({k: info.get(k) for k in ("run_id", "label", "pid", "since", "budget")})
             entry["class"] = info.get("cls")
+            _kept(entry, info)
             from .away import is_away
 
             if is_away(info.get("pid")):
@@ -340,7 +356,7 @@ def format_snapshot(snap: dict[str, object], bars: bool = False, color: bool = F
                     continue
                 lines.append(f"  {s['slot']}: {printable(s.get('label') or '?')} (user {s.get('user') or '?'}, "
                              f"run {printable(s.get('run_id'))}, pid {s.get('pid')}, "
-                             f"{printable(s.get('phase') or '?')}, held {held}{b})")
+                             f"{printable(s.get('phase') or '?')}, held {held}{b})" + _kept_note(s))
                 if bars and isinstance(budget, (int, float)):
                     lines.append(f"    {_bar(float(s.get('held_s') or 0), budget)}{held} of "
                                  f"{format_duration(float(budget))}")
@@ -358,6 +374,7 @@ def format_snapshot(snap: dict[str, object], bars: bool = False, color: bool = F
                              f"waited {format_duration(float(w.get('waited_s') or 0))}, "
                              f"expected wait ~{format_duration(float(eta.get('s') or 0))} more)"
                              + (" [waiting away: a shell until shortly before its turn]" if w.get("away") else "")
+                             + _kept_note(w)
                              + (" [out of order: placed last]" if w.get("forged") else ""))
         else:
             lines.append("  nobody waiting")

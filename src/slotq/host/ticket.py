@@ -102,8 +102,11 @@ class Ticket:
 def run_info(spec: RunSpec, config: HostConfig, since: float) -> dict[str, object]:
     """What a waiting run's ticket says of it (status, the reports and the
     line view read it)."""
-    return {"run_id": spec.run_id, "label": spec.label, "pid": os.getpid(), "cls": spec.cls, "since": since,
+    info = {"run_id": spec.run_id, "label": spec.label, "pid": os.getpid(), "cls": spec.cls, "since": since,
             "budget": spec.budget if spec.budget is not None else config.budget, "host": os.uname().nodename}
+    if spec.kept is not None:
+        info["kept"] = spec.kept  # a kept run (host/kept.py): its lease
+    return info
 
 
 def take_ticket(state_dir: str, pool: str, info: dict[str, object],

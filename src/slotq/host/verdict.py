@@ -24,6 +24,8 @@ STOPPED = {
     Outcome.IDLE_TIMEOUT: "stopped by the caller's --idle watchdog: no output for its limit",
     Outcome.CANCELLED: "cancelled by the caller (Ctrl-C or a stop signal)",
     Outcome.CALLER_GONE: "the caller went away (its connection closed): stopped",
+    Outcome.BACKSTOP: "no result within budget + 90 s after the slot was acquired (the detached run's backstop, "
+                      "kept on the host): stopped",
 }
 
 
@@ -31,6 +33,8 @@ def stop_message(link: CallerLink, reason: Outcome, phase: str) -> str | None:
     """A cancel's history line, naming who cancelled (`slotq cancel`) or the
     stop signal (the caller's, or one to the runner), if `link` knows, and
     the phase (outcome.WHILE_WAITING...); None for any other ending."""
+    if reason is Outcome.CALLER_GONE and link.lapsed is not None:
+        return f"{link.lapsed} {phase}"
     if reason is not Outcome.CANCELLED:
         return None
     if link.cancel_note is not None:

@@ -35,6 +35,11 @@ class Transport:
     # The run waited away and came back (local only: host/away.py): its
     # queue wait is open in the ledger already, since `queued_since`.
     came_back = False
+    # A kept run's wait is recorded by its attacher on this machine, not by
+    # the run's process on the host (a remote host's ledger is not ours).
+    waits_by_caller = False
+    # The run is a kept run (transports/kept.py): its caller is an attacher.
+    kept = False
 
     def prepare(self, spec: RunSpec) -> None:
         """Connect, check the host's slotq, transfer the work tree. Raises

@@ -423,6 +423,7 @@ class SshTransport(Transport):
     """
 
     remote = True
+    host_command = "host run --request-stdin"  # what runs the run on the host (a kept run: transports/kept.py)
 
     def __init__(self, host: str, *, config: str | None = None, options: list[str] | None = None,
                  remote_slotq: str = "slotq", sync: str = "rsync") -> None:
@@ -491,7 +492,7 @@ class SshTransport(Transport):
         to_r, to_w = os.pipe()
         from_r, from_w = os.pipe()
         err = os.open(os.environ.get("TMPDIR") or "/tmp", os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
-        cmd = self.ssh.command(f"{self.ssh.remote_slotq} host run --request-stdin"
+        cmd = self.ssh.command(f"{self.ssh.remote_slotq} {self.host_command}"
                                + (" --await-sync" if await_sync else ""))
         try:
             self.proc = Proc(cmd, stdin=to_r, stdout=from_w, stderr=err)

@@ -1,0 +1,213 @@
+"""A kept run's process (`slotq host keep`): its runner, and a stand-in for
+the caller that left (the caller's side, kept by the host: client/).
+
+The runner (runner.py) carries the run as for any caller, in the main
+thread; it talks to the stand-in, a thread, through the same two channels
+a caller has: the framed stream, which the stand-in writes to the run's
+log (kept.py) for attachers, and the caller's channel, on which the
+stand-in says what a caller would say. It keeps every clock the caller
+kept (DESIGN.md, 1a):
+
+- the lease: when nobody is attached and nobody came back within it, the
+  run ends `caller_gone` ("nobody attached within the 15m lease"), exactly
+  as a dropped stdin ends an attached run;
+- the no-output watchdog (`--idle`), counting only once the command started;
+- the backstop, budget + 90 s from the slot: the runner is told to stop,
+  and if it says nothing within the kill grace and a moment, our whole
+  process goes (the command's keeper then ends the command's group);
+- the wait ledger: the queue wait is recorded under the run's credit dir
+  with this process as its waiter, and closed at the slot's time.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+
+from .. import protocol
+from ..clock import INF, Clock
+from ..host import kept
+from .watchdogs import Watchdogs
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ..host.inotify import Watcher
+    from ..spec import RunSpec
+
+# The lease is looked at again when an attacher comes or goes (the run's
+# directory is watched: an attacher renews the lease as it leaves, and its
+# lock file closes if it is killed), and at least this often while one is
+# attached; without inotify, this often whatever happens.
+LEASE_LOOK_S = 30.0
+POLL_LOOK_S = 1.0
+
+
+class StandIn:
+    def __init__(self, path: str, log: kept.KeptLog, ctl_fd: int, terms: dict[str, object], clock: Clock,
+                 run_id: str, host: str) -> None:
+        self.path = path
+        self.log = log
+        self.ctl_fd = ctl_fd
+        self.clock = clock
+        lease, idle = terms.get("lease_s"), terms.get("idle")
+        self.lease_s = float(lease) if isinstance(lease, (int, float)) else kept.LEASE_S
+        self.dogs = Watchdogs(clock, float(idle) if isinstance(idle, (int, float)) else None)
+        self.grace = float(terms.get("kill_grace") or 5.0)  # type: ignore[arg-type]
+        self.said: str | None = None  # what we told the runner, once
+        self.given_up_at = INF  # the backstop's last resort
+        self.lease_look = clock.monotonic()  # when the lease is looked at next
+        self.watch = _watch(path)
+        self.recorder = None
+        credit_dir, queued_since = terms.get("credit_dir"), terms.get("queued_since")
+        if isinstance(credit_dir, str) and terms.get("ledger") is not False:
+            from .ledger import WaitRecorder
+
+            self.recorder = WaitRecorder(run_id=run_id, workdir=credit_dir, host=host, warn=lambda line: None)
+        self.queued_since = float(queued_since) if isinstance(queued_since, (int, float)) else None
+        self.slot_at: float | None = None
+
+    def run(self, from_fd: int) -> None:
+        """Read the runner's stream until it ends."""
+        buf = b""
+        magic = False
+        while True:
+            timeout = max(0.0, min(self.dogs.next_deadline(), self.given_up_at, self.lease_look)
+                          - self.clock.monotonic())
+            fds = [from_fd] + ([self.watch.fileno()] if self.watch is not None else [])
+            ready, _, _ = select.select(fds, [], [], timeout)
+            if self.watch is not None and self.watch.fileno() in ready:
+                self.watch.drain()
+                self.lease_look = self.clock.monotonic()  # an attacher came or went
+            self._keep_clocks()
+            if from_fd not in ready:
+                continue
+            data = os.read(from_fd, 1 << 16)
+            if not data:
+                break
+            buf += data
+            if not magic:
+                if len(buf) < len(protocol.MAGIC):
+                    continue
+                self.log.write(buf[:len(protocol.MAGIC)], True)
+                buf, magic = buf[len(protocol.MAGIC):], True
+            frames, used = kept.split_frames(buf)
+            at = 0
+            for kind, payload in frames:
+                size = protocol.HEADER_SIZE + len(payload)
+                self._frame(kind, payload, buf[at:at + size])
+                at += size
+            buf = buf[used:]
+        if self.recorder is not None:
+            self.recorder.finish(self.clock.wall())
+        if self.watch is not None:
+            self.watch.close()
+        self.log.close()
+
+    def _frame(self, kind: bytes, payload: bytes, raw: bytes) -> None:
+        if kind != protocol.EVENT:
+            self.dogs.on_output()
+            self.log.write(raw, False)
+            return
+        name = kept.event_name(payload)
+        self.log.write(raw, name != protocol.QUEUED)
+        if name in (protocol.QUEUED, protocol.SLOT, protocol.PREPARED, protocol.STARTED):
+            self._on_event(name, payload)
+
+    def _on_event(self, name: str, payload: bytes) -> None:
+        from ..records import from_json
+
+        ev = from_json(payload.decode("utf-8", "replace"), protocol.EVENT_DEPTH)
+        if not isinstance(ev, dict):
+            return
+        at = ev.get("at")
+        at = float(at) if isinstance(at, (int, float)) else self.clock.wall()
+        rec = self.recorder
+        if name == protocol.QUEUED and rec is not None:
+            if not rec.opened:
+                rec.open("queue", min(self.queued_since or at, at))
+            rec.heartbeat(at)
+        elif name == protocol.SLOT:
+            if rec is not None:
+                rec.close(at)
+            budget = ev.get("budget")
+            self.dogs.on_slot(float(budget) if isinstance(budget, (int, float)) else 0.0)
+            self.slot_at = at
+        elif name == protocol.PREPARED and self.slot_at is not None:
+            self.dogs.on_prepared(at - self.slot_at)  # the prepare step has its own limit
+        elif name == protocol.STARTED:
+            self.dogs.on_started()
+
+    def _keep_clocks(self) -> None:
+        now = self.clock.monotonic()
+        if now >= self.given_up_at:
+            os.kill(os.getpid(), signal.SIGKILL)  # the runner is stuck: the keeper ends the command
+        fired = self.dogs.expired()
+        if fired is not None and fired.value == "backstop" and self.said != "backstop":
+            self._say("cancel backstop", "backstop")
+            self.given_up_at = now + self.grace + 30.0
+        elif fired is not None and fired.value == "idle_timeout":
+            self._say("cancel idle_timeout", "idle")
+        if self.said is None and now >= self.lease_look:
+            ends = kept.lease_ends(self.path, self.lease_s)
+            left = LEASE_LOOK_S if ends is None else ends - self.clock.wall()
+            if left <= 0:
+                self._say(f"lapsed {self.lease_s:g}", "lease")
+                left = INF
+            self.lease_look = now + min(left, LEASE_LOOK_S if self.watch is not None else POLL_LOOK_S)
+
+    def _say(self, line: str, what: str) -> None:
+        self.said = what
+        try:
+            os.write(self.ctl_fd, line.encode() + b"\n")
+        except OSError:
+            pass
+
+
+def _watch(path: str) -> Watcher | None:
+    """The run's directory, for an attacher's coming and going: the lease
+    renewed (its time changes), a lock file closed."""
+    from ..host import inotify
+
+    if not inotify.available():
+        return None
+    w = inotify.Watcher()
+    if not w.watch(path, inotify.IN_ATTRIB | inotify.IN_CLOSE_WRITE):
+        w.close()
+        return None
+    return w
+
+
+def run_kept(path: str, spec: RunSpec, terms: dict[str, object]) -> None:
+    """The kept run's process: the runner in this thread, the stand-in in
+    another; returns when both are done."""
+    import _thread
+
+    from ..config import HostConfig, state_dir_from_env
+    from ..host.runner import HostRunner
+
+    state_dir = state_dir_from_env()
+    config = HostConfig.load(state_dir=state_dir)
+    lease = terms.get("lease_s")
+    spec.kept = float(lease) if isinstance(lease, (int, float)) else kept.LEASE_S
+    ctl_r, ctl_w = os.pipe()
+    out_r, out_w = os.pipe()
+    log_max = terms.get("log_max")
+    log = kept.KeptLog(path, int(log_max) if isinstance(log_max, int) else kept.KEPT_MAX_BYTES)
+    stand_in = StandIn(path, log, ctl_w, terms, Clock(), spec.run_id, os.uname().nodename)
+    done = _thread.allocate_lock()
+    done.acquire()
+
+    def read() -> None:
+        try:
+            stand_in.run(out_r)
+        finally:
+            done.release()
+
+    _thread.start_new_thread(read, ())
+    runner = HostRunner(spec, state_dir=state_dir, config=config, in_fd=ctl_r, out_fd=out_w)
+    try:
+        runner.run()
+    finally:
+        runner.close_stream()
+        done.acquire()

@@ -1,0 +1,115 @@
+"""Kept runs, the client's side: a run that outlives its caller
+(`slotq run --detach / --attach-for`) and the callers that come back to it
+(`slotq attach`). DESIGN.md, 1a; the host's side is host/kept.py.
+
+The transport starts `slotq host keep` (a new run) or `slotq host attach`
+(an existing one) on the host and reads its stream as any runner's. The
+command runs in a session of its own: a stop signal reaches only the
+client, which says `cancel` and so leaves the run (`detached`); if the
+client is killed, its stdin closes and the attacher goes -- the run stays,
+under its lease.
+
+Over ssh (`--host`), `kept_over_ssh` and `attach_over_ssh` run the same
+host commands through the ssh transport (its master, handshake and work
+tree transfer); the run's wait is then recorded here, on the caller's
+machine, by whichever attacher sees its slot (once: the ledger keys it by
+run id). In Slurm a run is not kept yet.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .base import Transport
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import subprocess
+
+    from ..spec import RunSpec
+    from .ssh import SshTransport
+
+
+def keep_args(lease: float | None, log_max: int | None, idle: float | None, credit_dir: str | None,
+              attach_for: float | None, detach: bool) -> list[str]:
+    """`slotq host keep`'s arguments."""
+    args = ["keep", "--request-stdin"]
+    for name, value in (("--lease", lease), ("--log-max", log_max), ("--idle", idle),
+                        ("--credit-dir", credit_dir), ("--attach-for", attach_for)):
+        if value is not None:
+            args += [name, f"{value:g}" if isinstance(value, float) else str(value)]
+    return args + (["--detach"] if detach else [])
+
+
+def attach_args(run_id: str, attach_for: float | None, from_start: bool) -> list[str]:
+    """`slotq host attach`'s arguments."""
+    args = ["attach", run_id]
+    if attach_for is not None:
+        args += ["--for", f"{attach_for:g}"]
+    return args + (["--from-start"] if from_start else [])
+
+
+def over_ssh(transport: SshTransport, host_args: list[str]) -> SshTransport:
+    """The ssh transport, running `slotq host <host_args>` on the host in
+    place of `host run` (keep: `--waits-by-caller`, our ledger is here)."""
+    from .ssh import _quote
+
+    if host_args[0] == "keep":
+        host_args = [*host_args, "--waits-by-caller"]
+    transport.host_command = "host " + " ".join(_quote(a) for a in host_args)
+    transport.waits_by_caller = True
+    transport.kept = True
+    return transport
+
+
+class KeptTransport(Transport):
+    kept = True
+
+    def __init__(self, host_args: list[str], send_request: bool) -> None:
+        """`host_args`: after `slotq host` (keep ... or attach ID ...);
+        `send_request`: write the run's request on its stdin first (keep)."""
+        self.host = os.uname().nodename
+        self.host_args = host_args
+        self.send_request = send_request
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def keep(cls, *, lease: float | None, log_max: int | None, idle: float | None, credit_dir: str | None,
+             attach_for: float | None, detach: bool) -> KeptTransport:
+        return cls(keep_args(lease, log_max, idle, credit_dir, attach_for, detach), send_request=True)
+
+    @classmethod
+    def attach(cls, run_id: str, *, attach_for: float | None, from_start: bool) -> KeptTransport:
+        return cls(attach_args(run_id, attach_for, from_start), send_request=False)
+
+    def start(self, spec: RunSpec) -> tuple[int, int]:
+        import subprocess
+
+        to_r, to_w = os.pipe()
+        from_r, from_w = os.pipe()
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-m", "slotq", "host", *self.host_args], stdin=to_r,
+                                         stdout=from_w, stderr=subprocess.PIPE, start_new_session=True)
+        finally:
+            os.close(to_r)
+            os.close(from_w)
+        if self.send_request:
+            try:
+                os.write(to_w, spec.to_request())
+            except OSError:
+                pass
+        return to_w, from_r
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+
+    def wait(self) -> str:
+        if self.proc is None:
+            return ""
+        assert self.proc.stderr is not None
+        err = self.proc.stderr.read(64 * 1024)
+        self.proc.stderr.close()
+        self.proc.wait()
+        return err.decode(errors="replace")
