@@ -23,6 +23,11 @@ Scenarios (see README "Benchmarks"):
   percall     one uncontended call, each paired with a bare interpreter
               start (`python -c pass`, and `python -S -c pass`: slotq's
               launcher starts without site) just before it.
+  comeback    the result of a job that ended while nobody watched, asked for
+              later: `slotq attach ID` of a kept run (`run --detach`) against
+              `tsp -c ID` (task-spooler's output of a finished job), each
+              paired with a bare interpreter start; flock and sem keep no job
+              to come back to.
   crash       the holder is SIGKILLed: time until the next waiter starts, and
               whether the dead holder's command was still running then.
   slurm       slotq --slurm against raw srun (submit -> start) and raw sbatch
@@ -56,6 +61,7 @@ from pathlib import Path
 from tools import PYTHON, SLOTQ, TOOLS, Slotq, Tool, Tsp, proc_cpu, remove_work, settle
 
 HERE = Path(__file__).resolve().parent
+REPO_SRC = HERE.parent / "src"
 
 
 def now_ns() -> int:
@@ -223,6 +229,46 @@ def percall(tool: Tool, reps: int = 20) -> dict[str, float]:
     return {"ms": ms, "python_ms": py, "x_python": ms / py, "python_S_ms": py_s}
 
 
+def comeback(tool: Tool, reps: int = 10) -> dict[str, float]:
+    """A job started and left (slotq: `run --detach`; tsp: a queued job),
+    ended, and its result asked for: the time of that ask."""
+    env = tool.env()
+
+    def out(cmd: list[str]) -> str:
+        return subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              cwd=tool.work, timeout=60).stdout.strip()
+
+    def timed(cmd: list[str]) -> float:
+        t = time.perf_counter()
+        subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, cwd=tool.work,
+                       timeout=60)
+        return time.perf_counter() - t
+
+    def ended_job() -> list[str]:
+        """Start a job, wait for its end without asking for it: the ask."""
+        if isinstance(tool, Tsp):
+            job = out(["tsp", "echo", "hello"])
+            out(["tsp", "-w", job])
+            return ["tsp", "-c", job]
+        sys.path.insert(0, str(REPO_SRC))
+        from slotq.host import kept
+
+        job = out([SLOTQ, "run", "--detach", "--", "echo", "hello"])
+        alive = os.path.join(tool.work, "kept", job, "alive")  # beside SLOTQ_LEDGER
+        wait_until(lambda: not kept.held(alive), 30, "the kept run's end")
+        return [SLOTQ, "attach", job]
+
+    bare = [PYTHON, "-c", "pass"]
+    timed(ended_job())  # warm
+    ask_s, python_s = [], []
+    for _ in range(reps):
+        ask = ended_job()
+        python_s.append(timed(bare))
+        ask_s.append(timed(ask))
+    ms, py = statistics.median(ask_s) * 1000, statistics.median(python_s) * 1000
+    return {"ms": ms, "python_ms": py, "x_python": ms / py}
+
+
 def crash(tool: Tool, orphan_s: float = 5.0) -> dict[str, float]:
     hpid, wstart, verdict = tool.work / "hpid", tool.work / "wstart", tool.work / "verdict"
     tool.start(f"echo $$ > {hpid}; sleep {orphan_s}")
@@ -322,6 +368,9 @@ def table(results: dict[str, dict[str, dict[str, object]]], tools: list[str]) ->
                     cells.append("n/a" if "note" in e else "-")
             s, f = per_tool.get("slotq", {}).get(key), per_tool.get("flock", {}).get(key)
             ratio = f"{s / f:.2f}x" if isinstance(s, (int, float)) and isinstance(f, (int, float)) and f else "-"
+            t = per_tool.get("task-spooler", {}).get(key)
+            if ratio == "-" and isinstance(s, (int, float)) and isinstance(t, (int, float)) and t:
+                ratio = f"{s / t:.2f}x tsp"  # a scenario flock has no part in (comeback)
             rows.append((scenario, key, *cells, ratio))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     out = []
@@ -445,7 +494,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true",
                     help="fewer repetitions, no N=500 or 1000, one chaos run, two lines of waiters")
     ap.add_argument("--only", help="comma-separated scenarios: "
-                                   "handoff,idle,order,throughput,percall,crash,waiters,remote,slurm,history,chaos")
+                                   "handoff,idle,order,throughput,percall,comeback,crash,waiters,remote,slurm,history,chaos")
     ap.add_argument("--chaos-callers", type=int, default=200, help="callers in the chaos scenario (default 200)")
     ap.add_argument("--tools", default="slotq,flock,sem,task-spooler")
     ap.add_argument("--reps", type=int, help="repetitions per scenario (default 5; 2 with --quick)")
@@ -500,6 +549,11 @@ def main() -> int:
     if want("percall"):
         results["per-call overhead"] = measure(tools, "percall", percall, 3 if reps >= 3 else reps)
         lap("percall")
+    if want("comeback"):
+        none = "keeps no job to come back to"
+        results["come back to an ended job"] = measure(tools, "comeback", comeback, 2 if args.quick else 3,
+                                                       skip={"flock": none, "sem": none})
+        lap("comeback")
     if want("crash"):
         results["crash handoff"] = measure(tools, "crash", crash, 2 if args.quick else 3)
         lap("crash")
