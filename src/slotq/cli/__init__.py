@@ -41,10 +41,11 @@ COMMANDS = {"run": "slotq.cli.run", "attach": "slotq.cli.attach", "status": "slo
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if args[:1] not in (["run"], ["task"]):
+    if args[:1] not in (["run"], ["task"], ["attach"]):
         return _main(args)
     # A stop signal from here until the run (or the job) sets its own
-    # handlers is a cancel of it, not slotq's death (signals.hold_stops).
+    # handlers is a cancel of it (of an attach: its leaving), not slotq's
+    # death (signals.hold_stops).
     from slotq.signals import hold_stops, signal
 
     held = hold_stops()

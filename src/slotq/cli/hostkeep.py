@@ -54,14 +54,14 @@ ATTACH = Parser(
 def keep(args: list[str]) -> int:
     from slotq.cli.hostrequest import request_from_stdin
     from slotq.config import state_dir_from_env
-    from slotq.host import kept
+    from slotq.host import follow, kept
     from slotq.records import from_json
 
     opts, _ = KEEP.parse(args)
     spec, _rest = request_from_stdin(state_dir_from_env(), opts.await_sync)
     if spec is None:
         return 0  # the transfer failed or the client is gone: nothing is kept
-    _prune()
+    follow.prune()
     path = kept.make_run_dir(spec.run_id)
     terms = {"request": from_json(spec.to_request().decode(), 6), "lease_s": opts.lease or kept.LEASE_S,
              "log_max": opts.log_max or kept.KEPT_MAX_BYTES, "idle": opts.idle, "credit_dir": opts.credit_dir,
@@ -70,8 +70,9 @@ def keep(args: list[str]) -> int:
     kept.write_file(os.path.join(path, "request"), kept.to_json_line(terms))
     kept.renew(path)
     _start(path, spec, terms)
-    until = None if opts.attach_for is None else time.monotonic() + opts.attach_for
-    return _follow(path, until, opts.detach, from_start=True)
+    _sigpipe()
+    follow.follow(path, 1, 0, opts.attach_for, opts.detach, from_start=True)
+    return 0
 
 
 def _start(path: str, spec: RunSpec, terms: dict[str, object]) -> None:
@@ -113,143 +114,24 @@ def _start(path: str, spec: RunSpec, terms: dict[str, object]) -> None:
 
 def attach(args: list[str]) -> int:
     from slotq.cli.args import run_id_and_options
-    from slotq.host import kept
+    from slotq.host import follow, kept
 
     run_id, opts = run_id_and_options(ATTACH, args)
-    _prune()
-    try:
-        path = kept.open_run_dir(run_id)
-    except kept.KeptError as e:
-        return _from_history(run_id, str(e))
     if opts.renew:
-        kept.renew(path)
+        try:
+            kept.renew(kept.open_run_dir(run_id))
+        except kept.KeptError as e:
+            raise UsageError(str(e)) from None
         import sys
 
         sys.stdout.write(f"slotq: the lease of run {run_id} starts again now\n")
         return 0
-    until = None if opts.attach_for is None else time.monotonic() + opts.attach_for
-    return _follow(path, until, False, from_start=opts.from_start)
+    _sigpipe()
+    follow.attach(run_id, 1, 0, opts.attach_for, opts.from_start)
+    return 0
 
 
-def _follow(path: str, until: float | None, until_placed: bool, from_start: bool) -> int:
+def _sigpipe() -> None:
     import signal
 
-    from slotq.host.follow import Follower
-
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # our client gone: we go too (the run does not)
-    if Follower(path, 1, 0, from_start=from_start).follow(until, until_placed):
-        _result_taken(path)
-    return 0
-
-
-def _result_taken(path: str) -> None:
-    """The run's result was delivered: its directory goes, once its process
-    is gone and nobody else is attached (else the next prune takes it)."""
-    from slotq.host import kept
-
-    kept.write_file(os.path.join(path, "taken"), b"")
-    _until_gone(os.path.join(path, "alive"), 5.0)  # it writes its history line, then goes: a moment
-    _remove_if_done(path)
-
-
-def _until_gone(lock: str, seconds: float) -> None:
-    """Wait (at most `seconds`) until nobody holds `lock`."""
-    import fcntl
-
-    from slotq.history import lock_within
-
-    try:
-        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        if lock_within(fd, fcntl.LOCK_SH, seconds):
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
-
-
-def _remove_if_done(path: str) -> None:
-    import fcntl
-    import shutil
-
-    from slotq.host import kept
-
-    if kept.held(os.path.join(path, "alive")):
-        return
-    attached = kept.lock_file(os.path.join(path, "attached"), fcntl.LOCK_EX)
-    if attached is None:
-        return
-    try:
-        shutil.rmtree(path, ignore_errors=True)
-    finally:
-        os.close(attached)
-
-
-def _prune() -> None:
-    """Kept runs whose result was taken, or that ended longer ago than the
-    history keeps runs, go."""
-    from slotq.config import HostConfig
-    from slotq.host import kept
-
-    root = kept.kept_root()
-    try:
-        names = os.listdir(root)
-    except OSError:
-        return
-    retention = HostConfig.load().retention
-    now = time.time()
-    for name in names[:10_000]:
-        path = os.path.join(root, name)
-        try:
-            st = os.lstat(path)
-        except OSError:
-            continue
-        if os.path.exists(os.path.join(path, "taken")) or now - st.st_mtime > retention:
-            _remove_if_done(path)
-
-
-def _from_history(run_id: str, why: str) -> int:
-    """A run whose directory is gone: its result from the history, as a
-    stream (hello, its phases, exited); or an error saying there is none."""
-    import sys
-
-    from slotq import __version__, protocol
-    from slotq.config import HostConfig, state_dir_from_env
-    from slotq.history.index import Index
-
-    state_dir = state_dir_from_env()
-    config = HostConfig.load(state_dir=state_dir)
-    index = Index(state_dir, config.retention)
-    try:
-        index.catch_up()
-        found = [r for r in index.query() if r.get("run_id") == run_id]
-    finally:
-        index.close()
-    out = [protocol.MAGIC]
-    now = time.time()
-
-    def event(name: str, at: object, **fields: object) -> None:
-        out.append(protocol.event_frame(name, float(at) if isinstance(at, (int, float)) else now, **fields))
-
-    if not found:
-        event(protocol.HELLO, now, protocol=protocol.PROTOCOL_VERSION, version=__version__)
-        event(protocol.ERROR, now, kind="usage", message=f"{why} (nor in its history)")
-    else:
-        rec = found[-1]
-        ph: dict[str, object] = rec["phases"]  # type: ignore[assignment]
-        request = {"argv": ["?"], "run_id": run_id, "label": rec.get("label"), "cls": rec.get("class"),
-                   "submitted": ph.get("submitted")}
-        event(protocol.HELLO, now, protocol=protocol.PROTOCOL_VERSION, version=__version__,
-              request={k: v for k, v in request.items() if v is not None})
-        if ph.get("slot") is not None:
-            event(protocol.SLOT, ph["slot"], slot=str(rec.get("slot") or "?"))
-        if ph.get("started") is not None:
-            event(protocol.STARTED, ph["started"])
-        code = rec.get("exit_code")
-        event(protocol.EXITED, ph.get("ended"), outcome=str(rec.get("outcome")),
-              exit_code=code if isinstance(code, int) else None, message=str(rec.get("message") or ""),
-              phases={k: v for k, v in ph.items() if k in ("slot", "prepared", "started", "ended")})
-    sys.stdout.buffer.write(b"".join(out))
-    sys.stdout.flush()
-    return 0

@@ -613,8 +613,8 @@ def _detached_message(ev: dict[str, object]) -> str:
     run_id, phase = ev.get("run_id"), ev.get("phase")
     if phase == "running":
         where = f"running for {format_duration(seconds_in(ev.get('ran_s')))}"
-    elif phase == "preparing":
-        where = "in its --prepare step"
+    elif phase == "starting":
+        where = "its slot acquired, starting"
     else:
         pos = ev.get("position")
         where = f"waiting at position {pos}" if isinstance(pos, int) else "waiting for a slot"

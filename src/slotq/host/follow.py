@@ -197,3 +197,140 @@ def _write_pos(path: str, pos: int) -> None:
         kept.write_file(os.path.join(path, "read"), b"%d\n" % pos)
     except OSError:
         pass
+
+
+def attach(run_id: str, out_fd: int, in_fd: int, attach_for: float | None, from_start: bool) -> None:
+    """`slotq host attach`: run `run_id`'s stream on `out_fd` (the caller's
+    channel on `in_fd`), at most `attach_for` seconds; a run whose result
+    was taken already: its history line, as a stream."""
+    prune()
+    try:
+        path = kept.open_run_dir(run_id)
+    except kept.KeptError as e:
+        _from_history(run_id, str(e), out_fd)
+        return
+    follow(path, out_fd, in_fd, attach_for, False, from_start)
+
+
+def follow(path: str, out_fd: int, in_fd: int, attach_for: float | None, until_placed: bool,
+           from_start: bool) -> None:
+    """Follow the kept run in `path`; if it ended meanwhile, its result is
+    taken (its directory goes)."""
+    until = None if attach_for is None else time.monotonic() + attach_for
+    if Follower(path, out_fd, in_fd, from_start=from_start).follow(until, until_placed):
+        _result_taken(path)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _result_taken(path: str) -> None:
+    """The run's result was delivered: its directory goes, once its process
+    is gone and nobody else is attached (else the next prune takes it)."""
+    from . import kept
+
+    kept.write_file(os.path.join(path, "taken"), b"")
+    _until_gone(os.path.join(path, "alive"), 5.0)  # it writes its history line, then goes: a moment
+    _remove_if_done(path)
+
+
+def _until_gone(lock: str, seconds: float) -> None:
+    """Wait (at most `seconds`) until nobody holds `lock`."""
+    import fcntl
+
+    from ..history import lock_within
+
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        if lock_within(fd, fcntl.LOCK_SH, seconds):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _remove_if_done(path: str) -> None:
+    import fcntl
+    import shutil
+
+    from . import kept
+
+    if kept.held(os.path.join(path, "alive")):
+        return
+    attached = kept.lock_file(os.path.join(path, "attached"), fcntl.LOCK_EX)
+    if attached is None:
+        return
+    try:
+        shutil.rmtree(path, ignore_errors=True)
+    finally:
+        os.close(attached)
+
+
+def prune() -> None:
+    """Kept runs whose result was taken, or that ended longer ago than the
+    history keeps runs, go."""
+    from slotq.config import HostConfig
+    from . import kept
+
+    root = kept.kept_root()
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    retention = HostConfig.load().retention
+    now = time.time()
+    for name in names[:10_000]:
+        path = os.path.join(root, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if os.path.exists(os.path.join(path, "taken")) or now - st.st_mtime > retention:
+            _remove_if_done(path)
+
+
+def _from_history(run_id: str, why: str, out_fd: int) -> None:
+    """A run whose directory is gone: its result from the history, as a
+    stream (hello, its phases, exited); or an error saying there is none."""
+    from .. import __version__
+    from ..config import HostConfig, state_dir_from_env
+    from ..history.index import Index
+
+    state_dir = state_dir_from_env()
+    config = HostConfig.load(state_dir=state_dir)
+    index = Index(state_dir, config.retention)
+    try:
+        index.catch_up()
+        found = [r for r in index.query() if r.get("run_id") == run_id]
+    finally:
+        index.close()
+    out = [protocol.MAGIC]
+    now = time.time()
+
+    def event(name: str, at: object, **fields: object) -> None:
+        out.append(protocol.event_frame(name, float(at) if isinstance(at, (int, float)) else now, **fields))
+
+    if not found:
+        event(protocol.HELLO, now, protocol=protocol.PROTOCOL_VERSION, version=__version__)
+        event(protocol.ERROR, now, kind="usage", message=f"{why} (nor in its history)")
+    else:
+        rec = found[-1]
+        ph: dict[str, object] = rec["phases"]  # type: ignore[assignment]
+        request = {"argv": ["?"], "run_id": run_id, "label": rec.get("label"), "cls": rec.get("class"),
+                   "submitted": ph.get("submitted")}
+        event(protocol.HELLO, now, protocol=protocol.PROTOCOL_VERSION, version=__version__,
+              request={k: v for k, v in request.items() if v is not None})
+        if ph.get("slot") is not None:
+            event(protocol.SLOT, ph["slot"], slot=str(rec.get("slot") or "?"))
+        if ph.get("started") is not None:
+            event(protocol.STARTED, ph["started"])
+        code = rec.get("exit_code")
+        event(protocol.EXITED, ph.get("ended"), outcome=str(rec.get("outcome")),
+              exit_code=code if isinstance(code, int) else None, message=str(rec.get("message") or ""),
+              phases={k: v for k, v in ph.items() if k in ("slot", "prepared", "started", "ended")})
+    _write_all(out_fd, b"".join(out))

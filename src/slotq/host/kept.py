@@ -267,7 +267,7 @@ class Reading:
         if self.started_at is not None:
             phase, fields = "running", {"ran_s": round(now - self.started_at, 3)}
         elif self.slot_at is not None:
-            phase, fields = "preparing", {}
+            phase, fields = "starting", {}  # its slot acquired; its --prepare step, if any, or the command's start
         else:
             phase, fields = "waiting", {"position": self.position}
         return protocol.event_frame(protocol.DETACHED, now, run_id=run_id, phase=phase, lease_s=lease_s,

@@ -26,6 +26,7 @@ from .base import Transport
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
+    from typing import Any
 
     from ..spec import RunSpec
     from .ssh import SshTransport
@@ -73,6 +74,9 @@ class KeptTransport(Transport):
         self.host_args = host_args
         self.send_request = send_request
         self.proc: subprocess.Popen[bytes] | None = None
+        self.here: tuple[str, float | None, bool] | None = None  # attach in a thread of ours: (id, for, from start)
+        self._done: Any = None  # that thread's lock, released when it is done
+        self._failure = ""
 
     @classmethod
     def keep(cls, *, lease: float | None, log_max: int | None, idle: float | None, credit_dir: str | None,
@@ -81,9 +85,15 @@ class KeptTransport(Transport):
 
     @classmethod
     def attach(cls, run_id: str, *, attach_for: float | None, from_start: bool) -> KeptTransport:
-        return cls(attach_args(run_id, attach_for, from_start), send_request=False)
+        """Here, the attacher is a thread of ours (host/follow.py): a
+        second interpreter would be most of an attach's time."""
+        transport = cls(attach_args(run_id, attach_for, from_start), send_request=False)
+        transport.here = (run_id, attach_for, from_start)
+        return transport
 
     def start(self, spec: RunSpec) -> tuple[int, int]:
+        if self.here is not None:
+            return self._attach_here(*self.here)
         import subprocess
 
         to_r, to_w = os.pipe()
@@ -101,11 +111,41 @@ class KeptTransport(Transport):
                 pass
         return to_w, from_r
 
+    def _attach_here(self, run_id: str, attach_for: float | None, from_start: bool) -> tuple[int, int]:
+        import _thread
+
+        from ..host import follow
+
+        to_r, to_w = os.pipe()
+        from_r, from_w = os.pipe()
+        done = self._done = _thread.allocate_lock()
+        done.acquire()
+
+        def attacher() -> None:
+            try:
+                follow.attach(run_id, from_w, to_r, attach_for, from_start)
+            except BrokenPipeError:
+                pass  # our reader is gone: so are we (the run is not)
+            except Exception as e:
+                self._failure = f"{type(e).__name__}: {e}"
+            finally:
+                os.close(from_w)
+                os.close(to_r)
+                done.release()
+
+        _thread.start_new_thread(attacher, ())
+        return to_w, from_r
+
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
 
     def wait(self) -> str:
+        if self._done is not None:
+            done, self._done = self._done, None
+            if not done.acquire(timeout=10):
+                return "the attacher did not finish within 10 s"
+            return self._failure
         if self.proc is None:
             return ""
         assert self.proc.stderr is not None
