@@ -280,3 +280,64 @@ def test_a_kept_run_over_ssh_keeps_its_place_and_attach_comes_back_over_ssh(
     queued = [w for w in Ledger().credit(str(tmp_path), 0, time.time()).waits
               if w.record.run_id == run_id and w.record.kind == "queue"]
     assert len(queued) == 1 and queued[0].seconds >= 2.0  # recorded here, once, by the attacher that saw the slot
+
+
+@pytest.mark.timeout(60)
+def test_run_detach_prints_only_the_run_id_even_when_the_command_has_printed(
+        state_dir: Path, tmp_path: Path) -> None:
+    # A free slot: the command starts, and may print, before --detach has
+    # read its place from the log; its stdout is the run id alone.
+    marker = tmp_path / "printed"
+    proc = slotq("run", "--detach", "--", "sh", "-c", f"echo one; touch {marker}; exec sleep 1")
+    assert proc.returncode == 0, proc.stderr
+    run_id = proc.stdout.strip()
+    assert run_id.isalnum(), proc.stdout
+    back = slotq("attach", run_id)
+    assert back.returncode == 0 and back.stdout == "one\n", back.stderr  # the output is the attach's
+
+
+@pytest.mark.timeout(30)
+def test_a_detaching_follower_sends_nothing_past_the_place_and_keeps_it_for_the_next(tmp_path: Path) -> None:
+    # The race behind the test above, made certain: the log already holds the
+    # command's output when `run --detach` reads its place from it (CI saw
+    # "one" before the run id on --detach's stdout).
+    from slotq import protocol
+    from slotq.host import kept
+    from slotq.host.follow import Follower
+    from slotq.records import to_json
+
+    path = tmp_path / "run1"
+    path.mkdir(mode=0o700)
+    (path / "request").write_bytes(kept.to_json_line({"request": {"argv": ["x"], "run_id": "run1"}}))
+    log = kept.KeptLog(str(path))
+    log.write(protocol.MAGIC, True)
+    for name, fields in (("hello", {"protocol": protocol.PROTOCOL_VERSION}), ("slot", {"slot": "shared#0"}),
+                         ("started", {})):
+        log.write(protocol.event_frame(name, time.time(), **fields), True)
+    log.write(protocol.frame(protocol.STDOUT, b"one\n"), False)
+    log.close()
+    (path / "alive").touch()
+    lock = kept.lock_file(str(path / "alive"), __import__("fcntl").LOCK_EX)  # the run goes on
+    r, w = os.pipe()
+    ctl_r, ctl_w = os.pipe()
+    try:
+        assert Follower(str(path), w, ctl_r).follow(None, until_placed=True) is False
+        os.close(w)
+        stream = b""
+        while chunk := os.read(r, 65536):
+            stream += chunk
+        frames = protocol.Decoder().feed(stream)
+        assert [k for k, _ in frames].count(protocol.STDOUT) == 0
+        assert [p["event"] for k, p in frames if isinstance(p, dict)] == ["hello", "slot", "detached"]
+        r2, w2 = os.pipe()
+        Follower(str(path), w2, ctl_r).follow(time.monotonic(), False)  # the next attach: the output is its
+        os.close(w2)
+        again = b""
+        while chunk := os.read(r2, 65536):
+            again += chunk
+        assert (protocol.STDOUT, b"one\n") in protocol.Decoder().feed(again)
+    finally:
+        if lock is not None:
+            os.close(lock)
+        for fd in (r, ctl_r, ctl_w):
+            os.close(fd)

@@ -47,10 +47,12 @@ class Follower:
         self.pos = 0  # the next stream byte to read
         self.reading = kept.Reading()
         self.read_upto = self.start_pos
+        self.until_placed = False
 
     def follow(self, until: float | None = None, until_placed: bool = False) -> bool:
         """Send the stream until the run ends (True) or we leave (False).
         `until`: a time.monotonic() deadline."""
+        self.until_placed = until_placed
         attached = kept.lock_file(os.path.join(self.path, "attached"), fcntl.LOCK_SH)
         kept.renew(self.path)
         self.renewed = time.monotonic()
@@ -133,6 +135,9 @@ class Follower:
             for kind, payload in frames:
                 self._frame(kind, payload, at)
                 at += protocol.HEADER_SIZE + len(payload)
+                if self.until_placed and self.reading.placed and protocol.HELLO in self.reading.seen:
+                    self.pos = at  # `run --detach`: nothing past the place (its output is the next attach's)
+                    return
             self.pos += used
             if used < len(data):
                 return  # a frame still being written: the rest comes later
