@@ -94,11 +94,7 @@ def test_run_detach_prints_the_run_id_once_its_place_is_real(state_dir: Path, ru
 @pytest.mark.timeout(60)
 def test_killing_an_attach_does_not_end_or_withdraw_the_run(state_dir: Path, runs: Start, tmp_path: Path) -> None:
     gate = tmp_path / "gate"
-    start_holder(runs, state_dir, gate)
-    run_id = detach_waiting(tmp_path)
-    attach = subprocess.Popen(slotq_cmd() + ["attach", run_id], stdin=subprocess.DEVNULL,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    wait_for(lambda: _attached(tmp_path, run_id), what="the attacher to be attached")
+    run_id, attach = _attached_behind_a_holder(state_dir, runs, gate, tmp_path, start_new_session=True)
     os.killpg(attach.pid, signal.SIGKILL)  # as a harness ends a tool call
     attach.communicate(timeout=10)
     wait_for(lambda: not _attached(tmp_path, run_id), what="the attacher to be gone")
@@ -111,11 +107,7 @@ def test_killing_an_attach_does_not_end_or_withdraw_the_run(state_dir: Path, run
 @pytest.mark.timeout(60)
 def test_a_stop_signal_to_attach_leaves_the_run_which_goes_on(state_dir: Path, runs: Start, tmp_path: Path) -> None:
     gate = tmp_path / "gate"
-    start_holder(runs, state_dir, gate)
-    run_id = detach_waiting(tmp_path)
-    attach = subprocess.Popen(slotq_cmd() + ["attach", run_id], stdin=subprocess.DEVNULL,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for(lambda: _attached(tmp_path, run_id), what="the attacher to be attached")
+    run_id, attach = _attached_behind_a_holder(state_dir, runs, gate, tmp_path)
     attach.send_signal(signal.SIGTERM)
     _, err = attach.communicate(timeout=20)
     assert attach.returncode == 75, err
@@ -204,6 +196,18 @@ def test_attach_of_an_unknown_run_is_one_line_and_exit_2(state_dir: Path) -> Non
     assert proc.stderr.strip() == ("slotq attach: error: host: no kept run nosuchrun1 of yours on this host "
                                    "(nor in its history)") or "no kept run nosuchrun1" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def _attached_behind_a_holder(state_dir: Path, runs: Start, gate: Path, tmp_path: Path,
+                              start_new_session: bool = False) -> tuple[str, subprocess.Popen[str]]:
+    """A kept run waiting behind a holder (until `gate`), and a `slotq
+    attach` of it, attached."""
+    start_holder(runs, state_dir, gate)
+    run_id = detach_waiting(tmp_path)
+    attach = subprocess.Popen(slotq_cmd() + ["attach", run_id], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, start_new_session=start_new_session)
+    wait_for(lambda: _attached(tmp_path, run_id), what="the attacher to be attached")
+    return run_id, attach
 
 
 def _attached(tmp_path: Path, run_id: str) -> bool:

@@ -23,6 +23,8 @@ The other direction, client to runner, is the runner's stdin: text lines
 
 from __future__ import annotations
 
+import os
+
 from .errors import ProtocolError
 from .records import from_json, printable, to_json
 
@@ -46,6 +48,20 @@ EXITED = "exited"
 ERROR = "error"
 AWAY = "away"  # local runs only: the caller may wait away (host/away.py)
 DETACHED = "detached"  # a kept run's attacher leaves, the run goes on (host/kept.py)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """All of `data` to `fd`, waiting while a non-blocking one is full."""
+    import select
+
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.write(fd, view)
+        except BlockingIOError:
+            select.select([], [fd], [])
+            continue
+        view = view[n:]
 
 
 def frame(kind: bytes, payload: bytes) -> bytes:

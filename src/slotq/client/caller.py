@@ -15,7 +15,7 @@ from ..errors import HostUnavailable, ProtocolError, SlotqError, StateDirError, 
 from ..outcome import WHILE_PREPARING, WHILE_RUNNING, WHILE_WAITING, Outcome
 from ..spec import RunSpec
 from ..transports.base import Transport
-from .result import RunResult, summary_line
+from .result import RunResult, adopt_request, detached_message, kept_wait, summary_line
 from .watchdogs import BACKSTOP_MARGIN, Watchdogs
 
 TYPE_CHECKING = False
@@ -35,17 +35,6 @@ def _write_line(fd: int, line: str) -> None:
         os.write(fd, (line + "\n").encode())
     except OSError:
         pass
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        try:
-            n = os.write(fd, view)
-        except BlockingIOError:
-            select.select([], [fd], [])
-            continue
-        view = view[n:]
 
 
 
@@ -191,7 +180,7 @@ class _Call:
             self.transport.wait()
             raise turned_down
         if self.result.queue_s is None and self.o.kept:
-            self.result.queue_s = _kept_wait(self.result, self.clock.wall())
+            self.result.queue_s = kept_wait(self.result, self.clock.wall())
         if self.result.queue_s is None:  # (never a slot)
             self.result.queue_s = self.clock.monotonic() - self.queue_start
         self._verdict(self.transport.wait())
@@ -212,7 +201,7 @@ class _Call:
                                           warn=lambda line: _write_line(self.o.stderr_fd, line))
         return self._recorder
 
-    def _record_kept_wait(self) -> None:
+    def _recordkept_wait(self) -> None:
         """A remote kept run's wait, from its submission to its slot, as the
         first attacher here to see the slot records it (the ledger keys it by
         run id: any later one changes nothing)."""
@@ -391,7 +380,7 @@ class _Call:
         if fd < 0:
             return
         try:
-            _write_all(fd, payload)
+            protocol.write_all(fd, payload)
             if kind == protocol.STDOUT and payload:
                 self.result.open_line = not payload.endswith(b"\n")
         except OSError as e:
@@ -417,11 +406,11 @@ class _Call:
         if self.o.kept:  # its host side records the wait (unless it is remote: below)
             if name == protocol.SLOT:
                 self.result.phases["slot"] = float(ev["at"])  # type: ignore[arg-type]
-                self.result.queue_s = _kept_wait(self.result, self.clock.wall())
+                self.result.queue_s = kept_wait(self.result, self.clock.wall())
                 if self.transport.waits_by_caller:
-                    self._record_kept_wait()
+                    self._recordkept_wait()
             elif name == protocol.HELLO:
-                _adopt_request(self.result, ev)
+                adopt_request(self.result, ev)
                 if isinstance(ev.get("credit_dir"), str):
                     self.workdir = str(ev["credit_dir"])
         elif name == protocol.QUEUED:
@@ -603,43 +592,7 @@ def _on_event(ev: dict[str, object], result: RunResult, dogs: Watchdogs,
             say(f"slotq: warning: {printable(w, 1000)}")
     elif name == protocol.DETACHED:
         result.outcome = Outcome.DETACHED
-        result.message = _detached_message(ev)
+        result.message = detached_message(ev)
         return True
     return False
 
-
-def _detached_message(ev: dict[str, object]) -> str:
-    """Where the kept run is, and how to come back to it."""
-    run_id, phase = ev.get("run_id"), ev.get("phase")
-    if phase == "running":
-        where = f"running for {format_duration(seconds_in(ev.get('ran_s')))}"
-    elif phase == "starting":
-        where = "its slot acquired, starting"
-    else:
-        pos = ev.get("position")
-        where = f"waiting at position {pos}" if isinstance(pos, int) else "waiting for a slot"
-    lease = format_duration(seconds_in(ev.get("lease_s")))
-    return (f"run {run_id} goes on, {where}: come back with `slotq attach {run_id}` within {lease} "
-            f"(its lease), or give it up with `slotq cancel {run_id}`")
-
-
-def _kept_wait(result: RunResult, now: float) -> float | None:
-    """A kept run's time in line, from the host's phases (this caller may
-    have come later than the slot)."""
-    start = result.phases["submitted"]
-    end = result.phases["slot"] or result.phases["ended"] or now
-    return None if start is None else max(0.0, end - start)
-
-
-def _adopt_request(result: RunResult, ev: dict[str, object]) -> None:
-    """An attacher learns the kept run's request from its hello: the result
-    record names the run as `slotq run` would have."""
-    request = ev.get("request")
-    if not isinstance(request, dict):
-        return
-    for key, attr in (("label", "label"), ("cls", "cls"), ("budget", "budget"), ("run_id", "run_id")):
-        if isinstance(request.get(key), (str, int, float)) and not isinstance(request.get(key), bool):
-            setattr(result, attr, request[key])
-    submitted = request.get("submitted")
-    if isinstance(submitted, (int, float)) and not isinstance(submitted, bool):
-        result.phases["submitted"] = float(submitted)

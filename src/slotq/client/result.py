@@ -3,7 +3,7 @@ prints) and the one summary line."""
 
 from __future__ import annotations
 
-from ..durations import format_duration
+from ..durations import format_duration, seconds_in
 from ..outcome import Outcome, exit_code_for
 from ..spec import RunSpec
 
@@ -93,3 +93,40 @@ def summary_line(result: RunResult) -> str:
 
         line += f" — {printable(result.message, 4000)}"
     return line
+
+
+def detached_message(ev: dict[str, object]) -> str:
+    """Where the kept run is, and how to come back to it."""
+    run_id, phase = ev.get("run_id"), ev.get("phase")
+    if phase == "running":
+        where = f"running for {format_duration(seconds_in(ev.get('ran_s')))}"
+    elif phase == "starting":
+        where = "its slot acquired, starting"
+    else:
+        pos = ev.get("position")
+        where = f"waiting at position {pos}" if isinstance(pos, int) else "waiting for a slot"
+    lease = format_duration(seconds_in(ev.get("lease_s")))
+    return (f"run {run_id} goes on, {where}: come back with `slotq attach {run_id}` within {lease} "
+            f"(its lease), or give it up with `slotq cancel {run_id}`")
+
+
+def kept_wait(result: RunResult, now: float) -> float | None:
+    """A kept run's time in line, from the host's phases (this caller may
+    have come later than the slot)."""
+    start = result.phases["submitted"]
+    end = result.phases["slot"] or result.phases["ended"] or now
+    return None if start is None else max(0.0, end - start)
+
+
+def adopt_request(result: RunResult, ev: dict[str, object]) -> None:
+    """An attacher learns the kept run's request from its hello: the result
+    record names the run as `slotq run` would have."""
+    request = ev.get("request")
+    if not isinstance(request, dict):
+        return
+    for key, attr in (("label", "label"), ("cls", "cls"), ("budget", "budget"), ("run_id", "run_id")):
+        if isinstance(request.get(key), (str, int, float)) and not isinstance(request.get(key), bool):
+            setattr(result, attr, request[key])
+    submitted = request.get("submitted")
+    if isinstance(submitted, (int, float)) and not isinstance(submitted, bool):
+        result.phases["submitted"] = float(submitted)

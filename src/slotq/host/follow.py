@@ -166,14 +166,7 @@ class Follower:
         return (int(limit) if isinstance(limit, int) else kept.KEPT_MAX_BYTES) // 2
 
     def _send(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            try:
-                n = os.write(self.out_fd, view)
-            except BlockingIOError:
-                select.select([], [self.out_fd], [])
-                continue
-            view = view[n:]
+        protocol.write_all(self.out_fd, data)
 
 
 def _watch(path: str) -> Watcher | None:
@@ -224,12 +217,6 @@ def follow(path: str, out_fd: int, in_fd: int, attach_for: float | None, until_p
     until = None if attach_for is None else time.monotonic() + attach_for
     if Follower(path, out_fd, in_fd, from_start=from_start).follow(until, until_placed):
         _result_taken(path)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 def _result_taken(path: str) -> None:
@@ -338,4 +325,4 @@ def _from_history(run_id: str, why: str, out_fd: int) -> None:
         event(protocol.EXITED, ph.get("ended"), outcome=str(rec.get("outcome")),
               exit_code=code if isinstance(code, int) else None, message=str(rec.get("message") or ""),
               phases={k: v for k, v in ph.items() if k in ("slot", "prepared", "started", "ended")})
-    _write_all(out_fd, b"".join(out))
+    protocol.write_all(out_fd, b"".join(out))
