@@ -325,3 +325,38 @@ def test_a_stop_signal_the_moment_a_run_goes_away_cancels_it(runs: Start, slow_l
         far.proc.send_signal(signal.SIGTERM)
         assert far.wait() == 130, f"attempt {attempt}: {far.err}"
         assert far.result()["outcome"] == "cancelled"
+
+
+def test_a_run_that_comes_back_to_look_while_still_far_back_goes_away_again(
+        state_dir: Path, runs: Start, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # [waiting] away_look: the ticket a run waits for away may never go, so
+    # it comes back to look that often; if still far back it must not stay
+    # an interpreter for the rest of the line (a long line's runs all came
+    # back at once at the fifth minute: load 500, 10 GB).
+    seed_history(state_dir)
+    config = tmp_path / "host.toml"
+    config.write_text('[pools]\nshared = 1\nlanding = 1\n\n[waiting]\naway_look = "0.5s"\n')
+    monkeypatch.setenv("SLOTQ_CONFIG", str(config))
+    done = subprocess.run(slotq_cmd() + ["run", "-q", "--", "true"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=20)
+    assert done.returncode == 78 and done.stderr.count("\n") == 1
+    assert "[waiting] away_look must be at least 1s" in done.stderr
+    config.write_text('[pools]\nshared = 1\nlanding = 1\n\n[waiting]\naway_look = "1s"\n')
+    gate, log = tmp_path / "gate", tmp_path / "log"
+    start_holder(runs, state_dir, gate)
+    line_of(runs, state_dir, log, AWAY_AHEAD + 1)
+    far = runs("-q", "--", "sh", "-c", f"echo far >> {log}", name="far")
+
+    def watcher() -> int | None:
+        return next((p for p in children_of(far.proc.pid) if cmdline(p)[1:2] == ["-x"]), None) \
+            if gone_away(far) else None
+
+    first = wait_for(watcher, what="the far run waiting away")
+    info = ticket_info(state_dir, far.proc.pid)
+    again = wait_for(lambda: w if (w := watcher()) not in (None, first) else None, timeout=15,
+                     what="the far run away again, with a new watcher, after it looked")
+    assert again != first and ticket_info(state_dir, far.proc.pid) == info, "the same ticket: its place kept"
+    gate.touch()
+    assert far.wait() == 0, far.err
+    assert log.read_text().split() == [f"w{i}" for i in range(AWAY_AHEAD + 1)] + ["far"]
+    assert far.result()["run_id"] == info["run_id"]

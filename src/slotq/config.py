@@ -23,6 +23,8 @@ State directory: `$SLOTQ_STATE_DIR`, else `$XDG_STATE_HOME/slotq/host`, else
     [waiting]          # optional
     away = true        # quiet local runs far back in a slow one-slot line wait
                        # as a shell (about 0.35 MB instead of 6): host/away.py
+    away_look = "5m"   # ... and look again this often (1s-1d); still far back,
+                       # they go away again
 
     [slurm]            # optional: `slotq run --slurm` (transports/slurm/)
     slotq = "/opt/slotq/bin/slotq"   # slotq on the nodes (default: this one, by path)
@@ -46,6 +48,10 @@ DEFAULT_BUDGET = 3600.0
 DEFAULT_KILL_GRACE = 10.0
 DEFAULT_PREPARE_TIMEOUT = 600.0
 DEFAULT_RETENTION = 180 * 86400.0  # the run history: about six months
+# A run waiting away (host/away.py) looks again at least this often: the
+# ticket it waits for may be one that never goes (held by hand, passed
+# over: host/claim.py). Still far back, it goes away again.
+DEFAULT_AWAY_LOOK = 300.0
 
 
 def state_dir_from_env(env: dict[str, str] | os._Environ[str] | None = None) -> str:
@@ -117,7 +123,7 @@ class HostConfig:
     """Pools, class -> pool mapping and host defaults."""
 
     __slots__ = ("pools", "classes", "budget", "kill_grace", "prepare_timeout", "path", "max_waiting",
-                 "max_waiting_per_user", "warnings", "slurm", "retention", "wait_away")
+                 "max_waiting_per_user", "warnings", "slurm", "retention", "wait_away", "away_look")
 
     def __init__(
         self,
@@ -132,6 +138,7 @@ class HostConfig:
         slurm: SlurmConfig | None = None,
         retention: float = DEFAULT_RETENTION,
         wait_away: bool = True,
+        away_look: float = DEFAULT_AWAY_LOOK,
     ) -> None:
         self.pools = dict(DEFAULT_POOLS if pools is None else pools)
         self.classes = {name: name for name in self.pools}
@@ -146,6 +153,7 @@ class HostConfig:
         self.slurm = slurm or SlurmConfig()
         self.retention = retention  # how long the run history is kept, seconds
         self.wait_away = wait_away  # [waiting] away (host/away.py)
+        self.away_look = away_look  # [waiting] away_look: how long a run waits away before it looks again
         where = f"host config {path}: " if path else ""
         for cls, pool in self.classes.items():
             if pool not in self.pools:
@@ -333,10 +341,20 @@ class HostConfig:
         except ValueError as e:
             raise ConfigError(f"host config {path}: {e}", path) from None
         waiting = data.get("waiting", {})
-        if not isinstance(waiting, dict) or set(waiting) - {"away"} or not isinstance(waiting.get("away", True), bool):
-            raise ConfigError(f"host config {path}: [waiting] takes only away = true or false", path)
+        if not isinstance(waiting, dict) or set(waiting) - {"away", "away_look"} \
+                or not isinstance(waiting.get("away", True), bool):
+            raise ConfigError(f"host config {path}: [waiting] takes only away = true or false and "
+                              "away_look = \"5m\"", path)
+        try:
+            away_look = parse_duration(str(waiting.get("away_look", "5m")), what="[waiting] away_look",
+                                       limit=86400.0)
+        except ValueError as e:
+            raise ConfigError(f"host config {path}: {e}", path) from None
+        if away_look < 1.0:
+            raise ConfigError(f"host config {path}: [waiting] away_look must be at least 1s", path)
         return cls(pools, dict(classes_raw), path=path, slurm=slurm, retention=retention,
-                   wait_away=bool(waiting.get("away", True)), **values, **limits)  # type: ignore[arg-type]
+                   wait_away=bool(waiting.get("away", True)), away_look=away_look,
+                   **values, **limits)  # type: ignore[arg-type]
 
 
 # srun options that would break how slotq runs a job: one task, whose input

@@ -40,9 +40,6 @@ if TYPE_CHECKING:
 
 AWAY_AHEAD = 4  # a run comes back when this many runs are ahead of it
 AWAY_MIN_WAIT = 60.0  # ... and goes away only if it expects to wait this long
-# Away at most this long before coming back to look: the ticket it waits
-# for may be one that never goes (held by hand, passed over: host/claim.py).
-AWAY_LOOK = 300.0
 ENV_GONE = "SLOTQ_AWAY_GONE"  # for `slotq host away-gone` (JSON)
 NAME = "slotq-away"  # the sh's $0: how `ps` and `slotq cancel` know a run waiting away
 MAX_ENV = 8192

@@ -91,7 +91,7 @@ class HostRunner:
         self._line: LineWait | None = None
         self._place = (ticket, in_line)  # a place in line taken before us, if any
         self._wait_closer = came.wait_closer
-        self._may_go_away = came.may_go_away and not came.came_back and config.wait_away
+        self._may_go_away = came.may_go_away and config.wait_away
         self._came_back = came.came_back
         self._early = early
 

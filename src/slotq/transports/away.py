@@ -8,8 +8,8 @@ in `flock -s` on the ticket AWAY_AHEAD + 1 places ahead, after starting
 the watcher (host/away.py). The run's own ticket stays locked on an
 inherited descriptor: its place in line, as before. When that ticket goes
 (or at a stop signal, `slotq cancel`'s wake-up, or the end of --max-wait
-or of AWAY_LOOK: `flock -w`), the `sh` execs the run's own command line again, with the
-ticket's descriptor in the environment (ENV). The run is parsed from its
+or of [waiting] away_look: `flock -w`), the `sh` execs the run's own command line
+again, with the ticket's descriptor in the environment (ENV). The run is parsed from its
 own argv, in its own work dir and environment, takes back its ticket
 (`back`) and goes on as a run AWAY_AHEAD places from the head -- whose
 extra interpreter start is paid while others run. A stop signal the `sh`
@@ -23,7 +23,7 @@ import os
 import sys
 
 from .. import signals as signal
-from ..host.away import AWAY_LOOK, ENV_GONE, MAX_ENV, NAME, program
+from ..host.away import ENV_GONE, MAX_ENV, NAME, program
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -82,12 +82,14 @@ def _launcher() -> list[str]:
     return [sys.executable, *orig[1:len(orig) - len(sys.argv) + 1]]
 
 
-def go(ticket: Ticket, ahead_fd: int, max_wait_left: float | None, *, run_id: str, ledger: str,
+def go(ticket: Ticket, ahead_fd: int, max_wait_left: float | None, look: float, *, run_id: str, ledger: str,
        workdir: str, host: str, stopped: list[int]) -> str:
     """Exec the waiting `sh` (never returns), or say why not: a stop signal
     came first (`stopped`: the caller's list of them), or the watcher or
-    the exec failed. Called in the caller's main thread; the runner thread
-    has blocked the stop signals and waits for `stay`."""
+    the exec failed. `look`: come back after at most that many seconds
+    (and at the end of `max_wait_left`). Called in the caller's main
+    thread; the runner thread has blocked the stop signals and waits for
+    `stay`."""
     flock = program("flock")
     if flock is None:
         return "no flock(1)"
@@ -103,7 +105,7 @@ def go(ticket: Ticket, ahead_fd: int, max_wait_left: float | None, *, run_id: st
         env.pop(ENV_STOP, None)
         own, ahead = _free_digits()
         env[ENV] = to_json({"fd": own, "path": ticket.path, "watcher": watcher})
-        wait = f"{max(0.0, min(AWAY_LOOK, AWAY_LOOK if max_wait_left is None else max_wait_left)):.3f}"
+        wait = f"{max(0.0, look if max_wait_left is None else min(look, max_wait_left)):.3f}"
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -244,14 +246,21 @@ def end_watcher(pid: int) -> None:
 
 class Back:
     """A run that came back: its ticket, and the stop signal (if any) that
-    brought it back (slotq cancel's wake-up is none: its cancel follows
-    through the control socket)."""
+    brought it back. `woken`: by slotq cancel's wake-up (no stop: its
+    cancel follows through the control socket). `looking`: by neither (its
+    turn nears, or it looks again): it may go away again if it is still
+    far back."""
 
-    __slots__ = ("ticket", "stop")
+    __slots__ = ("ticket", "stop", "woken")
 
-    def __init__(self, ticket: Ticket, stop: int | None) -> None:
+    def __init__(self, ticket: Ticket, stop: int | None, woken: bool = False) -> None:
         self.ticket = ticket
         self.stop = stop
+        self.woken = woken
+
+    @property
+    def looking(self) -> bool:
+        return self.stop is None and not self.woken
 
 
 class BackError(Exception):
@@ -301,4 +310,4 @@ def back(state_dir: str) -> Back | None:
             or os.path.dirname(path) != pool_dir(state_dir, pool)):
         raise BackError(f"ticket {path} is not one of this state dir's ({state_dir})")
     stop = {"TERM": signal.SIGTERM, "INT": signal.SIGINT, "HUP": signal.SIGHUP}.get(stop_word or "")
-    return Back(Ticket(path, fd, seq, pool, info), stop)
+    return Back(Ticket(path, fd, seq, pool, info), stop, woken=stop_word == "USR1")

@@ -76,6 +76,7 @@ class LocalTransport(Transport):
         self._wait_closer: Callable[[], Callable[[float], None]] | None = None  # keep_wait_end
         self.away = away and in_process
         self.came_back = False  # this process is a run that waited away and came back
+        self.may_go_again = False  # ... and, if still far back, may go away again (not woken by a cancel)
 
     def reserve(self, spec: RunSpec) -> None:
         """Take the run's place in line now, before the client and the
@@ -145,6 +146,7 @@ class LocalTransport(Transport):
             spec.run_id = run_id
         self._ticket = back.ticket
         self.came_back = True
+        self.may_go_again = back.looking
         self.queued_since = float(since) if isinstance(since, (int, float)) else time.time()
         if back.stop is not None:
             signals.early.append(back.stop)
@@ -161,7 +163,8 @@ class LocalTransport(Transport):
         from ..host.ticket import Ticket
 
         return away.go(Ticket(path, ticket_fd, 0, "", {}), ahead_fd,
-                       float(left) if isinstance(left, (int, float)) else None, run_id=recorder.run_id,
+                       float(left) if isinstance(left, (int, float)) else None, self.config.away_look,
+                       run_id=recorder.run_id,
                        ledger=recorder.path, workdir=recorder.workdir, host=recorder.host, stopped=stops)
 
     def keep_wait_end(self, make_closer: Callable[[], Callable[[float], None]]) -> None:
@@ -209,7 +212,8 @@ class LocalTransport(Transport):
         try:
             from ..host.runner import Arrival, HostRunner
 
-            arrival = Arrival(None, ticket, early, self._wait_closer, may_go_away=self.away and done is not None,
+            may_go_away = self.away and done is not None and (self.may_go_again or not self.came_back)
+            arrival = Arrival(None, ticket, early, self._wait_closer, may_go_away=may_go_away,
                               came_back=self.came_back)
             runner = HostRunner(spec, state_dir=self.state_dir, config=self.config, in_fd=ctl_r, out_fd=ev_w,
                                 arrival=arrival)
