@@ -82,12 +82,12 @@ def _launcher() -> list[str]:
     return [sys.executable, *orig[1:len(orig) - len(sys.argv) + 1]]
 
 
-def go(ticket: Ticket, ahead_fd: int, max_wait_left: float | None, look: float, *, run_id: str, ledger: str,
-       workdir: str, host: str, stopped: list[int]) -> str:
+def go(ticket: Ticket, ahead_fd: int, look: float, *, run_id: str, ledger: str, workdir: str, host: str,
+       stopped: list[int]) -> str:
     """Exec the waiting `sh` (never returns), or say why not: a stop signal
     came first (`stopped`: the caller's list of them), or the watcher or
     the exec failed. `look`: come back after at most that many seconds
-    (and at the end of `max_wait_left`). Called in the caller's main
+    (to look again, or at the end of --max-wait). Called in the caller's main
     thread; the runner thread has blocked the stop signals and waits for
     `stay`."""
     flock = program("flock")
@@ -105,7 +105,7 @@ def go(ticket: Ticket, ahead_fd: int, max_wait_left: float | None, look: float, 
         env.pop(ENV_STOP, None)
         own, ahead = _free_digits()
         env[ENV] = to_json({"fd": own, "path": ticket.path, "watcher": watcher})
-        wait = f"{max(0.0, look if max_wait_left is None else min(look, max_wait_left)):.3f}"
+        wait = f"{max(0.0, look):.3f}"
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()

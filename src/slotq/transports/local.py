@@ -162,9 +162,10 @@ class LocalTransport(Transport):
         left = ev.get("max_wait_s")
         from ..host.ticket import Ticket
 
-        return away.go(Ticket(path, ticket_fd, 0, "", {}), ahead_fd,
-                       float(left) if isinstance(left, (int, float)) else None, self.config.away_look,
-                       run_id=recorder.run_id,
+        look = self.config.away_look
+        if isinstance(left, (int, float)):
+            look = min(look, float(left))  # back at the end of --max-wait, to be turned away
+        return away.go(Ticket(path, ticket_fd, 0, "", {}), ahead_fd, look, run_id=recorder.run_id,
                        ledger=recorder.path, workdir=recorder.workdir, host=recorder.host, stopped=stops)
 
     def keep_wait_end(self, make_closer: Callable[[], Callable[[float], None]]) -> None:
