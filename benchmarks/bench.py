@@ -494,7 +494,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true",
                     help="fewer repetitions, no N=500 or 1000, one chaos run, two lines of waiters")
     ap.add_argument("--only", help="comma-separated scenarios: "
-                                   "handoff,idle,order,throughput,percall,comeback,crash,waiters,remote,slurm,history,chaos")
+                                   "handoff,idle,order,throughput,percall,comeback,crash,waiters,remote,slurm,mcp,history,chaos")
     ap.add_argument("--chaos-callers", type=int, default=200, help="callers in the chaos scenario (default 200)")
     ap.add_argument("--tools", default="slotq,flock,sem,task-spooler")
     ap.add_argument("--reps", type=int, help="repetitions per scenario (default 5; 2 with --quick)")
@@ -589,6 +589,12 @@ def main() -> int:
         r = slurm.run(2 if args.quick else 5)
         own("slurm", r, slurm.format_slurm(r), slurm.targets(r))
         lap("slurm")
+    if want("mcp"):
+        import mcpcall
+
+        r = mcpcall.run(10 if args.quick else 30)
+        own("mcp", r, mcpcall.format_mcp(r))
+        lap("mcp")
     if want("history"):
         import history
 
@@ -608,7 +614,7 @@ def main() -> int:
             f"({os.cpu_count()} cores), {time.time() - started:.0f} s; medians [min–max] of the repetitions",
             f"bare: `true` {bare['true_ms']:.1f} ms, `{Path(PYTHON).name} -c pass` {bare['python_ms']:.1f} ms", "",
             table({k: v for k, v in results.items()
-                   if k not in ("chaos", "slurm", "history", "remote", "waiters")}, tools),
+                   if k not in ("chaos", "slurm", "history", "remote", "waiters", "mcp")}, tools),
             *own_text, *chaos_text, "", "targets:", *check_targets(results), *own_targets]
     notes = [f"- {t} in {s}: {e['note']}" for s, per in results.items() for t, e in per.items() if "note" in e]
     if notes:

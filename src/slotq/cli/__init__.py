@@ -27,6 +27,7 @@ commands:
   history  finished runs on this host, sacct-like:  slotq history --since 7d --user alice
   report   a timeline page of the runs:  slotq report --html runs.html --since 7d
   completion  print a shell completion script:  slotq completion bash|zsh|fish
+  mcp      serve the queue to an agent's harness over MCP (stdio; pip install 'slotq[mcp]')
   host     host-side commands used by transports (slotq host run ...)
 
 Run `slotq <command> --help` for its options. Exit codes: see `slotq run --help`.
@@ -36,7 +37,8 @@ COMMANDS = {"run": "slotq.cli.run", "attach": "slotq.cli.attach", "status": "slo
             "cancel": "slotq.cli.cancel",
             "task": "slotq.cli.task",
             "waits": "slotq.cli.waits", "history": "slotq.cli.history",
-            "report": "slotq.cli.report", "completion": "slotq.cli.completion", "host": "slotq.cli.host"}
+            "report": "slotq.cli.report", "completion": "slotq.cli.completion", "mcp": "slotq.cli.mcp",
+            "host": "slotq.cli.host"}
 
 
 def main(argv: list[str] | None = None) -> int:

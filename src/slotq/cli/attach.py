@@ -7,6 +7,10 @@ from __future__ import annotations
 
 from slotq.cli.args import FLAG, JsonResult, Namespace, Opt, Parser, duration, host_options, run_id_and_options
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from slotq.transports.base import Transport
+
 PARSER = Parser(
     prog="slotq attach", usage="slotq attach RUN_ID [--for D] [--from-start] [--json FILE] [-q]",
     command="optional",
@@ -38,21 +42,14 @@ def main(args: list[str]) -> int:
         from slotq.cli.hostkeep import attach
 
         return attach([run_id, "--renew"])
+    if opts.renew:
+        return _renew_over_ssh(opts, run_id)
     from slotq.cli.run import _stderr_line
     from slotq.client.caller import run
-    from slotq.transports.base import Transport
-    from slotq.transports.kept import KeptTransport, attach_args, over_ssh
 
     json_result = JsonResult(opts.json)
     say = _stderr_line
-    transport: Transport = KeptTransport.attach(run_id, attach_for=opts.attach_for, from_start=opts.from_start)
-    if opts.host:
-        from slotq.cli.args import ssh_transport
-
-        if opts.renew:
-            return _renew_over_ssh(opts, run_id)
-        transport = over_ssh(ssh_transport(opts, opts.host, sync="none"),
-                             attach_args(run_id, opts.attach_for, opts.from_start))
+    transport = attach_transport(opts, run_id)
     spec = RunSpec(["?"], run_id=run_id)
     try:
         result = run(spec, transport, status=None if opts.quiet else say, handle_sigint=True)
@@ -64,6 +61,19 @@ def main(args: list[str]) -> int:
     finally:
         json_result.discard()
     return result.exit_code
+
+
+def attach_transport(opts: Namespace, run_id: str) -> "Transport":
+    """The transport that attaches to kept run `run_id` (here, or on
+    --host) for `slotq attach`'s options (and the MCP server's attach_run)."""
+    from slotq.transports.kept import KeptTransport, attach_args, over_ssh
+
+    if not opts.host:
+        return KeptTransport.attach(run_id, attach_for=opts.attach_for, from_start=opts.from_start)
+    from slotq.cli.args import ssh_transport
+
+    return over_ssh(ssh_transport(opts, opts.host, sync="none"), attach_args(run_id, opts.attach_for,
+                                                                           opts.from_start))
 
 
 def _renew_over_ssh(opts: Namespace, run_id: str) -> int:

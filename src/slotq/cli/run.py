@@ -11,6 +11,7 @@ from slotq.errors import UsageError
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from slotq.spec import RunSpec
+    from slotq.transports.base import Transport
     from slotq.transports.local import LocalTransport
     from slotq.transports.ssh import SshTransport
 
@@ -167,11 +168,33 @@ def main(args: list[str]) -> int:
 
 def _kept(opts: Namespace, command: list[str]) -> int:
     """A kept run (transports/kept.py): it outlives this call."""
-    import time
-
     from slotq.client.caller import run
     from slotq.outcome import Outcome
-    from slotq.transports.base import Transport
+
+    json_result = JsonResult(opts.json)
+    say = None if opts.quiet else _stderr_line
+    try:
+        spec, transport = kept_call(opts, command)
+    except _ChoiceStopped as stop:
+        return _cancelled_while_choosing(opts, _spec(opts, command, opts.report_every), stop.signum)
+    try:
+        result = run(spec, transport, status=say, handle_sigint=True)
+        json_result.write(result.to_json, open_line=result.open_line)
+    finally:
+        json_result.discard()
+    if opts.detach and result.outcome is Outcome.DETACHED:
+        os.write(1, f"{result.run_id}\n".encode())
+        return 0
+    return result.exit_code
+
+
+def kept_call(opts: Namespace, command: list[str], cwd: str | None = None) -> tuple["RunSpec", "Transport"]:
+    """The run and the transport of a kept run (`run --detach` or
+    `--attach-for`; the MCP server's run_command), from `slotq run`'s
+    options; its work dir `cwd` (default: ours). Raises UsageError for
+    options that do not make one."""
+    import time
+
     from slotq.transports.kept import KeptTransport, keep_args, over_ssh
 
     if use_slurm(opts):
@@ -190,9 +213,8 @@ def _kept(opts: Namespace, command: list[str]) -> int:
         if opts.cls not in known:
             raise UsageError(f"unknown class {opts.cls!r} (this host knows: {', '.join(sorted(known))})")
     spec = _spec(opts, command, opts.report_every)
+    spec.cwd = cwd or spec.cwd
     spec.submitted = time.time()
-    json_result = JsonResult(opts.json)
-    say = None if opts.quiet else _stderr_line
     terms = keep_args(opts.lease, opts.log_max, opts.idle, os.path.realpath(opts.credit_dir or str(spec.cwd)),
                       opts.attach_for, opts.detach)
     transport: Transport = KeptTransport(terms, send_request=True)
@@ -200,20 +222,9 @@ def _kept(opts: Namespace, command: list[str]) -> int:
         if opts.sync == "rsync":
             from slotq.transports.ssh import check_work_tree
 
-            check_work_tree(current_dir())
-        try:
-            transport = over_ssh(_remote(opts), terms)
-        except _ChoiceStopped as stop:
-            return _cancelled_while_choosing(opts, spec, stop.signum)
-    try:
-        result = run(spec, transport, status=say, handle_sigint=True)
-        json_result.write(result.to_json, open_line=result.open_line)
-    finally:
-        json_result.discard()
-    if opts.detach and result.outcome is Outcome.DETACHED:
-        os.write(1, f"{result.run_id}\n".encode())
-        return 0
-    return result.exit_code
+            check_work_tree(str(spec.cwd))
+        transport = over_ssh(_remote(opts), terms)
+    return spec, transport
 
 
 def _spec(opts: Namespace, command: list[str], report_every: float) -> "RunSpec":

@@ -43,7 +43,7 @@ class CallOptions:
     class: `dataclasses` would cost every `slotq run` its import.)"""
 
     __slots__ = ("idle", "stdout_fd", "stderr_fd", "status", "handle_sigint", "backstop_margin", "credit_dir",
-                 "ledger_path", "live", "heartbeat_every", "kept")
+                 "ledger_path", "live", "heartbeat_every", "kept", "interrupt")
 
     def __init__(self, idle: float | None = None, stdout_fd: int = 1, stderr_fd: int = 2,
                  status: Callable[[str], None] | None = None, handle_sigint: bool = False,
@@ -61,6 +61,7 @@ class CallOptions:
         self.ledger_path = ledger_path
         self.live = live
         self.heartbeat_every = heartbeat_every
+        self.interrupt: Interrupt | None = None  # another thread's stop (call())
 
     def attach_only(self) -> None:
         """The run is a kept run (host/kept.py) this caller attaches to: the
@@ -112,9 +113,51 @@ def run(
     """
     options = CallOptions(idle, stdout_fd, stderr_fd, status, handle_sigint, backstop_margin, credit_dir,
                           ledger_path, live, heartbeat_every)
+    return call(spec, transport, options, clock)
+
+
+def call(spec: RunSpec, transport: Transport, options: CallOptions, clock: Clock | None = None) -> RunResult:
+    """`run` with its options as one object: for a caller in a thread of a
+    server (the MCP server: cli/mcp.py), whose `options.interrupt` stops the
+    run from another thread."""
     if transport.kept:
         options.attach_only()
     return _Call(spec, transport, options, clock or Clock()).run()
+
+
+class Interrupt:
+    """Stop a run from another thread, as a stop signal would: a kept run
+    is left (`detached`, it goes on), any other cancelled. Fired before the
+    run has started, it is sent as soon as the run starts."""
+
+    def __init__(self) -> None:
+        import _thread
+
+        self._lock = _thread.allocate_lock()
+        self._fd = -1
+        self.fired = False
+
+    def fire(self) -> None:
+        with self._lock:
+            self.fired = True
+            self._send()
+
+    def bind(self, fd: int) -> None:
+        with self._lock:
+            self._fd = fd
+            if self.fired:
+                self._send()
+
+    def unbind(self) -> None:
+        with self._lock:
+            self._fd = -1
+
+    def _send(self) -> None:
+        if self._fd >= 0:
+            try:
+                os.write(self._fd, f"cancel {Outcome.CANCELLED.value}\n".encode())
+            except OSError:
+                pass
 
 
 class _Call:
@@ -160,13 +203,18 @@ class _Call:
         self.to_fd, self.from_fd = self.transport.start(self.spec)
         turned_down = None
         held = self._catch(self._stop_run)
+        interrupt = self.o.interrupt
         try:
+            if interrupt is not None:
+                interrupt.bind(self.to_fd)
             if self.stops:  # one came while slotq started, or after the transfer: it meant this run
                 self._cancel_for(self.stops[0])
             self._stream()
         except (UsageError, StateDirError) as e:
             turned_down = e
         finally:
+            if interrupt is not None:
+                interrupt.unbind()
             self._restore(held)
             self._close_stream()
         if self._recorder is not None:

@@ -1,0 +1,206 @@
+"""`slotq mcp` (issue 47): the MCP server started as a real subprocess and
+driven by the official SDK's own client over stdio. A holder keeps the
+slot; run_command reports the position in progress notifications, leaves a
+run that outlasts `wait_for` (detached, in its place) and attach_run comes
+back to it; a cancelled call leaves the run in line; a failing command is
+a result (blame work), never a tool error; bad arguments are."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import Start, history_written, live_tickets, slotq_cmd, spool_ops, start_holder, wait_for
+
+mcp = pytest.importorskip("mcp", reason="the mcp extra (pip install -e '.[test]' installs it)")
+anyio = pytest.importorskip("anyio")
+
+from mcp.client.session import ClientSession  # noqa: E402
+from mcp.client.stdio import StdioServerParameters, stdio_client  # noqa: E402
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@asynccontextmanager
+async def server(tmp_path: Path, *extra: str) -> AsyncIterator[Any]:
+    env = {k: v for k, v in os.environ.items() if k.startswith("SLOTQ_") or k in ("PATH", "HOME", "LANG")}
+    params = StdioServerParameters(command=slotq_cmd()[0], args=["mcp", "--allow-dir", str(tmp_path), *extra],
+                                   env=env, cwd=str(tmp_path))
+    with open(tmp_path / "server.err", "w") as errlog:
+        async with stdio_client(params, errlog=errlog) as (read, write):
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+                yield session
+
+
+def drive(body: Callable[[], Awaitable[None]]) -> None:
+    anyio.run(body)
+
+
+def structured(result: Any) -> dict[str, Any]:
+    assert not result.is_error, result.content
+    return dict(result.structured_content)
+
+
+def test_lists_its_tools_with_input_and_output_schemas(state_dir: Path, tmp_path: Path) -> None:
+    async def body() -> None:
+        async with server(tmp_path) as s:
+            tools = {t.name: t for t in (await s.list_tools()).tools}
+            assert set(tools) == {"run_command", "attach_run", "run_result", "cancel_run", "queue_status"}
+            assert tools["run_command"].input_schema["required"] == ["command"]
+            assert "outcome" in tools["attach_run"].output_schema["properties"]
+    drive(body)
+
+
+def test_a_run_behind_a_holder_reports_its_position_then_passes_with_its_wait_recorded_once(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    start_holder(runs, state_dir, gate)
+    messages: list[str] = []
+    opened = time.monotonic()
+
+    async def progress(done: float, total: float | None, message: str | None) -> None:
+        messages.append(message or "")
+        if time.monotonic() - opened > 8 and not gate.exists():
+            gate.touch()  # the holder keeps the slot 8 s
+
+    async def body() -> None:
+        async with server(tmp_path) as s:
+            result = await s.call_tool("run_command", {"command": ["sh", "-c", "echo hello; echo oops >&2"],
+                                                        "wait_for": 60, "label": "agent"},
+                                       progress_callback=progress)
+            record = structured(result)
+            assert record["outcome"] == "passed" and record["blame"] == "work" and record["exit_code"] == 0
+            assert record["waited_s"] >= 6, record
+            assert "hello\n" in record["output"]["text"] and "oops\n" in record["output"]["text"]
+            assert result.content[0].text.startswith("the command passed (exit 0)")
+            key = f"{record['run_id']}:queue"
+            assert len(spool_ops(os.environ["SLOTQ_LEDGER"], key, "open")) == 1
+            assert len(spool_ops(os.environ["SLOTQ_LEDGER"], key, "close")) == 1
+    drive(body)
+    waiting = [m for m in messages if m.startswith("waiting") and "position 1" in m]
+    assert len(waiting) >= 2, messages
+    assert any(m.startswith("slot ") and "acquired" in m for m in messages), messages
+
+
+def test_a_call_that_waits_past_wait_for_is_detached_and_attach_run_returns_the_result(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    start_holder(runs, state_dir, gate)
+
+    async def body() -> None:
+        async with server(tmp_path) as s:
+            start = time.monotonic()
+            record = structured(await s.call_tool("run_command", {"command": ["echo", "done here"], "wait_for": 2}))
+            took = time.monotonic() - start
+            assert record["outcome"] == "detached" and record["blame"] == "none", record
+            assert 1.5 <= took < 10, took
+            assert "attach_run" in record["next"] and record["run_id"] in record["next"]
+            assert len(live_tickets(state_dir)) == 1, "it keeps its place in line"
+            gate.touch()
+            again = structured(await s.call_tool("attach_run", {"run_id": record["run_id"], "wait_for": 30}))
+            assert again["outcome"] == "passed" and again["run_id"] == record["run_id"]
+            assert again["output"]["text"] == "done here\n"
+            later = structured(await s.call_tool("run_result", {"run_id": record["run_id"]}))
+            assert later["outcome"] == "passed", "its result, from the history once taken"
+    drive(body)
+
+
+def test_a_cancelled_call_leaves_the_run_in_line(state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    start_holder(runs, state_dir, gate)
+
+    async def body() -> None:
+        async with server(tmp_path) as s:
+            with anyio.move_on_after(3):
+                await s.call_tool("run_command", {"command": ["true"], "wait_for": 60, "label": "kept"})
+            assert len(live_tickets(state_dir)) == 1
+            status = structured(await s.call_tool("queue_status", {}))
+            assert "kept" in str(status)
+            gate.touch()
+            wait_for(lambda: any(r.get("label") == "kept" and r.get("outcome") == "passed"
+                                 for r in history_written(state_dir)), timeout=30, what="the kept run ran")
+    drive(body)
+
+
+def test_a_failing_command_is_a_result_not_a_tool_error(state_dir: Path, tmp_path: Path) -> None:
+    async def body() -> None:
+        async with server(tmp_path) as s:
+            result = await s.call_tool("run_command", {"command": ["sh", "-c", "echo 1 failed; exit 3"]})
+            record = structured(result)
+            assert record["outcome"] == "failed" and record["command_exit_code"] == 3 and record["blame"] == "work"
+            assert "the command failed (exit 3)" in result.content[0].text
+    drive(body)
+
+
+@pytest.mark.parametrize("args, says", [
+    ({}, "'command' is required"),
+    ({"command": []}, "'command' must be a non-empty list of strings"),
+    ({"command": ["true"], "class": "nope"}, "unknown class 'nope'"),
+    ({"command": ["true"], "budget": "abc"}, "budget"),
+    ({"command": ["true"], "workdir": "/"}, "outside the directories this server may run in"),
+    ({"command": ["true"], "colour": "red"}, "unknown argument 'colour'"),
+])
+def test_bad_arguments_are_tool_errors_with_one_line(state_dir: Path, tmp_path: Path, args: dict[str, Any],
+                                                     says: str) -> None:
+    async def body() -> None:
+        async with server(tmp_path) as s:
+            result = await s.call_tool("run_command", args)
+            assert result.is_error
+            text = result.content[0].text
+            assert says in text and "\n" not in text, text
+    drive(body)
+    assert not live_tickets(state_dir), "nothing joined the line"
+
+
+def test_without_the_sdk_it_says_how_to_install_it(tmp_path: Path) -> None:
+    import subprocess
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "mcp.py").write_text("raise ImportError('no')\n")
+    done = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+                           "from slotq.cli import main; sys.exit(main(['mcp']))", str(site)],
+                          capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    assert done.returncode == 69
+    assert done.stderr == "slotq mcp: error: the MCP SDK is not installed: pip install 'slotq[mcp]' " \
+                          "(or pip install mcp)\n"
+
+
+def test_a_message_over_a_mebibyte_is_dropped_and_the_server_goes_on(state_dir: Path, tmp_path: Path) -> None:
+    async def body() -> None:
+        async with server(tmp_path) as s:
+            with pytest.raises(Exception):
+                await s.call_tool("run_command", {"command": ["true"], "label": "x" * (2 << 20)},
+                                  read_timeout_seconds=3)
+            assert len((await s.list_tools()).tools) == 5
+    drive(body)
+    assert "slotq mcp: a message of more than 1048576 bytes was dropped\n" in (tmp_path / "server.err").read_text()
+    assert not live_tickets(state_dir)
+
+
+def test_cancel_run_gives_a_detached_run_up_and_says_so_for_one_that_ended(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    start_holder(runs, state_dir, gate)
+
+    async def body() -> None:
+        async with server(tmp_path) as s:
+            record = structured(await s.call_tool("run_command", {"command": ["true"], "wait_for": 0}))
+            assert record["outcome"] == "detached" and len(live_tickets(state_dir)) == 1
+            cancelled = structured(await s.call_tool("cancel_run", {"run_id": record["run_id"]}))
+            assert cancelled["cancelled"] is True and cancelled["run_id"] == record["run_id"]
+            wait_for(lambda: not live_tickets(state_dir), what="its ticket withdrawn")
+            ended = structured(await s.call_tool("run_result", {"run_id": record["run_id"]}))
+            assert ended["outcome"] == "cancelled" and ended["blame"] == "caller"
+            again = structured(await s.call_tool("cancel_run", {"run_id": record["run_id"]}))
+            assert again["cancelled"] is False and again["note"]
+    drive(body)
+    gate.touch()
