@@ -204,3 +204,40 @@ def test_cancel_run_gives_a_detached_run_up_and_says_so_for_one_that_ended(
             assert again["cancelled"] is False and again["note"]
     drive(body)
     gate.touch()
+
+
+def test_a_closed_pipe_leaves_the_run_in_line_unless_the_call_said_cancel_on_disconnect(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    import json
+    import subprocess
+
+    gate = tmp_path / "gate"
+    start_holder(runs, state_dir, gate)
+
+    def call_then_hang_up(label: str, **extra: object) -> None:
+        server_proc = subprocess.Popen(slotq_cmd() + ["mcp", "--allow-dir", str(tmp_path)], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=tmp_path)
+        assert server_proc.stdin is not None and server_proc.stdout is not None
+        for message in (
+                {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                 "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                            "clientInfo": {"name": "test", "version": "1"}}},
+                {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                 "params": {"name": "run_command", "arguments": {"command": ["true"], "label": label, **extra}}}):
+            server_proc.stdin.write(json.dumps(message).encode() + b"\n")
+            server_proc.stdin.flush()
+        assert json.loads(server_proc.stdout.readline())["id"] == 1
+        before = len(live_tickets(state_dir))
+        wait_for(lambda: len(live_tickets(state_dir)) == before + 1, what=f"{label} in line")
+        server_proc.stdin.close()  # the client is gone
+        assert server_proc.wait(timeout=30) == 0
+
+    call_then_hang_up("kept")
+    assert len(live_tickets(state_dir)) == 1, "the run stays in its place"
+    call_then_hang_up("given-up", cancel_on_disconnect=True)
+    wait_for(lambda: len(live_tickets(state_dir)) == 1, what="the second run given up")
+    gate.touch()
+    wait_for(lambda: any(r.get("label") == "kept" and r.get("outcome") == "passed"
+                         for r in history_written(state_dir)), timeout=30, what="the kept run ran")
+    assert [r["outcome"] for r in history_written(state_dir) if r.get("label") == "given-up"] == ["cancelled"]
