@@ -345,3 +345,20 @@ def test_a_detaching_follower_sends_nothing_past_the_place_and_keeps_it_for_the_
             os.close(lock)
         for fd in (r, ctl_r, ctl_w):
             os.close(fd)
+
+
+@pytest.mark.timeout(60)
+def test_history_and_the_report_mark_a_kept_run_with_its_lease(state_dir: Path, tmp_path: Path) -> None:
+    plain = slotq("run", "-q", "--label", "plain", "--", "true")
+    assert plain.returncode == 0, plain.stderr
+    run_id = detach_waiting(tmp_path, "--lease", "7m", "--label", "kept")
+    assert slotq("attach", run_id).returncode == 0
+    records = {r["label"]: r for r in json.loads(slotq("history", "--json").stdout)}
+    assert records["kept"]["kept"] == 420 and records["plain"]["kept"] is None
+    table = slotq("history").stdout.splitlines()
+    assert "passed (kept)" in next(line for line in table if run_id in line)
+    assert "(kept)" not in next(line for line in table if "plain" in line)
+    from slotq.history.report import build
+
+    rows = build([records["kept"], records["plain"]], host="h", since=0, until=time.time())["runs"]
+    assert [row[9] for row in rows] == [420, None]

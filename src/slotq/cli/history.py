@@ -198,7 +198,8 @@ def format_runs(runs: list[dict[str, object]], with_host: bool = False) -> str:
         rows.append((printable(r["run_id"] or "-", 16), *host, user,
                      printable(r["class"] or "-", 20), printable(r["slot"] or "-", 24),
                      when(ph.get("submitted") or ph.get("started") or ph.get("ended")), dur(r["waited_s"]),
-                     dur(r["ran_s"]), printable(r["outcome"] or "-", 16), printable(r["blame"] or "-", 16),
+                     dur(r["ran_s"]), printable(r["outcome"] or "-", 16) + (" (kept)" if r.get("kept") else ""),
+                     printable(r["blame"] or "-", 16),
                      "-" if r["exit_code"] is None else str(r["exit_code"]), printable(r["label"] or "", 60)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]

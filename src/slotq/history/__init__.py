@@ -374,7 +374,7 @@ def attributed(rec: dict[str, object], writer: int | None) -> dict[str, object]:
 
 
 _TEXT = ("run_id", "label", "class", "pool", "slot", "host", "outcome", "message", "user")
-_NUMBERS = ("waited_s", "ran_s")
+_NUMBERS = ("waited_s", "ran_s", "kept")  # kept: a kept run's lease, seconds (None: not a kept run)
 
 
 def clean_record(rec: dict[str, object]) -> dict[str, object]:

@@ -78,7 +78,7 @@ def build(runs: list[dict[str, object]], since: float, until: float, host: str) 
             coded.append(None if v is None else (v if prev is None else v - prev))
             prev = v if v is not None else prev
         rows.append([*coded, lane_of[lane_name], outcomes.index(outcome), intern("user", users, r.get("user")),
-                     intern("label", labels, r.get("label")), r.get("exit_code")])
+                     intern("label", labels, r.get("label")), r.get("exit_code"), r.get("kept")])
         if isinstance(sub, (int, float)) and isinstance(end, (int, float)):
             left = got if isinstance(got, (int, float)) else end
             queue_events += [(float(sub), 1), (float(left), -1)]
@@ -298,7 +298,7 @@ wait (submitted → slot), drawn under the lane. Hover a bar for details. Below 
     tip.textContent = (d.labels[r[7]] || "(no label)") + "\\nuser " + (d.users[r[6]] || "?") + "  " +
       d.outcomes[r[5]] + (r[8] !== null ? " (exit " + r[8] + ")" : "") + "\\nwaited " + fmt(r[0] === null ? null : ((r[1] !== null ? r[1] : r[3]) - r[0]) / 10) +
       ", ran " + fmt(r[2] === null ? null : (r[3] - r[2]) / 10) +
-      "\\nslot " + d.lanes[r[4]];
+      "\\nslot " + d.lanes[r[4]] + (r[9] ? "\\nkept run (lease " + fmt(r[9]) + ")" : "");
     tip.style.display = "block"; tip.style.left = (ev.clientX + 12) + "px"; tip.style.top = (ev.clientY + 12) + "px";
   }});
   svg.addEventListener("mouseleave", function () {{ tip.style.display = "none"; }});
