@@ -360,5 +360,5 @@ def test_history_and_the_report_mark_a_kept_run_with_its_lease(state_dir: Path, 
     assert "(kept)" not in next(line for line in table if "plain" in line)
     from slotq.history.report import build
 
-    rows = build([records["kept"], records["plain"]], host="h", since=0, until=time.time())["runs"]
+    rows: Any = build([records["kept"], records["plain"]], host="h", since=0, until=time.time())["runs"]
     assert [row[9] for row in rows] == [420, None]
