@@ -190,6 +190,21 @@ def test_json_to_stdout_starts_on_a_line_of_its_own(state_dir: Path) -> None:
     assert proc.stdout.startswith("abc\n{"), proc.stdout  # no blank line when the output ended one
 
 
+@pytest.mark.timeout(30)
+def test_json_to_stdout_is_one_compact_line_the_last(state_dir: Path, tmp_path: Path) -> None:
+    # `tail -1 | jq` must read the record (issue 48: it was about 25 indented lines).
+    for args in (["run", "-q", "--json", "-", "--", "printf", "a\\nb\\n"],
+                 ["task", "--budget", "10s", "--json", "-", "--", "echo", "x"]):
+        proc = cli(*args, cwd=tmp_path)
+        *before, last = proc.stdout.splitlines()
+        assert before == (["a", "b"] if args[0] == "run" else ["x"]), proc.stdout
+        assert last.startswith("{") and json.loads(last)["exit_code"] == 0, last
+        assert '": ' not in last and '", "' not in last, "compact"
+    (tmp_path / "r.json").unlink(missing_ok=True)
+    assert cli("run", "-q", "--json", str(tmp_path / "r.json"), "--", "true").returncode == 0
+    assert (tmp_path / "r.json").read_text().count("\n") > 5, "a file keeps the indented record"
+
+
 @pytest.mark.parametrize("args", [["status", "--json"], ["waits", "--json"], ["history", "--json"],
                                   ["run", "-q", "--json", "-", "--", "true"]])
 @pytest.mark.timeout(30)

@@ -467,14 +467,16 @@ class JsonResult:
         except OSError as e:
             raise UsageError(f"cannot write {option} file {dest}: {e.strerror}") from None
 
-    def write(self, render: Callable[[], str], open_line: bool = False) -> bool:
-        """Write `render()` if --json was given. A callable, so a run without
-        --json never renders (rendering imports `json`, which imports `re`:
-        about 6 ms, a third of a run's own cost). A result that cannot be
-        written is one line on stderr, and False; no partial file is left."""
+    def write(self, render: Callable[[bool], str], open_line: bool = False) -> bool:
+        """Write `render(one_line)` if --json was given: for stdout (`-`)
+        one compact line, the last (`tail -1 | jq` reads it), else indented.
+        A callable, so a run without --json never renders (rendering imports
+        `json`, which imports `re`: about 6 ms, a third of a run's own cost).
+        A result that cannot be written is one line on stderr, and False; no
+        partial file is left."""
         if not self.dest:
             return True
-        data = (render() + "\n").encode()
+        data = (render(self.dest == "-") + "\n").encode()
         if self.dest == "-":
             if open_line:  # the command's output on stdout ended mid-line: the JSON starts on its own
                 data = b"\n" + data

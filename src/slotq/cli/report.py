@@ -48,7 +48,7 @@ def main(args: list[str]) -> int:
         if unreachable and not runs:
             raise HostUnavailable("; ".join(unreachable), host=opts.host)  # no page of nothing
         page = render_html(build(runs, since, until, name))
-        if not out.write(lambda: page):
+        if not out.write(lambda one_line: page):
             from slotq.errors import OutputError
 
             return OutputError.exit_code  # (said, naming the file)

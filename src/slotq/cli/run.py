@@ -53,8 +53,8 @@ PARSER = Parser(
         *RUN_OPTIONS,
         Opt("--idle", metavar="D", convert=duration(),
             help="stop the command if it prints nothing for D after it started"),
-        Opt("--json", metavar="FILE", help="write the result as JSON to FILE (- for stdout, after the command's "
-                                            "own output, on a line of its own; for a pipe, prefer a FILE)"),
+        Opt("--json", metavar="FILE", help="write the result as JSON to FILE (- for stdout: one compact line, the "
+                                            "last, after the command's own output: `tail -1 | jq`)"),
         Opt("--credit-dir", metavar="DIR",
             help="record the wait in the wait ledger under DIR, for `slotq task` and other outer runners "
                  "to credit (default: the current directory)"),

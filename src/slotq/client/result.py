@@ -73,10 +73,10 @@ class RunResult:
             "transport": self.transport, **self.details(),
         }
 
-    def to_json(self) -> str:
+    def to_json(self, one_line: bool = False) -> str:
         import json
 
-        return json.dumps(self.to_dict(), indent=2)
+        return json.dumps(self.to_dict(), indent=None if one_line else 2, separators=(",", ":") if one_line else None)
 
 
 def summary_line(result: RunResult) -> str:

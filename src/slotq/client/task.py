@@ -48,8 +48,8 @@ class TaskResult:
         d.pop("reason", None)
         return d
 
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
+    def to_json(self, one_line: bool = False) -> str:
+        return json.dumps(self.to_dict(), indent=None if one_line else 2, separators=(",", ":") if one_line else None)
 
 
 def describe_extension(ext: Extension) -> str:
