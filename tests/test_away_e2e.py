@@ -239,7 +239,7 @@ def test_a_run_told_it_comes_back_with_a_ticket_not_its_own_is_refused(state_dir
                         ("{", "is not JSON"), ('{"fd": 1}', "does not name a ticket")):
         done = subprocess.run(slotq_cmd() + ["run", "-q", "--", "true"], cwd=tmp_path, capture_output=True, text=True,
                               env=dict(os.environ, SLOTQ_AWAY=value), timeout=20)
-        assert done.returncode == 2, done.stderr
+        assert done.returncode == 64, done.stderr
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and "cannot take back the run's place in line" in lines[0] and says in lines[0]
 

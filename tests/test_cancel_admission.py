@@ -53,8 +53,12 @@ def test_cancel_a_queued_and_a_running_run(state_dir: Path, runs: Start, tmp_pat
     assert not group_alive(int(pidf.read_text()))
     proc = subprocess.run(slotq_cmd() + ["cancel", "nosuchrun1"], capture_output=True, text=True, timeout=20)
     assert proc.returncode == 66 and len(proc.stderr.strip().splitlines()) == 1
+    # Nothing to do is not a failure (a cleanup script under `set -e`), as scancel.
     proc = subprocess.run(slotq_cmd() + ["cancel", "--mine"], capture_output=True, text=True, timeout=20)
-    assert proc.returncode == 66  # nothing of ours is left
+    assert proc.returncode == 0 and proc.stderr == "slotq cancel: nothing to cancel: no live run matches --mine\n"
+    proc = subprocess.run(slotq_cmd() + ["cancel", alpha_id], capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == f"slotq cancel: run {alpha_id} has already ended (cancelled): nothing to cancel\n"
 
 
 @pytest.mark.timeout(40)

@@ -84,9 +84,9 @@ def test_zsh_script_loads_as_a_completion_function(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(30)
-def test_an_unknown_missing_or_second_shell_is_one_line_naming_it_exit_2() -> None:
+def test_an_unknown_missing_or_second_shell_is_one_line_naming_it_exit_64() -> None:
     for args, says in ((["tcsh"], "'tcsh' is not a shell slotq completes (bash, zsh, fish)"),
                        ([], "name your shell: bash, zsh, fish"),  # was about a command after `--`
                        (["bash", "zsh"], "name one shell (bash, zsh, fish), not 2: bash zsh")):
         proc = subprocess.run(slotq_cmd() + ["completion", *args], capture_output=True, text=True, timeout=30)
-        assert proc.returncode == 2 and proc.stderr == f"slotq completion: error: {says}\n", (args, proc.stderr)
+        assert proc.returncode == 64 and proc.stderr == f"slotq completion: error: {says}\n", (args, proc.stderr)

@@ -180,9 +180,9 @@ def test_a_run_killed_last_in_line_is_in_history_and_report_at_once(state_dir: P
     (["--slurm"], "unknown option --slurm: a run through Slurm is in the history like any other"),
 ])
 @pytest.mark.timeout(30)
-def test_bad_history_arguments_are_one_line_exit_2(state_dir: Path, args: list[str], what: str) -> None:
+def test_bad_history_arguments_are_one_line_exit_64(state_dir: Path, args: list[str], what: str) -> None:
     proc = cli("history", *args)
-    assert proc.returncode == 2 and what in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert proc.returncode == 64 and what in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr
 
 
 @pytest.mark.timeout(30)
@@ -195,7 +195,7 @@ def test_a_limit_larger_than_any_count_means_all(state_dir: Path) -> None:
         assert proc.returncode == 0 and proc.stderr == "", (args[:2], proc.stderr[:300])
     assert cli("history", "--limit", "9" * 23).stdout.endswith("1 run(s)\n")
     proc = cli("history", "--limit", "x" * 5000)
-    assert proc.returncode == 2 and len(proc.stderr) < 200, proc.stderr[:300]  # the value is cut in the message
+    assert proc.returncode == 64 and len(proc.stderr) < 200, proc.stderr[:300]  # the value is cut in the message
 
 
 @pytest.mark.timeout(60)

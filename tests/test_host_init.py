@@ -74,7 +74,7 @@ def test_host_init_needs_root_and_a_known_group(tmp_path: Path) -> None:
     for group in ("no-such-grp", "4294967296", "999999"):  # a gid too: past the range, and one nobody has
         proc = subprocess.run(slotq_cmd() + ["host", "init", "--shared", str(tmp_path / "s"), "--group", group],
                               capture_output=True, text=True, timeout=20)
-        assert proc.returncode == 2 and f"no group named {group!r}" in one_line(proc)
+        assert proc.returncode == 64 and f"no group named {group!r}" in one_line(proc)
     assert not (tmp_path / "s").exists()
 
 
@@ -104,7 +104,7 @@ def test_host_init_checks_its_config_before_it_makes_or_replaces_anything(world:
             proc = subprocess.run(slotq_cmd() + ["host", "init", "--shared", str(top), "--group", GROUP,
                                                  "--config", str(src)], capture_output=True, text=True, timeout=30)
             line = one_line(proc)
-            assert proc.returncode == 2 and "--config" in line and str(src) in line and says in line, line
+            assert proc.returncode == 64 and "--config" in line and str(src) in line and says in line, line
     assert (world.state / "host.toml").read_bytes() == good
     assert not fresh.exists()
     assert world.run(world.a, "run", "-q", "--", "true").returncode == 0
@@ -121,7 +121,7 @@ def test_host_init_leaves_a_directory_of_other_files_alone(tmp_path: Path) -> No
     before = os.stat(other)
     proc = subprocess.run(slotq_cmd() + ["host", "init", "--shared", str(other), "--group", GROUP],
                           capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 2 and "is not a slotq state dir" in one_line(proc), proc.stderr
+    assert proc.returncode == 64 and "is not a slotq state dir" in one_line(proc), proc.stderr
     after = os.stat(other)
     assert (after.st_mode, after.st_uid, after.st_gid) == (before.st_mode, before.st_uid, before.st_gid)
     assert sorted(os.listdir(other)) == ["someones-file"]

@@ -125,14 +125,14 @@ def test_help_explains_commands_and_exit_codes() -> None:
     for needle in ("--budget", "--idle", "exec_timeout", "124", "backstop", "SLOTQ_STATE_DIR"):
         assert needle in run.stdout
     bad = subprocess.run(slotq_cmd() + ["frobnicate"], capture_output=True, text=True, timeout=10)
-    assert bad.returncode == 2 and "unknown command 'frobnicate'" in bad.stderr
+    assert bad.returncode == 64 and "unknown command 'frobnicate'" in bad.stderr
     # A typo names what was meant.
     for typo, meant in ((["stauts"], "unknown command 'stauts' (did you mean status?)"),
                         (["hist"], "unknown command 'hist' (did you mean history?)"),
                         (["run", "--budgte", "5m", "--", "true"], "unknown option --budgte (did you mean --budget?)"),
                         (["history", "--sinse", "1h"], "unknown option --sinse (did you mean --since?)")):
         bad = subprocess.run(slotq_cmd() + typo, capture_output=True, text=True, timeout=10)
-        assert bad.returncode == 2 and meant in bad.stderr and len(bad.stderr.splitlines()) == 1, bad.stderr
+        assert bad.returncode == 64 and meant in bad.stderr and len(bad.stderr.splitlines()) == 1, bad.stderr
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -157,9 +157,9 @@ def test_every_host_command_explains_itself_with_help(state_dir: Path, args: lis
     # a request's run_id is checked so; this one was taken as it was, and ran
     (["host", "run", "--run-id", "a/b", "--", "true"], "option --run-id: 'a/b' is not a run id"),
 ])
-def test_a_bad_host_command_is_one_line_and_exit_2(state_dir: Path, args: list[str], needle: str) -> None:
+def test_a_bad_host_command_is_one_line_and_exit_64(state_dir: Path, args: list[str], needle: str) -> None:
     proc = subprocess.run(slotq_cmd() + args, capture_output=True, text=True, timeout=10)
-    assert (proc.returncode, proc.stdout) == (2, "")
+    assert (proc.returncode, proc.stdout) == (64, "")
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and needle in lines[0], proc.stderr
 

@@ -340,16 +340,16 @@ def test_a_page_of_several_hosts_keeps_their_slurm_jobs_in_node_lanes(monkeypatc
 
 
 @pytest.mark.timeout(30)
-def test_bad_report_arguments_are_one_line_exit_2(state_dir: Path, tmp_path: Path) -> None:
+def test_bad_report_arguments_are_one_line_exit_64(state_dir: Path, tmp_path: Path) -> None:
     proc = subprocess.run(slotq_cmd() + ["report"], capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 2 and "--html" in one_line(proc)
+    assert proc.returncode == 64 and "--html" in one_line(proc)
     proc = subprocess.run(slotq_cmd() + ["report", "--html", str(tmp_path / "no" / "such" / "dir.html")],
                           capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 2 and "cannot write --html file" in one_line(proc)
+    assert proc.returncode == 64 and "cannot write --html file" in one_line(proc)
     proc = subprocess.run(slotq_cmd() + ["report", "--html", str(tmp_path / "x.html"), "--since", "1h",
                                          "--until", "2h"], capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 2 and "--until is not after --since" in one_line(proc)
+    assert proc.returncode == 64 and "--until is not after --since" in one_line(proc)
     assert not (tmp_path / "x.html").exists() and not list(tmp_path.glob(".x.html*"))
     proc = subprocess.run(slotq_cmd() + ["report", "--html", str(tmp_path / "x.html"), "--slurm"],
                           capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 2 and "a run through Slurm is in the history like any other" in one_line(proc)
+    assert proc.returncode == 64 and "a run through Slurm is in the history like any other" in one_line(proc)

@@ -22,36 +22,36 @@ def _one_line_error(proc: subprocess.CompletedProcess[str], needle: str) -> None
 
 
 @pytest.mark.parametrize("args,code,needle", [
-    (["--class", "nope", "--", "true"], 2, "unknown class 'nope'"),
-    (["--budget", "soon", "--", "true"], 2, "cannot read 'soon'"),
-    (["--budget", "-5", "--", "true"], 2, "negative duration"),
-    (["--idle", "1x", "--", "true"], 2, "unknown unit"),
-    ([], 2, "no command given"),
-    (["--"], 2, "no command given"),
+    (["--class", "nope", "--", "true"], 64, "unknown class 'nope'"),
+    (["--budget", "soon", "--", "true"], 64, "cannot read 'soon'"),
+    (["--budget", "-5", "--", "true"], 64, "negative duration"),
+    (["--idle", "1x", "--", "true"], 64, "unknown unit"),
+    ([], 64, "no command given"),
+    (["--"], 64, "no command given"),
     # ssh would read it as an option; it was exit 121, as if a host were down
-    (["--host", "-oProxyCommand=touch pwned", "--", "true"], 2, "--host: not a host name: '-oProxyCommand"),
-    (["--host", "127.0.0.1,-oProxyCommand=x", "--ssh-option", "Port=1", "--", "true"], 2,
+    (["--host", "-oProxyCommand=touch pwned", "--", "true"], 64, "--host: not a host name: '-oProxyCommand"),
+    (["--host", "127.0.0.1,-oProxyCommand=x", "--ssh-option", "Port=1", "--", "true"], 64,
      "--host: not a host name: '-oProxyCommand=x'"),
     # a host refuses a request with more (spec.MAX_TEXT): it ran here, and failed through --host or --slurm
-    (["--label", "x" * 1001, "--", "true"], 2, "option --label: 1001 characters, more than the limit of 1000"),
+    (["--label", "x" * 1001, "--", "true"], 64, "option --label: 1001 characters, more than the limit of 1000"),
     # Options of no effect without the one they belong to: the run went on
     # here, unprepared, and the user thought it ran on the host or limited.
-    (["--prepare-timeout", "5s", "--", "true"], 2, "--prepare-timeout is the limit of --prepare: add --prepare"),
-    (["--ssh-option", "Port=2222", "--", "true"], 2, "--ssh-option says how to reach --host: add --host"),
-    (["--ssh-config", "/dev/null", "--", "true"], 2, "--ssh-config says how to reach --host: add --host"),
-    (["--remote-slotq", "slotq", "--", "true"], 2, "--remote-slotq says how to reach --host: add --host"),
-    (["--sync", "none", "--", "true"], 2, "--sync says how the work tree reaches --host: add --host"),
+    (["--prepare-timeout", "5s", "--", "true"], 64, "--prepare-timeout is the limit of --prepare: add --prepare"),
+    (["--ssh-option", "Port=2222", "--", "true"], 64, "--ssh-option says how to reach --host: add --host"),
+    (["--ssh-config", "/dev/null", "--", "true"], 64, "--ssh-config says how to reach --host: add --host"),
+    (["--remote-slotq", "slotq", "--", "true"], 64, "--remote-slotq says how to reach --host: add --host"),
+    (["--sync", "none", "--", "true"], 64, "--sync says how the work tree reaches --host: add --host"),
     # srun options that break how slotq runs a job: it was `unavailable`
     # (a corrupt stream, a missing result) or, for --job-name, a pending
     # job the sentinel could no longer find by name.
-    (["--slurm", "--slurm-option=-n2", "--", "true"], 2,
+    (["--slurm", "--slurm-option=-n2", "--", "true"], 64,
      "option --slurm-option: '-n2' cannot be used with slotq (-n (--ntasks): slotq runs one task per job"),
-    (["--slurm", "--slurm-option=--job-name=x", "--", "true"], 2,
+    (["--slurm", "--slurm-option=--job-name=x", "--", "true"], 64,
      "'--job-name=x' cannot be used with slotq (--job-name: slotq names the job (slotq-<run id>)"),
     # a word without a dash: srun ran it as the program, in slotq's place
-    (["--slurm", "--slurm-option=ci", "--", "true"], 2, "'ci' is not an srun option (they start with -;"),
+    (["--slurm", "--slurm-option=ci", "--", "true"], 64, "'ci' is not an srun option (they start with -;"),
 ])
-def test_bad_arguments_get_one_line_and_exit_2(state_dir: Path, args: list[str], code: int, needle: str) -> None:
+def test_bad_arguments_get_one_line_and_exit_64(state_dir: Path, args: list[str], code: int, needle: str) -> None:
     proc = subprocess.run(slotq_cmd() + ["run"] + args, capture_output=True, text=True, timeout=20)
     assert proc.returncode == code
     _one_line_error(proc, needle)
@@ -68,7 +68,7 @@ def test_ssh_defaults_from_the_environment_leave_a_run_here_alone(state_dir: Pat
     for cmd in (["status"], ["cancel", "--mine"]):
         proc = subprocess.run(slotq_cmd() + cmd + ["--ssh-option", "Port=2222"], capture_output=True, text=True,
                               timeout=20)
-        assert proc.returncode == 2, proc.stderr
+        assert proc.returncode == 64, proc.stderr
         _one_line_error(proc, "--ssh-option says how to reach --host: add --host")
 
 
@@ -83,7 +83,7 @@ def test_a_remote_run_from_the_root_or_home_directory_is_refused_not_copied(tmp_
                       (tmp_path, f"{tmp_path}, a directory above your home ({home})")):
         proc = subprocess.run(slotq_cmd() + ["run", *down, "--", "true"], cwd=cwd, env=env, capture_output=True,
                               text=True, timeout=20)
-        assert proc.returncode == 2, proc.stderr
+        assert proc.returncode == 64, proc.stderr
         _one_line_error(proc, f"--host would copy {what}, to the host: run from your project's directory, "
                               "or add --sync none")
     # A project's directory is copied; with --sync none, home is not copied
@@ -100,7 +100,7 @@ def test_a_host_without_the_default_class_says_to_name_one(state_dir: Path) -> N
     state_dir.mkdir(parents=True, exist_ok=True)
     (state_dir / "host.toml").write_text("[pools]\nci = 1\n")
     proc = subprocess.run(slotq_cmd() + ["run", "--", "true"], capture_output=True, text=True, timeout=20)
-    assert proc.returncode == 2
+    assert proc.returncode == 64
     assert proc.stderr == ("slotq run: error: this host has no class 'shared', the default: name one of its "
                            "classes with --class (ci)\n")
     proc = subprocess.run(slotq_cmd() + ["run", "--class=ci", "--", "echo", "ran"], capture_output=True, text=True,
@@ -211,7 +211,7 @@ def test_a_credit_dir_that_is_not_a_directory_is_refused_by_run_task_and_waits_n
                     ["waits", "--dir", bad]):
             proc = subprocess.run(slotq_cmd() + cmd + ["--", "echo", "ran"] * (cmd[0] != "waits"),
                                   capture_output=True, text=True, timeout=20, cwd=tmp_path)
-            assert proc.returncode == 2 and "ran" not in proc.stdout, (cmd, proc.stdout, proc.stderr)
+            assert proc.returncode == 64 and "ran" not in proc.stdout, (cmd, proc.stdout, proc.stderr)
             _one_line_error(proc, f"{cmd[-2]} {bad}: {why}")
     assert not live_tickets(state_dir) and not history_written(state_dir)
 
@@ -326,5 +326,5 @@ def test_json_to_a_fifo_nobody_reads_is_refused_at_once_not_a_hang(state_dir: Pa
     os.mkfifo(fifo)
     proc = subprocess.run(slotq_cmd() + ["run", "--json", str(fifo), "-q", "--", "echo", "ran"], capture_output=True,
                           text=True, timeout=10)
-    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert proc.returncode == 64 and proc.stdout == "", proc.stdout
     assert proc.stderr == f"slotq run: error: cannot write --json file {fifo}: it is a FIFO nobody reads\n"

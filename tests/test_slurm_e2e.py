@@ -257,15 +257,15 @@ def test_classes_map_to_partition_and_qos(slurm_env: Path, monkeypatch: pytest.M
     assert (tmp / "land.out").read_text().strip() == "landing"  # what Slurm says, from inside the job
     res = result(tmp, "land")
     assert res["slurm"]["partition"] == "landing" and res["slurm"]["qos"] == "landing", res
-    # A class the config does not map: one line, exit 2, nothing submitted.
+    # A class the config does not map: one line, exit 64, nothing submitted.
     bad = subprocess.run(slotq_cmd() + ["run", "--slurm", "--class", "nightly", "--", "true"],
                          capture_output=True, text=True, timeout=30, cwd=tmp)
-    assert bad.returncode == 2 and "class 'nightly' has no Slurm partition" in one_line(bad)
+    assert bad.returncode == 64 and "class 'nightly' has no Slurm partition" in one_line(bad)
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("where", ["config", "option"])
-def test_a_bad_partition_is_one_line_and_exit_2(slurm_env: Path, monkeypatch: pytest.MonkeyPatch,
+def test_a_bad_partition_is_one_line_and_exit_64(slurm_env: Path, monkeypatch: pytest.MonkeyPatch,
                                                 where: str) -> None:
     tmp = slurm_env
     args = ["run", "--slurm", "--", "true"]
@@ -275,7 +275,7 @@ def test_a_bad_partition_is_one_line_and_exit_2(slurm_env: Path, monkeypatch: py
     else:
         args[2:2] = ["--slurm-option=--partition=nosuch"]
     proc = subprocess.run(slotq_cmd() + args, capture_output=True, text=True, timeout=30, cwd=tmp)
-    assert proc.returncode == 2
+    assert proc.returncode == 64
     assert "Slurm refused the job" in one_line(proc) and "Invalid partition" in one_line(proc)
     # The run's sentinel (its liveness while a job is pending) was told the
     # run is over: it did not take the exit for a vanished caller and write

@@ -130,10 +130,10 @@ BAD_REQUESTS = [
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("line,needle", BAD_REQUESTS)
-def test_a_bad_request_is_one_line_and_exit_2(state_dir: Path, line: str, needle: str) -> None:
+def test_a_bad_request_is_one_line_and_exit_64(state_dir: Path, line: str, needle: str) -> None:
     proc = subprocess.run(slotq_cmd() + ["host", "run", "--request-stdin"], input=line + "\n", capture_output=True,
                           text=True, timeout=20)
-    assert proc.returncode == 2, proc.stderr
+    assert proc.returncode == 64, proc.stderr
     assert needle in one_line(proc) and "bad run request" in proc.stderr
     assert proc.stdout == ""  # nothing was queued, nothing ran
 
@@ -153,9 +153,9 @@ def test_a_request_naming_a_missing_work_dir_is_a_usage_error_before_the_line(st
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("opt", ["--budget=3000000h", "--max-wait=99999999", "--kill-grace=99999999h",
                                  "--report-every=" + "9" * 400, "--report-every=1ms"])
-def test_out_of_range_options_are_one_line_and_exit_2(state_dir: Path, opt: str) -> None:
+def test_out_of_range_options_are_one_line_and_exit_64(state_dir: Path, opt: str) -> None:
     proc = subprocess.run(slotq_cmd() + ["run", opt, "--", "true"], capture_output=True, text=True, timeout=20)
-    assert proc.returncode == 2
+    assert proc.returncode == 64
     assert "30 days" in one_line(proc) or "cannot read" in proc.stderr or "shorter than the minimum" in proc.stderr
 
 
@@ -179,7 +179,7 @@ def test_out_of_range_options_are_one_line_and_exit_2(state_dir: Path, opt: str)
 def test_an_empty_value_is_refused_in_one_line_not_taken_as_unset(state_dir: Path, args: list[str],
                                                                   needle: str) -> None:
     proc = subprocess.run(slotq_cmd() + args, capture_output=True, text=True, timeout=20)
-    assert proc.returncode == 2, proc.stderr
+    assert proc.returncode == 64, proc.stderr
     assert needle in one_line(proc)
 
 
@@ -193,7 +193,7 @@ def test_a_vanished_current_directory_is_one_line(state_dir: Path, tmp_path: Pat
     proc = subprocess.Popen(["sh", "-c", f'cd {gone} && rmdir {gone} && exec "$@"', "sh", *slotq_cmd(), *args],
                             stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     out, err = proc.communicate(timeout=20)
-    assert proc.returncode == 2 and out == "", (out, err)
+    assert proc.returncode == 64 and out == "", (out, err)
     assert err == f"slotq {args[0]}: error: the current directory no longer exists: cd somewhere that does\n"
 
 
@@ -397,7 +397,7 @@ def test_a_json_result_that_cannot_be_written_leaves_no_partial_file(state_dir: 
     marker = tmp_path / "ran"
     proc = subprocess.run(slotq_cmd() + ["run", "--json", str(tmp_path / "no" / "r.json"), "--", "touch",
                                          str(marker)], capture_output=True, text=True, timeout=20)
-    assert proc.returncode == 2 and "cannot write --json file" in one_line(proc) and not marker.exists()
+    assert proc.returncode == 64 and "cannot write --json file" in one_line(proc) and not marker.exists()
     # A disk that fills up during the run: one line, the old result untouched.
     result = tiny_fs / "r.json"
     result.write_text('{"old": true}\n')

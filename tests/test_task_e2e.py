@@ -323,9 +323,9 @@ def test_an_unwritable_ledger_costs_one_warning_and_the_run_passes(
     (["task", "--budget", "5", "--json", "/nonexistent-dir/r.json", "--", "true"], "cannot write --json file"),
     (["run", "--json", "/nonexistent-dir/r.json", "--", "true"], "cannot write --json file"),
 ])
-def test_bad_task_and_waits_arguments_are_one_line_exit_2(state_dir: Path, args: list[str], needle: str) -> None:
+def test_bad_task_and_waits_arguments_are_one_line_exit_64(state_dir: Path, args: list[str], needle: str) -> None:
     proc = subprocess.run(slotq_cmd() + args, capture_output=True, text=True, timeout=20)
-    assert proc.returncode == 2
+    assert proc.returncode == 64
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0]
 

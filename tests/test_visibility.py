@@ -293,7 +293,7 @@ def test_status_ends_with_a_newline_and_bare_slotq_is_usage_on_stderr(state_dir:
     proc = cli("status")
     assert proc.returncode == 0 and proc.stdout.endswith("\n") and not proc.stdout.endswith("\n\n")
     proc = cli()
-    assert (proc.returncode, proc.stdout) == (2, "") and proc.stderr.startswith("usage: slotq")
+    assert (proc.returncode, proc.stdout) == (64, "") and proc.stderr.startswith("usage: slotq")
     proc = cli("--help")
     assert proc.returncode == 0 and proc.stdout.startswith("usage: slotq") and proc.stderr == ""
 
@@ -336,7 +336,7 @@ def test_every_without_watch_is_refused_not_one_snapshot(state_dir: Path) -> Non
     # It printed one snapshot and ended: whoever asked for one every 5s
     # waited for the next.
     proc = cli("status", "--every", "5s")
-    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert proc.returncode == 64 and proc.stdout == "", proc.stdout
     assert proc.stderr == "slotq status: error: --every is how often --watch redraws: add --watch " \
                           "(see `slotq status --help`)\n"
 

@@ -28,7 +28,7 @@ class SlotqError(Exception):
 class UsageError(SlotqError):
     """A bad argument: unknown class, garbled duration, no command."""
 
-    exit_code = 2
+    exit_code = 64  # EX_USAGE (sysexits): never 2, which make and pytest exit with
 
 
 class ConfigError(SlotqError):

@@ -109,7 +109,7 @@ BLAME: dict[str, str] = {
 # The one exit-code table. passed/failed pass the command's own code through
 # (None here). 124 matches timeout(1). The others sit in 117..123, 129, 130,
 # away from 125-127 (timeout(1)'s own failure, cannot execute, not found) and
-# from the small codes commands usually use. Usage errors exit 2, a bad host
+# from the small codes commands usually use. Usage errors exit 64, a bad host
 # config 78 and an unusable state directory 73 (see errors.py).
 EXIT_CODES: dict[Outcome, int | None] = {
     Outcome.PASSED: None,

@@ -33,6 +33,8 @@ commands:
 Run `slotq <command> --help` for its options. Exit codes: see `slotq run --help`.
 """
 
+EX_USAGE = 64  # a bad command line (sysexits; errors.UsageError's code)
+
 COMMANDS = {"run": "slotq.cli.run", "attach": "slotq.cli.attach", "status": "slotq.cli.status",
             "cancel": "slotq.cli.cancel",
             "task": "slotq.cli.task",
@@ -61,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
 def _main(args: list[str]) -> int:
     _standard_streams()
     if not args:
-        sys.stderr.write(USAGE)  # a mistake, not a request: usage on stderr, exit 2
-        return 2
+        sys.stderr.write(USAGE)  # a mistake, not a request: usage on stderr, exit 64
+        return EX_USAGE
     if args[0] in ("-h", "--help", "help"):
         return _print(USAGE)
     if args[0] == "--version":
@@ -75,7 +77,7 @@ def _main(args: list[str]) -> int:
 
         hint = did_you_mean(args[0], COMMANDS) or f" (try: {', '.join(COMMANDS)})"
         sys.stderr.write(f"slotq: error: unknown command {cut(args[0])!r}{hint}\n")
-        return 2
+        return EX_USAGE
     if args[0] != "run":
         import gc
 

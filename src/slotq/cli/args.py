@@ -4,7 +4,7 @@ argparse, which (with `re`, which it imports) costs a noticeable share of
 
 Options: `--name VALUE`, `--name=VALUE`, flags, repeatable options. The
 command starts after `--`, or at the first argument that is not an option.
-Every bad argument is a one-line `UsageError` (exit 2) naming the option.
+Every bad argument is a one-line `UsageError` (exit 64, EX_USAGE) naming the option.
 """
 
 from __future__ import annotations
@@ -396,7 +396,7 @@ def slurm_options() -> list[Opt]:
 
 def use_slurm(opts: Namespace) -> bool:
     """--slurm, or $SLOTQ_BACKEND=slurm (run, status and cancel alike: who
-    runs on Slurm looks there too); one line and exit 2 for a backend slotq
+    runs on Slurm looks there too); one line and exit 64 for a backend slotq
     does not know, or for --slurm with --host."""
     backend = os.environ.get("SLOTQ_BACKEND", "")
     if backend not in ("", "local", "slurm"):

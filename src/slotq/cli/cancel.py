@@ -55,10 +55,10 @@ def main(args: list[str]) -> int:
     owners = _owners()
     if opts.label or opts.mine:
         targets += [r for r in _matching(opts.label, opts.mine) if r not in targets]
-        if not targets:
-            _say(f"slotq cancel: no live run matches{' --label ' + opts.label if opts.label else ''}"
-                 f"{' --mine' if opts.mine else ''}")
-            return EXIT_NOT_FOUND
+        if not targets:  # nothing to do is not a failure (a cleanup under `set -e`; scancel alike)
+            _say(f"slotq cancel: nothing to cancel: no live run matches"
+                 f"{' --label ' + opts.label if opts.label else ''}{' --mine' if opts.mine else ''}")
+            return 0
     from slotq.procinfo import user_name
 
     code = 0
@@ -71,7 +71,11 @@ def main(args: list[str]) -> int:
             code = code or 1
             continue
         except (ConnectionRefusedError, FileNotFoundError):
-            _say(f"slotq cancel: error: no live run {run_id} on this host (ended already, or never here)")
+            ended = _ended(run_id)
+            if ended is not None:  # nothing to do, as scancel of a finished job
+                _say(f"slotq cancel: run {run_id} has already ended ({ended}): nothing to cancel")
+                continue
+            _say(f"slotq cancel: error: no run {run_id} on this host (not live, and not in its history)")
             code = code or EXIT_NOT_FOUND
             continue
         except OSError as e:
@@ -93,6 +97,22 @@ def main(args: list[str]) -> int:
             _say(f"slotq cancel: error: run {run_id}: unexpected answer {reply.text[:80]!r}")
             code = code or 1
     return code
+
+
+def _ended(run_id: str) -> str | None:
+    """How run `run_id` ended, from this host's history; None if it is not
+    there."""
+    from slotq.config import HostConfig, state_dir_from_env
+    from slotq.history.index import Index
+
+    state_dir = state_dir_from_env()
+    index = Index(state_dir, HostConfig.load(state_dir=state_dir).retention)
+    try:
+        index.catch_up()
+        rec = index.find(run_id)
+    finally:
+        index.close()
+    return None if rec is None else str(rec.get("outcome") or "unknown")
 
 
 class _Live(NamedTuple):
@@ -240,12 +260,16 @@ def _slurm(ids: list[str], label: str | None, mine: bool) -> int:
                      if comment is not None and fnmatchcase(comment, pattern) and run_id not in ids
                      and (not mine or uid == me)]
         if not ids:
-            _say(f"slotq cancel: no live run matches --label {label!r} on the Slurm cluster")
-            return EXIT_NOT_FOUND
+            _say(f"slotq cancel: nothing to cancel: no live run matches --label {label!r} on the Slurm cluster")
+            return 0
     for run_id in ids:
         job, uid, _ = jobs.get(run_id, ("", -1, None))
         if not job:
-            _say(f"slotq cancel: error: no live run {run_id} on the Slurm cluster (ended already, or never there)")
+            ended = _ended(run_id)
+            if ended is not None:
+                _say(f"slotq cancel: run {run_id} has already ended ({ended}): nothing to cancel")
+                continue
+            _say(f"slotq cancel: error: no run {run_id} on the Slurm cluster (not live, and not in the history)")
             code = code or EXIT_NOT_FOUND
         elif uid != me and me != 0:  # root may, as scancel lets it
             _say(f"slotq cancel: error: run {run_id} (Slurm job {job}) belongs to user {user_name(uid)}: "
@@ -256,8 +280,8 @@ def _slurm(ids: list[str], label: str | None, mine: bool) -> int:
     if mine and label is None:
         targets.update({run_id: job for run_id, (job, uid, _) in jobs.items() if uid == me})
         if not targets:
-            _say("slotq cancel: no live run matches --mine on the Slurm cluster")
-            return EXIT_NOT_FOUND
+            _say("slotq cancel: nothing to cancel: no live run matches --mine on the Slurm cluster")
+            return 0
     if targets:
         cancel_jobs(sorted(set(targets.values())))
     for run_id, job in targets.items():

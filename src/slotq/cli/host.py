@@ -222,7 +222,7 @@ def away_gone() -> int:
                                              ("path", "run_id", "ledger", "workdir", "host")) \
             or not isinstance(what.get("fd"), int):
         sys.stderr.write(f"slotq host away-gone: error: ${ENV_GONE} is missing or malformed\n")
-        return 2
+        return 64
     now = time.time()
     try:
         st = os.fstat(int(what["fd"]))

@@ -34,8 +34,11 @@ outcomes and exit codes:
   detached        not finished yet: the caller left a kept run 75
                   (--attach-for, `slotq attach --for`), which goes on;
                   `slotq attach RUN_ID` comes back to it
-  bad arguments 2, bad host config 78, unusable state directory 73,
-  a remote run's work tree with a file you cannot read 66
+  bad arguments 64 (EX_USAGE; not 2, which make and pytest use), bad host
+  config 78, unusable state directory 73, a remote run's work tree with a
+  file you cannot read 66. A passed or failed run exits with the command's
+  own code, so any code may come from the command: --json's `outcome` says
+  which it was (slotq's own are 64-78 and 117-124, 129, 130 above)
 
 environment: SLOTQ_STATE_DIR (host state), SLOTQ_CONFIG (host config TOML),
              SLOTQ_LEDGER (the wait ledger, SQLite), SLOTQ_SSH_CONFIG, SLOTQ_REMOTE_SLOTQ,
@@ -118,7 +121,7 @@ def main(args: list[str]) -> int:
         from slotq.transports.slurm import SlurmTransport
 
         slurm = SlurmTransport(HostConfig.load(), options=opts.slurm_option)
-        slurm.job_for(opts.cls)  # an unmapped class: exit 2 before anything is submitted
+        slurm.job_for(opts.cls)  # an unmapped class: exit 64 before anything is submitted
         transport = slurm
     elif opts.host:
         if opts.sync == "rsync":

@@ -13,7 +13,7 @@ When the budget runs out, slotq looks up the waits recorded under --credit-dir
   a wait still in progress -> look again after --recheck
   nothing new             -> the command's group is ended: budget_exhausted (119)
 --deadline is a delivery deadline that nothing extends: deadline (118).
-Otherwise the command's own exit code; cancelled (Ctrl-C) 130; bad arguments 2.
+Otherwise the command's own exit code; cancelled (Ctrl-C) 130; bad arguments 64.
 """
 
 

@@ -315,6 +315,13 @@ class Index:
         rows = self.db.execute(sql, args).fetchall()
         return [_run(dict(zip(COLUMNS, r))) for r in reversed(rows)]
 
+    def find(self, run_id: str) -> dict[str, object] | None:
+        """The run `run_id` (the index keys runs by their id), or None if
+        the history has none."""
+        row = self.db.execute(f"SELECT {', '.join(_q(c) for c in COLUMNS)} FROM runs WHERE key = ? "
+                              "ORDER BY ended DESC LIMIT 1", (valid_text(run_id),)).fetchone()
+        return None if row is None else _run(dict(zip(COLUMNS, row)))
+
 
 def is_pattern(label: str) -> bool:
     """Whether --label is a shell-style pattern (* ? [...]) rather than text."""

@@ -298,7 +298,7 @@ def _from_history(run_id: str, why: str, out_fd: int) -> None:
     index = Index(state_dir, config.retention)
     try:
         index.catch_up()
-        found = [r for r in index.query() if r.get("run_id") == run_id]
+        found = [r for r in (index.find(run_id),) if r is not None]
     finally:
         index.close()
     out = [protocol.MAGIC]
