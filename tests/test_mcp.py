@@ -137,6 +137,8 @@ def test_a_failing_command_is_a_result_not_a_tool_error(state_dir: Path, tmp_pat
             record = structured(result)
             assert record["outcome"] == "failed" and record["command_exit_code"] == 3 and record["blame"] == "work"
             assert "the command failed (exit 3)" in result.content[0].text
+            typo = structured(await s.call_tool("run_command", {"command": ["no-such-cmd"]}))
+            assert (typo["outcome"], typo["command_exit_code"], typo["ticket"]) == ("failed", 127, None), typo
     drive(body)
 
 

@@ -328,3 +328,32 @@ def test_json_to_a_fifo_nobody_reads_is_refused_at_once_not_a_hang(state_dir: Pa
                           text=True, timeout=10)
     assert proc.returncode == 64 and proc.stdout == "", proc.stdout
     assert proc.stderr == f"slotq run: error: cannot write --json file {fifo}: it is a FIFO nobody reads\n"
+
+
+@pytest.mark.timeout(30)
+def test_a_command_that_cannot_start_fails_before_the_queue(state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    # Behind a 20-minute line a typo waited its turn, then failed 127
+    # (issue 48): now it fails at once, with the usual code and words.
+    gate = tmp_path / "gate"
+    start_holder(runs, state_dir, gate)
+    (tmp_path / "noexec").write_text("#!/bin/sh\n")
+    (tmp_path / "adir").mkdir()
+    for cmd, code, says in ((["no-such-cmd"], 127, "command not found: 'no-such-cmd' (No such file or directory)"),
+                            (["./noexec"], 126, "cannot execute: './noexec' (Permission denied)"),
+                            (["./adir"], 126, "cannot execute: './adir' (Permission denied)")):
+        for kept in ([], ["--detach"]):
+            proc = subprocess.run(slotq_cmd() + ["run", "-q", *kept, "--json", str(tmp_path / "r.json"), "--", *cmd],
+                                  capture_output=True, text=True, timeout=20, cwd=tmp_path, stdin=subprocess.DEVNULL)
+            assert proc.returncode == code and proc.stderr.count("\n") == 1, proc.stderr
+            assert says in proc.stderr and "nothing joined the line" in proc.stderr, proc.stderr
+            import json
+
+            record = json.loads((tmp_path / "r.json").read_text())
+            assert (record["outcome"], record["command_exit_code"], record["ticket"]) == ("failed", code, None)
+            assert not live_tickets(state_dir)
+    # A --prepare step may make the program: then it is looked for in its turn.
+    made = runs("-q", "--prepare", "printf '#!/bin/sh\\necho made\\n' > made.sh && chmod +x made.sh", "--",
+                "./made.sh", name="made")
+    wait_for(lambda: len(live_tickets(state_dir)) == 1, what="the prepared run in line")
+    gate.touch()
+    assert made.wait() == 0 and made.out == b"made\n", made.err

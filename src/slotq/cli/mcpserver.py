@@ -148,14 +148,17 @@ class Tools:
         self.settings = settings
 
     async def run_command(self, ctx: Any, args: dict[str, object]) -> types.CallToolResult:
-        from slotq.cli.run import PARSER, kept_call
+        from slotq.cli.run import PARSER, CannotStart, kept_call
         from slotq.client.caller import CallOptions, Interrupt, call
 
         wait_for = t.wait_for_arg(args, self.settings)
         workdir = t.workdir_arg(args, self.settings)
         opts, command = PARSER.parse(t.run_argv(args, self.settings, wait_for))
         opts.cls = opts.cls or "shared"
-        spec, transport = kept_call(opts, command, cwd=workdir)
+        try:
+            spec, transport = kept_call(opts, command, cwd=workdir)
+        except CannotStart as e:  # the command's failure (127/126), found before the queue: a result
+            return _answer(_record(e.result))
         out = t.open_output(spec.run_id)
         progress, interrupt = Progress(), Interrupt()
         options = CallOptions(stdout_fd=out, stderr_fd=out, status=progress.status, credit_dir=workdir)

@@ -148,6 +148,16 @@ def main(args: list[str]) -> int:
         local.come_back(spec)  # a run that waited away (host/away.py) takes back its place and run id
     cwd = str(spec.cwd)
     json_result = JsonResult(opts.json)  # a bad --json path is a usage error before the run joins the line
+    if local is not None and not local.came_back and not spec.prepare:
+        problem = unrunnable(command[0], cwd)
+        if problem is not None:  # a typo fails now, not after its turn in line
+            failed = CannotStart(spec, problem)
+            _stderr_line(failed.line())  # (-q too: nothing of the command's says why)
+            try:
+                json_result.write(failed.result.to_json)
+            finally:
+                json_result.discard()
+            return failed.result.exit_code
     transport.reserve(spec)  # join the host's line before the rest of slotq loads, where a transport can
     from slotq.client.caller import run
 
@@ -180,6 +190,13 @@ def _kept(opts: Namespace, command: list[str]) -> int:
         spec, transport = kept_call(opts, command)
     except _ChoiceStopped as stop:
         return _cancelled_while_choosing(opts, _spec(opts, command, opts.report_every), stop.signum)
+    except CannotStart as e:
+        _stderr_line(e.line())
+        try:
+            json_result.write(e.result.to_json)
+        finally:
+            json_result.discard()
+        return e.result.exit_code
     try:
         result = run(spec, transport, status=say, handle_sigint=True)
         json_result.write(result.to_json, open_line=result.open_line)
@@ -217,6 +234,9 @@ def kept_call(opts: Namespace, command: list[str], cwd: str | None = None) -> tu
             raise UsageError(f"unknown class {opts.cls!r} (this host knows: {', '.join(sorted(known))})")
     spec = _spec(opts, command, opts.report_every)
     spec.cwd = cwd or spec.cwd
+    problem = None if opts.host or opts.prepare else unrunnable(command[0], str(spec.cwd))
+    if problem is not None:
+        raise CannotStart(spec, problem)
     spec.submitted = time.time()
     terms = keep_args(opts.lease, opts.log_max, opts.idle, os.path.realpath(opts.credit_dir or str(spec.cwd)),
                       opts.attach_for, opts.detach)
@@ -228,6 +248,58 @@ def kept_call(opts: Namespace, command: list[str], cwd: str | None = None) -> tu
             check_work_tree(str(spec.cwd))
         transport = over_ssh(_remote(opts), terms)
     return spec, transport
+
+
+def unrunnable(program: str, cwd: str, path: str | None = None) -> int | None:
+    """Why the command `program` cannot start here, as execvp would find
+    it (a name searched in `path`, default $PATH; one with a slash taken
+    relative to `cwd`): ENOENT, EACCES (a directory, or no execute right),
+    or None if it can. Checked before a local run joins the line (a
+    `--prepare` step may make the program: not then)."""
+    import errno
+    import stat
+
+    if "/" in program:
+        candidates = [os.path.join(cwd, program)]
+    else:
+        dirs = (os.environ.get("PATH", "/usr/bin:/bin") if path is None else path).split(":")
+        candidates = [os.path.join(cwd if not d else os.path.join(cwd, d), program) for d in dirs]
+    found = errno.ENOENT
+    for candidate in candidates:
+        try:
+            st = os.stat(candidate)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and os.access(candidate, os.X_OK):
+            return None
+        found = errno.EACCES  # there, but not a program we may run: execvp goes on, then says so
+    return found
+
+
+class CannotStart(Exception):
+    """The run's command cannot start here (`unrunnable`): its result, said
+    as a run that tried would say it (not found: 127, not executable: 126);
+    nothing joined the line."""
+
+    def __init__(self, spec: "RunSpec", exec_errno: int) -> None:
+        import time
+
+        from slotq.client.result import RunResult
+        from slotq.host.child import ChildEnd
+        from slotq.outcome import Outcome
+
+        super().__init__(exec_errno)
+        end = ChildEnd(None, exec_errno, False)
+        self.result = result = RunResult(spec, os.uname().nodename)
+        result.outcome, result.command_code, result.not_started = Outcome.FAILED, end.exit_code, True
+        result.message = end.describe(spec.argv[0]) + "; nothing joined the line"
+        result.phases["submitted"] = result.phases["ended"] = time.time()
+        result.queue_s = 0.0
+
+    def line(self) -> str:
+        from slotq.client.result import summary_line
+
+        return summary_line(self.result)
 
 
 def _spec(opts: Namespace, command: list[str], report_every: float) -> "RunSpec":
