@@ -422,3 +422,32 @@ def test_on_a_narrow_terminal_the_waiting_line_fits_its_width_wide_characters_to
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__]))
+
+
+@pytest.mark.timeout(60)
+def test_the_first_status_line_names_the_run_id_which_run_id_can_set(state_dir: Path, runs: Start,
+                                                                     tmp_path: Path) -> None:
+    proc = cli("run", "--run-id", "ci4711a", "--json", str(tmp_path / "r.json"), "--", "true")
+    assert proc.returncode == 0, proc.stderr
+    first, *rest = proc.stderr.splitlines()
+    assert first.startswith("slotq: slot shared#0 acquired after") and first.endswith("; run ci4711a"), first
+    assert not any("ci4711a" in line for line in rest)
+    assert json.loads((tmp_path / "r.json").read_text())["run_id"] == "ci4711a"
+    gate = tmp_path / "gate"
+    start_holder(runs, state_dir, gate)
+    waiting = runs("--report-every", "0.2", "--", "true", name="waiting")
+    wait_for(lambda: waiting.err.count("slotq: waiting") >= 2, what="two status lines")
+    lines = waiting.err.splitlines()
+    assert lines[0].startswith("slotq: waiting") and lines[0].endswith(f"; run {ticket_run_id(state_dir)}")
+    assert "; run " not in lines[1]
+    gate.touch()
+    assert waiting.wait() == 0
+    bad = cli("run", "--run-id", "no spaces", "--", "true")
+    assert bad.returncode == 64 and "option --run-id: 'no spaces' is not a run id" in bad.stderr
+
+
+def ticket_run_id(state_dir: Path) -> str:
+    from slotq.host.ticket import read_info
+
+    (path,) = live_tickets(state_dir)
+    return str((read_info(path) or {}).get("run_id"))

@@ -46,6 +46,14 @@ environment: SLOTQ_STATE_DIR (host state), SLOTQ_CONFIG (host config TOML),
 """
 
 
+def _run_id(text: str) -> str:
+    from slotq.spec import is_run_id
+
+    if not is_run_id(text) or not text:
+        raise ValueError(f"{text[:80]!r} is not a run id (1-64 ASCII letters and digits)")
+    return text
+
+
 PARSER = Parser(
     prog="slotq run", usage="slotq run [options] -- CMD [ARGS...]", command="required",
     description="Run CMD on the test host when a slot is free. Queued callers keep their place; the "
@@ -58,6 +66,10 @@ PARSER = Parser(
             help="stop the command if it prints nothing for D after it started"),
         Opt("--json", metavar="FILE", help="write the result as JSON to FILE (- for stdout: one compact line, the "
                                             "last, after the command's own output: `tail -1 | jq`)"),
+        Opt("--run-id", metavar="ID", convert=_run_id,
+            help="the run's id (1-64 letters and digits; default: a new random one), for a harness that names "
+                 "its runs before they start; it must be new: status, cancel, attach and the history know a run "
+                 "by it"),
         Opt("--credit-dir", metavar="DIR",
             help="record the wait in the wait ledger under DIR, for `slotq task` and other outer runners "
                  "to credit (default: the current directory)"),
@@ -307,7 +319,8 @@ def _spec(opts: Namespace, command: list[str], report_every: float) -> "RunSpec"
 
     return RunSpec(command, cls=opts.cls, budget=opts.budget, prepare=opts.prepare,
                    prepare_timeout=opts.prepare_timeout, label=opts.label, report_every=report_every,
-                   kill_grace=opts.kill_grace, cwd=current_dir(), max_wait=opts.max_wait, quiet=opts.quiet)
+                   kill_grace=opts.kill_grace, cwd=current_dir(), max_wait=opts.max_wait, quiet=opts.quiet,
+                   run_id=opts.run_id)
 
 
 class _ChoiceStopped(Exception):

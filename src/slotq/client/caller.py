@@ -575,6 +575,15 @@ def _wait_end(ev: dict[str, object], start: float, now: float, remote: bool) -> 
     return float(at)
 
 
+def _first_says_id(result: RunResult) -> str:
+    """The run's first status line names its run id (for `slotq attach`,
+    `cancel`, `status`); the others do not repeat it."""
+    if result.announced:
+        return ""
+    result.announced = True
+    return f"; run {result.run_id}"
+
+
 def _on_event(ev: dict[str, object], result: RunResult, dogs: Watchdogs,
               say: Callable[[str], None], spec: RunSpec, live: Callable[[str], None] | None = None) -> bool:
     """Apply one event; True when it is the final `exited`."""
@@ -590,7 +599,7 @@ def _on_event(ev: dict[str, object], result: RunResult, dogs: Watchdogs,
             if live is not None:
                 live(format_queued(ev, compact=True))
             else:
-                say(format_queued(ev))
+                say(format_queued(ev) + _first_says_id(result))
     elif name == protocol.SLOT:
         result.phases["slot"] = at
         result.slot = str(ev.get("slot"))
@@ -601,7 +610,8 @@ def _on_event(ev: dict[str, object], result: RunResult, dogs: Watchdogs,
         dogs.on_slot(budget)
         waited = result.waited_s or 0.0
         say(f"slotq: slot {result.slot} acquired after {format_duration(waited)}"
-            + (f" (budget {format_duration(budget)} starts with the command)" if budget else ""))
+            + (f" (budget {format_duration(budget)} starts with the command)" if budget else "")
+            + _first_says_id(result))
     elif name == protocol.PREPARED:
         result.phases["prepared"] = at
         if at is not None and result.phases["slot"] is not None:

@@ -37,6 +37,7 @@ class RunResult:
         self.queue_s: float | None = None
         self.open_line = False  # the command's stdout ended without a newline
         self.not_started = False  # the command could not be started (not found, not executable)
+        self.announced = False  # a status line has named the run id
 
     @property
     def exit_code(self) -> int:
