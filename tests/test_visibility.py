@@ -444,6 +444,9 @@ def test_the_first_status_line_names_the_run_id_which_run_id_can_set(state_dir: 
     assert waiting.wait() == 0
     bad = cli("run", "--run-id", "no spaces", "--", "true")
     assert bad.returncode == 64 and "option --run-id: 'no spaces' is not a run id" in bad.stderr
+    again = cli("run", "--run-id", "ci4711a", "--", "true")
+    assert again.returncode == 64 and again.stderr.count("\n") == 1, again.stderr
+    assert "--run-id ci4711a: a run with that id has already run here (passed)" in again.stderr
 
 
 def ticket_run_id(state_dir: Path) -> str:

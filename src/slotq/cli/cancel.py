@@ -71,7 +71,7 @@ def main(args: list[str]) -> int:
             code = code or 1
             continue
         except (ConnectionRefusedError, FileNotFoundError):
-            ended = _ended(run_id)
+            ended = ended_run(run_id)
             if ended is not None:  # nothing to do, as scancel of a finished job
                 _say(f"slotq cancel: run {run_id} has already ended ({ended}): nothing to cancel")
                 continue
@@ -99,7 +99,7 @@ def main(args: list[str]) -> int:
     return code
 
 
-def _ended(run_id: str) -> str | None:
+def ended_run(run_id: str) -> str | None:
     """How run `run_id` ended, from this host's history; None if it is not
     there."""
     from slotq.config import HostConfig, state_dir_from_env
@@ -265,7 +265,7 @@ def _slurm(ids: list[str], label: str | None, mine: bool) -> int:
     for run_id in ids:
         job, uid, _ = jobs.get(run_id, ("", -1, None))
         if not job:
-            ended = _ended(run_id)
+            ended = ended_run(run_id)
             if ended is not None:
                 _say(f"slotq cancel: run {run_id} has already ended ({ended}): nothing to cancel")
                 continue

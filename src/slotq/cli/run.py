@@ -106,6 +106,8 @@ PARSER = Parser(
 
 def main(args: list[str]) -> int:
     opts, command = PARSER.parse(args)
+    if opts.run_id is not None and not opts.host and not use_slurm(opts):
+        check_new_run_id(opts.run_id)
     class_given = opts.cls is not None
     opts.cls = opts.cls or "shared"
     if opts.credit_dir is not None:
@@ -260,6 +262,20 @@ def kept_call(opts: Namespace, command: list[str], cwd: str | None = None) -> tu
             check_work_tree(str(spec.cwd))
         transport = over_ssh(_remote(opts), terms)
     return spec, transport
+
+
+def check_new_run_id(run_id: str) -> None:
+    """--run-id names a new run: not one live here (its control socket),
+    nor one this host's history has. UsageError if it is not."""
+    from slotq.host.control import listening
+
+    if listening(run_id):
+        raise UsageError(f"--run-id {run_id}: a live run has that id (slotq status); give a new one")
+    from slotq.cli.cancel import ended_run
+
+    ended = ended_run(run_id)
+    if ended is not None:
+        raise UsageError(f"--run-id {run_id}: a run with that id has already run here ({ended}); give a new one")
 
 
 def unrunnable(program: str, cwd: str, path: str | None = None) -> int | None:
