@@ -46,7 +46,15 @@ def drive(body: Callable[[], Awaitable[None]]) -> None:
 
 def structured(result: Any) -> dict[str, Any]:
     assert not result.is_error, result.content
-    return dict(result.structured_content)
+    record = dict(result.structured_content)
+    if "outcome" in record:  # a run's result: the one run record (docs/schema/run-record.json)
+        import json
+
+        import jsonschema  # type: ignore[import-untyped]
+
+        schema = json.loads((Path(__file__).resolve().parent.parent / "docs/schema/run-record.json").read_text())
+        jsonschema.validate(record, schema)
+    return record
 
 
 def test_lists_its_tools_with_input_and_output_schemas(state_dir: Path, tmp_path: Path) -> None:

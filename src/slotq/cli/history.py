@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Callable
 from slotq.cli.args import SLURM_RUNS_HERE, FLAG, Namespace, Opt, Parser, bounded_text, host_options, parse_window, \
     positive_int, reader_exits, window_options
 from slotq.outcome import Outcome
+from slotq.record import from_history
 from slotq.spec import MAX_TEXT
 from slotq.errors import UsageError
 
@@ -86,7 +87,7 @@ def main(args: list[str]) -> int:
     runs, skipped = query(state_dir, config, since=since, until=until, user=opts.user,
                           label=opts.label, outcome=opts.outcome, cls=opts.cls, limit=opts.limit)
     if opts.json:
-        json.dump(runs, sys.stdout, indent=2)
+        json.dump([from_history(r) for r in runs], sys.stdout, indent=2)  # the run record (record.py)
         sys.stdout.write("\n")
         return 0
     sys.stdout.write(format_runs(runs))
@@ -114,7 +115,7 @@ def _remote(opts: Namespace, since: float, until: float) -> int:
     if opts.limit is not None:
         runs = runs[-opts.limit:]
     if opts.json:
-        json.dump(runs, sys.stdout, indent=2)
+        json.dump([from_history(r) for r in runs], sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(format_runs(runs, with_host=len(opts.host.split(",")) > 1))
@@ -176,6 +177,13 @@ def query(state_dir: str, config: HostConfig, **filters: object) -> tuple[list[d
         raise StateDirError(f"cannot read the run history of {state_dir}: {e}", state_dir) from None
 
 
+def _command_code(r: dict[str, object]) -> str:
+    """The command's own exit code: a history line's `exit_code`; a run
+    record's (a newer host's, over ssh) `command_exit_code`."""
+    code = r.get("command_exit_code") if "schema_version" in r else r.get("exit_code")
+    return "-" if code is None else str(code)
+
+
 def format_runs(runs: list[dict[str, object]], with_host: bool = False) -> str:
     from slotq.durations import format_duration
     from slotq.records import printable
@@ -200,7 +208,7 @@ def format_runs(runs: list[dict[str, object]], with_host: bool = False) -> str:
                      when(ph.get("submitted") or ph.get("started") or ph.get("ended")), dur(r["waited_s"]),
                      dur(r["ran_s"]), printable(r["outcome"] or "-", 16) + (" (kept)" if r.get("kept") else ""),
                      printable(r["blame"] or "-", 16),
-                     "-" if r["exit_code"] is None else str(r["exit_code"]), printable(r["label"] or "", 60)))
+                     _command_code(r), printable(r["label"] or "", 60)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     lines.append(f"{len(runs)} run(s)")

@@ -210,8 +210,9 @@ class Tools:
         if code not in (0, 1, EXIT_NOT_FOUND):
             raise ToolError(f"slotq cancel failed: {err.strip().splitlines()[-1] if err.strip() else code}")
         note = (err.strip() or out.strip()).splitlines()[-1] if (err.strip() or out.strip()) else ""
-        record = {"run_id": run_id, "cancelled": code == 0, "note": note}
-        text = f"run {run_id} " + ("was cancelled" if code == 0 else f"was not cancelled: {note}")
+        cancelled = code == 0 and f"cancelled run {run_id}" in note  # (0 also for one that had ended: nothing to do)
+        record = {"run_id": run_id, "cancelled": cancelled, "note": note}
+        text = f"run {run_id} " + ("was cancelled" if cancelled else f"was not cancelled: {note}")
         return types.CallToolResult(content=[types.TextContent(type="text", text=text)], structured_content=record)
 
     async def queue_status(self, ctx: Any, args: dict[str, object]) -> types.CallToolResult:

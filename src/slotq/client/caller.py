@@ -593,6 +593,11 @@ def _on_event(ev: dict[str, object], result: RunResult, dogs: Watchdogs,
     if name in (protocol.QUEUED, protocol.STARTED):
         collect_from_now_on()
     if name == protocol.QUEUED:
+        ticket, budget = ev.get("ticket"), ev.get("budget")
+        if result.ticket is None and isinstance(ticket, int) and not isinstance(ticket, bool):
+            result.ticket = ticket  # known in line: a run cancelled there still has its place's number
+        if isinstance(budget, (int, float)) and not isinstance(budget, bool):
+            result.budget = float(budget)
         if live is not None or say is not _silent:  # (-q: a report every 30 s, formatted for nobody)
             from .waitlines import format_queued
 

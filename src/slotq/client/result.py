@@ -64,8 +64,11 @@ class RunResult:
         return round(max(0.0, end - start), 3) if start is not None and end is not None else None
 
     def to_dict(self) -> dict[str, object]:
+        """The run record (record.py; docs/schema/run-record.json)."""
+        from ..record import SCHEMA_VERSION
+
         return {
-            "outcome": self.outcome.value, "blame": self.blame, "exit_code": self.exit_code,
+            "schema_version": SCHEMA_VERSION, "outcome": self.outcome.value, "blame": self.blame, "exit_code": self.exit_code,
             "command_exit_code": self.command_code, "run_id": self.run_id, "label": self.label,
             "class": self.cls, "host": self.host, "slot": self.slot, "ticket": self.ticket, "budget": self.budget,
             "message": self.message, "phases": dict(self.phases),

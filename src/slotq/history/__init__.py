@@ -374,7 +374,7 @@ def attributed(rec: dict[str, object], writer: int | None) -> dict[str, object]:
 
 
 _TEXT = ("run_id", "label", "class", "pool", "slot", "host", "outcome", "message", "user")
-_NUMBERS = ("waited_s", "ran_s", "kept")  # kept: a kept run's lease, seconds (None: not a kept run)
+_NUMBERS = ("waited_s", "ran_s", "kept", "budget")  # kept: a kept run's lease, seconds (None: not a kept run)
 
 
 def clean_record(rec: dict[str, object]) -> dict[str, object]:
@@ -397,6 +397,9 @@ def clean_record(rec: dict[str, object]) -> dict[str, object]:
     for k in _NUMBERS:
         v = out.get(k)
         out[k] = v if is_number(v) else None
+    ticket = out.get("ticket")
+    out["ticket"] = ticket if isinstance(ticket, int) and not isinstance(ticket, bool) and 0 <= ticket < 1 << 63 \
+        else None
     code = out.get("exit_code")
     # An exit status or a negative signal number: 32 bits at most (a longer
     # one would not fit the index's SQLite INTEGER).

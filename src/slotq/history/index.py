@@ -40,6 +40,7 @@ CREATE TABLE IF NOT EXISTS runs (
     recorded_by TEXT,                -- who wrote the line, where not the run's own user (its file's owner)
     relay     INTEGER,               -- 1: a Slurm relay's line, which a node's line never replaces
     kept      REAL,                  -- a kept run's lease, seconds
+    ticket    INTEGER, budget REAL,      -- its place's number in line, its budget (history lines since 2026-12)
     first     REAL NOT NULL,         -- its earliest phase: the run spans [first, ended]
     src       TEXT NOT NULL          -- the file its line was read from (files.name)
 );
@@ -53,7 +54,7 @@ CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT);
 """
 
 COLUMNS = ("run_id", "user", "label", "class", "pool", "slot", "host", "outcome", "blame", "exit_code", "message",
-           "submitted", "slot_at", "prepared", "started", "ended", "waited_s", "ran_s", "recorded_by", "relay", "kept")
+           "submitted", "slot_at", "prepared", "started", "ended", "waited_s", "ran_s", "recorded_by", "relay", "kept", "ticket", "budget")
 SCHEMA_VERSION = "6"  # the index is a cache: another version is dropped and rebuilt
 HEAD = 256  # a file's first bytes: a spool emptied and refilled has other ones
 CHUNK = 8 << 20  # read at most this much of a file per step

@@ -110,6 +110,7 @@ class HostRun:
         record = history.run_record(run_id=spec.run_id, label=spec.label, cls=spec.cls, host=self.host,
                                     outcome=outcome.value, exit_code=exit_code, message=message, phases=dict(p),
                                     pool=self.config.classes.get(spec.cls), slot=self.slot)
+        record["ticket"], record["budget"] = self.ticket_seq(), self.budget  # (the run record's: record.py)
         if spec.kept is not None:
             record["kept"] = spec.kept  # a kept run (DESIGN.md 1a): its lease, for history and the report
         # not_started: the command could not be started (not found, not

@@ -166,7 +166,7 @@ class LineWait:
         # line, and sleeps in the kernel until its turn, at no CPU.
         at_head = standby[0].at_head if standby is not None else waiter.is_head
         if spec.quiet and not at_head:
-            self.run.link.event(protocol.QUEUED, waited_s=round(now - start, 3), pool=pool,
+            self.run.link.event(protocol.QUEUED, waited_s=round(now - start, 3), pool=pool, **self._place(waiter),
                                 **({"wait_kept": True} if self.keeps_wait and standby is None else {}))
         else:
             self.report(waiter, pool, now - start, with_eta=not first and not spec.quiet)
@@ -181,7 +181,12 @@ class LineWait:
         fields, self.typical = lineview.report(
             run.state_dir, pool, waiter, run.clock.wall(), lambda table: run.heal(pool, waiter.slot_count, table),
             self.typical, with_eta)
-        run.link.event(protocol.QUEUED, waited_s=round(waited, 3), **fields)
+        run.link.event(protocol.QUEUED, waited_s=round(waited, 3), **fields, **self._place(waiter))
+
+    def _place(self, waiter: Waiter) -> dict[str, object]:
+        """The run's ticket number and budget, known from its first report
+        (its record has them even if it never gets a slot)."""
+        return {"ticket": waiter.ticket.seq, "budget": self.run.budget}
 
     def _stand_by(self, waiter: Waiter, pool: str, waited: float) -> bool:
         """Hand the wait to a standby keeper (after the first report: what
