@@ -108,3 +108,25 @@ def test_history_lines_of_the_previous_version_are_read_as_the_record(state_dir:
     assert by_id["old1"]["ticket"] is None and by_id["old1"]["schema_version"] == 1
     table = cli("history").stdout
     assert next(line for line in table.splitlines() if line.startswith("old1")).split()[-2] == "143", table
+
+
+def test_status_json_follows_its_schema_and_its_runs_are_run_records(state_dir: Path, runs: Start,
+                                                                      tmp_path: Path) -> None:
+    from referencing import Registry, Resource
+
+    docs = Path(__file__).resolve().parent.parent / "docs" / "schema"
+    status_schema = json.loads((docs / "status.json").read_text())
+    registry = Registry().with_resources([("run-record.json", Resource.from_contents(SCHEMA)),
+                                          (SCHEMA["$id"], Resource.from_contents(SCHEMA))])
+    assert cli("run", "-q", "--", "true").returncode == 0
+    gate = tmp_path / "gate"
+    start_holder(runs, state_dir, gate)
+    runs("-q", "--", "true", name="waiting")
+    wait_for(lambda: len(live_tickets(state_dir)) == 1, what="one waiting")
+    snap = json.loads(cli("status", "--json").stdout)
+    validator = jsonschema.Draft202012Validator(status_schema, registry=registry)
+    validator.validate(snap)
+    (pool,) = [p for p in snap["pools"] if p["pool"] == "shared"]
+    assert pool["slots"][0]["held"] and len(pool["waiting"]) == 1
+    assert snap["history"] and all(r["schema_version"] == 1 for r in snap["history"])
+    gate.touch()

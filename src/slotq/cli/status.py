@@ -128,6 +128,17 @@ def fit(line: str, columns: int) -> str:
     return "".join(out)  # (not reached: the line is wider than that)
 
 
+def _with_records(snap: dict[str, object]) -> dict[str, object]:
+    """A status snapshot whose recent runs are run records (record.py), as
+    `history --json` gives them (docs/schema/status.json)."""
+    from slotq.record import from_history
+
+    runs = snap.get("history")
+    if not isinstance(runs, list):
+        return snap
+    return dict(snap, history=[from_history(r) if isinstance(r, dict) else r for r in runs])
+
+
 def _local(history_n: int, as_json: bool) -> Render:
     from slotq.config import HostConfig, state_dir_to_read
     from slotq.host.status import format_snapshot, snapshot
@@ -138,7 +149,7 @@ def _local(history_n: int, as_json: bool) -> Render:
         config = HostConfig.load(state_dir=state_dir)
         snap = snapshot(state_dir, config, time.time(), history_n)
         if as_json:
-            return json.dumps(snap, indent=None if watching else 2) + "\n"
+            return json.dumps(_with_records(snap), indent=None if watching else 2) + "\n"
         return format_snapshot(snap, bars=tty, color=tty and not os.environ.get("NO_COLOR")) + "\n"
 
     return render
@@ -169,6 +180,8 @@ class _Remote:
         for remote in self.hosts:
             try:
                 snap = remote.status_snapshot(self.history)
+                if self.as_json:
+                    snap = _with_records(snap)
                 if self.as_json and len(self.hosts) > 1 and not watching:
                     snaps.append(snap)
                 elif self.as_json:
