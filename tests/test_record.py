@@ -130,3 +130,23 @@ def test_status_json_follows_its_schema_and_its_runs_are_run_records(state_dir: 
     assert pool["slots"][0]["held"] and len(pool["waiting"]) == 1
     assert snap["history"] and all(r["schema_version"] == 1 for r in snap["history"])
     gate.touch()
+
+
+def test_the_python_api_runs_a_command_without_a_transport_by_hand(state_dir: Path, tmp_path: Path) -> None:
+    import os
+
+    import slotq
+
+    out = tmp_path / "out"
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        result = slotq.run(["sh", "-c", "echo hi; exit 4"], budget="1m", label="api", cwd=str(tmp_path),
+                           output=(fd, fd))
+    finally:
+        os.close(fd)
+    record = valid(result.to_dict())
+    assert (record["outcome"], record["exit_code"], record["budget"], record["label"]) == ("failed", 4, 60.0, "api")
+    assert out.read_text() == "hi\n"
+    with pytest.raises(slotq.UsageError, match="unknown class"):
+        slotq.run(["true"], cls="nope")
+    assert "`host`" in (slotq.run.__doc__ or "") and "budget" in (slotq.run.__doc__ or "")

@@ -23,7 +23,8 @@ _EXPORTS = {
     "run_task": "slotq.client.task",
     "TaskResult": "slotq.client.task",
     "RunResult": "slotq.client.result",
-    "run": "slotq.client.caller",
+    "run": "slotq.client.api",
+    "call": "slotq.client.caller",
     "submit": "slotq.client.kept",
     "submit_async": "slotq.client.kept",
     "KeptRun": "slotq.client.kept",
@@ -44,18 +45,20 @@ __all__ = ["__version__", *_EXPORTS]
 if TYPE_CHECKING:
     from typing import Any
 
-    from .client.caller import run
-    from .client.result import RunResult
-    from .client.deadline import Deadline, Extension
-    from .client.kept import KeptRun, submit, submit_async
-    from .client.ledger import Credit, Ledger
-    from .client.task import TaskResult, run_task
-    from .clock import Clock, FakeClock, Timer
-    from .config import HostConfig
-    from .durations import parse_duration
-    from .errors import ConfigError, ProtocolError, SlotqError, StateDirError, UsageError
-    from .outcome import EXIT_CODES, Outcome, exit_code_for
-    from .spec import RunSpec
+    from .client.api import run as run
+    from .client.caller import call as call
+    from .client.result import RunResult as RunResult
+    from .client.deadline import Deadline as Deadline, Extension as Extension
+    from .client.kept import KeptRun as KeptRun, submit as submit, submit_async as submit_async
+    from .client.ledger import Credit as Credit, Ledger as Ledger
+    from .client.task import TaskResult as TaskResult, run_task as run_task
+    from .clock import Clock as Clock, FakeClock as FakeClock, Timer as Timer
+    from .config import HostConfig as HostConfig
+    from .durations import parse_duration as parse_duration
+    from .errors import ConfigError as ConfigError, ProtocolError as ProtocolError, SlotqError as SlotqError
+    from .errors import StateDirError as StateDirError, UsageError as UsageError
+    from .outcome import EXIT_CODES as EXIT_CODES, Outcome as Outcome, exit_code_for as exit_code_for
+    from .spec import RunSpec as RunSpec
 
 
 def __getattr__(name: str) -> Any:

@@ -147,16 +147,7 @@ def main(args: list[str]) -> int:
         except _ChoiceStopped as stop:
             return _cancelled_while_choosing(opts, _spec(opts, command, report_every), stop.signum)
     else:
-        from slotq.transports.local import LocalTransport
-
-        local = LocalTransport(away=True)
-        if opts.cls not in local.config.classes:
-            known = ", ".join(sorted(local.config.classes))
-            if not class_given:
-                raise UsageError(f"this host has no class {opts.cls!r}, the default: name one of its classes with "
-                                 f"--class ({known})")
-            raise UsageError(f"unknown class {opts.cls!r} (this host knows: {known})")
-        transport = local
+        transport = local = _local(opts.cls, class_given)
     spec = _spec(opts, command, report_every)
     if local is not None:
         local.come_back(spec)  # a run that waited away (host/away.py) takes back its place and run id
@@ -165,13 +156,7 @@ def main(args: list[str]) -> int:
     if local is not None and not local.came_back and not spec.prepare:
         problem = unrunnable(command[0], cwd)
         if problem is not None:  # a typo fails now, not after its turn in line
-            failed = CannotStart(spec, problem)
-            _stderr_line(failed.line())  # (-q too: nothing of the command's says why)
-            try:
-                json_result.write(failed.result.to_json)
-            finally:
-                json_result.discard()
-            return failed.result.exit_code
+            return CannotStart(spec, problem).tell(json_result)
     transport.reserve(spec)  # join the host's line before the rest of slotq loads, where a transport can
     from slotq.client.caller import run
 
@@ -193,6 +178,21 @@ def main(args: list[str]) -> int:
     return result.exit_code
 
 
+def _local(cls: str, class_given: bool) -> "LocalTransport":
+    """This machine's transport, for a run of class `cls` (UsageError if
+    the host has no such class)."""
+    from slotq.transports.local import LocalTransport
+
+    local = LocalTransport(away=True)
+    if cls not in local.config.classes:
+        known = ", ".join(sorted(local.config.classes))
+        if not class_given:
+            raise UsageError(f"this host has no class {cls!r}, the default: name one of its classes with "
+                             f"--class ({known})")
+        raise UsageError(f"unknown class {cls!r} (this host knows: {known})")
+    return local
+
+
 def _kept(opts: Namespace, command: list[str]) -> int:
     """A kept run (transports/kept.py): it outlives this call."""
     from slotq.client.caller import run
@@ -205,12 +205,7 @@ def _kept(opts: Namespace, command: list[str]) -> int:
     except _ChoiceStopped as stop:
         return _cancelled_while_choosing(opts, _spec(opts, command, opts.report_every), stop.signum)
     except CannotStart as e:
-        _stderr_line(e.line())
-        try:
-            json_result.write(e.result.to_json)
-        finally:
-            json_result.discard()
-        return e.result.exit_code
+        return e.tell(json_result)
     try:
         result = run(spec, transport, status=say, handle_sigint=True)
         json_result.write(result.to_json, open_line=result.open_line)
@@ -324,10 +319,17 @@ class CannotStart(Exception):
         result.phases["submitted"] = result.phases["ended"] = time.time()
         result.queue_s = 0.0
 
-    def line(self) -> str:
+    def tell(self, json_result: JsonResult) -> int:
+        """Say it (-q too: nothing of the command's says why), write --json;
+        the exit code."""
         from slotq.client.result import summary_line
 
-        return summary_line(self.result)
+        _stderr_line(summary_line(self.result))
+        try:
+            json_result.write(self.result.to_json)
+        finally:
+            json_result.discard()
+        return self.result.exit_code
 
 
 def _spec(opts: Namespace, command: list[str], report_every: float) -> "RunSpec":
