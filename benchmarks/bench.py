@@ -8,7 +8,7 @@ spreads evenly), and reports medians and ratios against flock(1).
     benchmarks/run                 # installs the anchors, runs everything
     benchmarks/run --quick         # fewer repetitions, no N=500 or 1000, one chaos run, two lines of waiters
 
-Scenarios (see README "Benchmarks"):
+Scenarios (see docs/performance.md, "Benchmarks"):
   handoff     one holder has the only slot; N waiters queued behind it; each
               stamps its start. latency = first start - holder's end; gap =
               median time between successive starts. Nine repetitions for

@@ -65,7 +65,9 @@ def _main(args: list[str]) -> int:
     if not args:
         sys.stderr.write(USAGE)  # a mistake, not a request: usage on stderr, exit 64
         return EX_USAGE
-    if args[0] in ("-h", "--help", "help"):
+    if args[0] == "help" and len(args) == 2 and args[1] in COMMANDS:
+        args = [args[1], "--help"]  # `slotq help run`: run's own help
+    elif args[0] in ("-h", "--help", "help"):
         return _print(USAGE)
     if args[0] == "--version":
         from slotq import __version__

@@ -74,13 +74,9 @@ PARSER = Parser(
             help="record the wait in the wait ledger under DIR, for `slotq task` and other outer runners "
                  "to credit (default: the current directory)"),
         Opt("-q", "--quiet", kind=FLAG,
-            help="no status lines on stderr, but for the one line of an ending slotq decided (a timeout, "
-                 "unavailable, not admitted...) or of a command that could not be started; behind others in "
-                 "line the run then sleeps until it is next (no reports to make): in a local one-slot pool, "
-                 "without --prepare, not waking once -- and, more than 4 places back in a line whose history says "
-                 "it is slow (a minute or more), waiting away: as a shell, at about 0.35 MB rather than 6, until 4 "
-                 "places before its turn (slotq status shows it) --; elsewhere waking every 30 s to refresh its "
-                 "wait record"),
+            help="no status lines, but the one line of an ending slotq decided (a timeout, unavailable, "
+                 "cancelled...) or of a command that could not start; a quiet run far back in a slow line waits "
+                 "at almost no memory or CPU (docs/usage.md)"),
         Opt("--attach-for", metavar="D", convert=duration(allow_zero=True),
             help="keep the run (it outlives this call) and stay attached at most D: if it has not ended "
                  "by then, leave it with one line naming its run id and `slotq attach RUN_ID`, exit 75; it "
