@@ -175,7 +175,7 @@ def test_far_back_a_report_takes_its_eta_basis_from_the_view_not_the_history(
         events = [p for k, p in protocol.Decoder().feed(stream) if k == protocol.EVENT]
         queued = [e for e in events if isinstance(e, dict) and e.get("event") == "queued"]
         assert queued and queued[0]["ahead"] == 20, events
-        assert "typical run 2m03s (median of 7 recent run(s))" in str(queued[0]["eta_how"]), queued[0]
+        assert "typical run 2m03s (median of the pool's last 7 run(s))" in str(queued[0]["eta_how"]), queued[0]
         # With no basis in the view, the run reads the history itself.
         lineview.write(str(state_dir), "shared", [*range(1, 21), 4242], SLOTS, time.time())
         runner.line().typical = None

@@ -95,7 +95,8 @@ def test_on_a_terminal_the_waiting_line_is_redrawn_in_place_and_replaced_by_the_
     text = seen.decode()
     redraws = re.findall(r"\r\x1b\[2K(slotq: waiting [^\r\n]*)", text)
     assert len(redraws) >= 2, text
-    assert "#1 in shared" in redraws[-1] and "placeholder" in redraws[-1] and "ETA ~" in redraws[-1], redraws
+    assert "#1 in shared" in redraws[-1] and "placeholder" in redraws[-1], redraws
+    assert "ETA" not in redraws[-1], "a new pool's wait is not known: no ETA rather than a guess"
     # The slot line replaces the live one (erased first), then ordinary lines.
     assert re.search(r"\r\x1b\[2Kslotq: slot shared#0 acquired after", text), text
     assert "\n" not in text.split("slotq: slot shared#0")[0].replace("\r\n", "\n").rstrip("\n"), \
@@ -103,16 +104,33 @@ def test_on_a_terminal_the_waiting_line_is_redrawn_in_place_and_replaced_by_the_
 
 
 @pytest.mark.timeout(60)
-def test_in_a_pipe_the_waiting_lines_are_plain_with_an_eta(state_dir: Path, runs: Start, tmp_path: Path) -> None:
+def test_in_a_pipe_the_waiting_lines_are_plain_with_an_eta_once_runs_are_known(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     holder = start_holder(runs, state_dir, gate)
     waiter = runs("--report-every", "0.2", "--", "true", name="waiter")
+    # A new pool (one run so far: the holder's is not over): unknown, and why.
+    wait_for(lambda: "expected wait unknown" in waiter.err, what="a waiting line saying the wait is unknown")
+    line = next(ln for ln in waiter.err.splitlines() if "expected wait" in ln)
+    assert "typical run unknown (no runs of this pool yet; 5 needed)" in line, line
+    gate.touch()
+    assert waiter.wait() == 0 and holder.wait() == 0
+    from slotq import history
+
+    now = time.time()
+    for i in range(5):
+        history.append(str(state_dir), history.run_record(
+            run_id=f"seed{i}", label="seed", cls="shared", host="h", outcome="passed", exit_code=0, message="",
+            pool="shared", phases={"submitted": now - 60, "slot": now - 60, "started": now - 60, "ended": now - 30}))
+    gate.unlink()
+    holder = start_holder(runs, state_dir, gate)
+    waiter = runs("--report-every", "0.2", "--", "true", name="waiter2")
     wait_for(lambda: "expected wait ~" in waiter.err, what="a waiting line with an ETA")
     gate.touch()
     assert waiter.wait() == 0 and holder.wait() == 0
     assert "\x1b" not in waiter.err and "\r" not in waiter.err
-    line = next(ln for ln in waiter.err.splitlines() if "expected wait" in ln)
-    assert "(0 ahead, 1 of 1 slot(s) busy, typical run" in line, line
+    line = next(ln for ln in waiter.err.splitlines() if "expected wait ~" in ln)
+    assert "(0 ahead, 1 of 1 slot(s) busy, typical run 30.0s (median of the pool's last" in line, line
 
 
 @pytest.mark.timeout(90)
@@ -139,7 +157,7 @@ def test_the_eta_of_the_third_in_line_is_within_25_percent_when_run_times_are_kn
     t0 = time.time()
     pool = snap["pools"][0]
     eta = pool["waiting"][2]["eta"]
-    assert eta["how"].startswith("2 ahead, 1 of 1 slot(s) busy, typical run 1.5s (median of 10 recent run(s))")
+    assert eta["how"].startswith("2 ahead, 1 of 1 slot(s) busy, typical run 1.5s (median of the pool's last 10 run(s))")
     assert mine.wait() == 0 and holder.wait() == 0 and all(r.wait() == 0 for r in ahead)
     actual = mine.result()["phases"]["slot"] - t0
     assert abs(eta["s"] - actual) <= 0.25 * actual, (eta, actual)

@@ -38,6 +38,8 @@ def format_queued(ev: dict[str, object], compact: bool = False) -> str:
     if isinstance(ev.get("eta_s"), (int, float)):
         parts.append(f"expected wait ~{format_duration(seconds_in(ev.get('eta_s')))} more "
                      f"({printable(ev.get('eta_how'), 200)})")
+    elif ev.get("eta_how"):
+        parts.append(f"expected wait unknown ({printable(ev.get('eta_how'), 200)})")
     parts.append(f"load {printable(ev.get('load1'))}/{printable(ev.get('cores'))} cores")
     notes = ev.get("notes")
     if isinstance(notes, list):

@@ -2,7 +2,9 @@
 
 Deliberately simple and explainable. Every run is assumed to take the
 pool's typical run time: the median `ran_s` of its recent runs in the
-history (a default of 60 s when there are none). A held slot frees when its
+history. With fewer than MIN_RUNS of them the typical run is not known,
+and neither is the wait: "unknown", never a confident figure from four
+12 ms runs. A held slot frees when its
 holder reaches that time; a holder already past it is expected to run
 half as long again as it has so far (never "free now": a run that outlived
 the typical one tends to be a long one), and never more than its budget
@@ -19,7 +21,8 @@ from ..durations import format_duration, seconds_in
 # in decimal, fractions, random and re -- about 1 MB more in every queued
 # caller and its keeper (benchmarks/: memory per waiter).
 
-DEFAULT_RUN = 60.0
+DEFAULT_RUN = 60.0  # what a host choice assumes of a pool it knows nothing of (client/choose.py)
+MIN_RUNS = 5  # runs a typical run is worked out from, at the least
 RECENT = 50  # runs of the pool the typical run time is taken from
 BASIS_MAX_AGE = 300.0  # a waiting run reads the history for its ETA at most this often
 
@@ -53,10 +56,19 @@ def basis(state_dir: str, pool: str, now: float, kept: Basis | None, shared: Bas
 
 
 def report_fields(slots: list[dict[str, object]], ahead: int, basis: Basis) -> dict[str, object]:
-    """A `queued` report's ETA: `eta_s` and how it was worked out."""
+    """A `queued` report's ETA: `eta_s` (left out if unknown: a client of
+    any version reads that as no estimate) and how it was worked out."""
     typical, runs, _ = basis
+    eta_s = _eta(slots, ahead, typical, runs)
+    return {**({} if eta_s is None else {"eta_s": eta_s}), "eta_how": explain(slots, ahead, typical, runs)}
+
+
+def _eta(slots: list[dict[str, object]], ahead: int, typical: float, runs: int) -> float | None:
+    """The expected wait, rounded; None if the typical run is not known."""
+    if runs < MIN_RUNS:
+        return None
     expected = expected_wait(slots, ahead, typical)
-    return {"eta_s": round(expected, 1) if expected < 1e9 else 1e9, "eta_how": explain(slots, ahead, typical, runs)}
+    return round(expected, 1) if expected < 1e9 else 1e9
 
 
 def _median(xs: list[float]) -> float:
@@ -90,9 +102,11 @@ def expected_wait(slots: list[dict[str, object]], ahead: int, typical: float) ->
 
 def explain(slots: list[dict[str, object]], ahead: int, typical: float, runs: int) -> str:
     busy = sum(1 for s in slots if s.get("held"))
-    basis = f"median of {runs} recent run(s)" if runs else "no runs yet: assumed"
+    if runs < MIN_RUNS:
+        known = f"{runs} run(s) of this pool so far" if runs else "no runs of this pool yet"
+        return f"{ahead} ahead, {busy} of {len(slots)} slot(s) busy, typical run unknown ({known}; {MIN_RUNS} needed)"
     return (f"{ahead} ahead, {busy} of {len(slots)} slot(s) busy, typical run {format_duration(typical)} "
-            f"({basis})")
+            f"(median of the pool's last {runs} run(s))")
 
 
 def pool_etas(pool: dict[str, object], records: list[dict[str, object]]) -> dict[str, object]:
@@ -102,6 +116,6 @@ def pool_etas(pool: dict[str, object], records: list[dict[str, object]]) -> dict
     slots = [s for s in pool.get("slots") or [] if isinstance(s, dict)]  # type: ignore[attr-defined]
     waiting = [w for w in pool.get("waiting") or [] if isinstance(w, dict)]  # type: ignore[attr-defined]
     for i, w in enumerate(waiting):
-        w["eta"] = {"s": round(expected_wait(slots, i, typical), 1), "how": explain(slots, i, typical, runs)}
-    return {"s": round(expected_wait(slots, len(waiting), typical), 1),
-            "how": explain(slots, len(waiting), typical, runs), "typical_run_s": round(typical, 3)}
+        w["eta"] = {"s": _eta(slots, i, typical, runs), "how": explain(slots, i, typical, runs)}
+    return {"s": _eta(slots, len(waiting), typical, runs), "how": explain(slots, len(waiting), typical, runs),
+            "typical_run_s": round(typical, 3) if runs >= MIN_RUNS else None}

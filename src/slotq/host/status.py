@@ -333,6 +333,12 @@ _COLORS = {"passed": "32", "failed": "31", "exec_timeout": "33", "idle_timeout":
            "backstop": "35", "cancelled": "2", "caller_gone": "2"}
 
 
+def _eta_words(seconds: object) -> str:
+    if isinstance(seconds, (int, float)) and not isinstance(seconds, bool):
+        return f"~{format_duration(float(seconds))} more"
+    return "unknown"
+
+
 def format_snapshot(snap: dict[str, object], bars: bool = False, color: bool = False) -> str:
     """The status as text. `bars`: each holder's time against its budget
     as a bar (the live view); `color`: outcomes in colour (a terminal,
@@ -372,14 +378,14 @@ def format_snapshot(snap: dict[str, object], bars: bool = False, color: bool = F
                 lines.append(f"  waiting {n}: {printable(w.get('label') or '?')} (user {w.get('user') or '?'}, "
                              f"run {printable(w.get('run_id'))}, pid {printable(w.get('pid'))}, "
                              f"waited {format_duration(float(w.get('waited_s') or 0))}, "
-                             f"expected wait ~{format_duration(float(eta.get('s') or 0))} more)"
+                             f"expected wait {_eta_words(eta.get('s'))})"
                              + (" [waiting away: a shell until shortly before its turn]" if w.get("away") else "")
                              + _kept_note(w)
                              + (" [out of order: placed last]" if w.get("forged") else ""))
         else:
             lines.append("  nobody waiting")
         if isinstance(p.get("eta"), dict):
-            lines.append(f"  a new run would wait ~{format_duration(float(p['eta'].get('s') or 0))} "
+            lines.append(f"  a new run would wait {_eta_words(p['eta'].get('s'))} "
                          f"({printable(p['eta'].get('how'), 300)})")
     hist = snap.get("history") or []
     if hist:
