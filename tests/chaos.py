@@ -226,7 +226,7 @@ def run_chaos(work: Path, callers: int = 60, kill_share: float = 0.2, hung_share
     # A keeper writes its run's line after the command is gone: allow it a moment.
     end = time.monotonic() + 5
     while True:
-        from conftest import history_written
+        from written import history_written
 
         history = history_written(state)
         labels = {h.get("label") for h in history}

@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from written import history_written as history_written  # (pytest-free: tests/chaos.py, run by the benchmarks, uses it too)
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from slotq.host.slot import SlotLease
@@ -48,18 +50,6 @@ def slotq_cmd() -> list[str]:
     found = shutil.which("slotq")
     assert found, "slotq is not installed (pip install -e '.[test]')"
     return [found]
-
-
-def history_written(state_dir: Path | str) -> list[dict[str, Any]]:
-    """Every line of a state dir's history files as written (JSON), the
-    files read oldest written first."""
-    from slotq import history
-
-    out = []
-    for f in sorted(history.history_files(str(state_dir)), key=lambda f: f.mtime):
-        with open(f.path, "rb") as fh:
-            out += [json.loads(line) for line in fh.read().splitlines() if line.strip()]
-    return out
 
 
 def reachable(run_id: str) -> bool:
