@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import resource
 import sys
 import threading
 import time
@@ -188,7 +187,13 @@ def main() -> int:
     report = fuzz_streams(cases, rng)
     report.update(fuzz_requests(cases, rng))
     report["elapsed_s"] = round(time.monotonic() - t0, 2)
-    report["max_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    # This process's own peak (VmHWM), not getrusage's ru_maxrss: Linux
+    # keeps that across exec, so a child of a large pytest process (the
+    # suite grows past 100 MB once the MCP SDK is imported) would report
+    # its parent's size.
+    with open("/proc/self/status") as f:
+        peak_kb = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    report["max_rss_mb"] = round(peak_kb / 1024, 1)
     print(json.dumps(report))
     return 0
 

@@ -345,7 +345,7 @@ def test_a_command_that_cannot_start_fails_before_the_queue(state_dir: Path, run
             proc = subprocess.run(slotq_cmd() + ["run", "-q", *kept, "--json", str(tmp_path / "r.json"), "--", *cmd],
                                   capture_output=True, text=True, timeout=20, cwd=tmp_path, stdin=subprocess.DEVNULL)
             assert proc.returncode == code and proc.stderr.count("\n") == 1, proc.stderr
-            assert says in proc.stderr and "nothing joined the line" in proc.stderr, proc.stderr
+            assert says in proc.stderr and "waited 0ms, ran -" in proc.stderr, proc.stderr
             import json
 
             record = json.loads((tmp_path / "r.json").read_text())

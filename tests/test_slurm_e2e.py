@@ -301,7 +301,7 @@ def test_a_job_over_its_partitions_time_limit_is_refused_not_left_pending_foreve
         (tmp / "host.toml").write_text(f'[slurm.classes]\nshort = {{ partition = "{part}" }}\n')
         monkeypatch.setenv("SLOTQ_CONFIG", str(tmp / "host.toml"))
         proc = start(tmp, "long", "--class", "short", "--budget", "1h", "--report-every", "0.5s", "--", "true")
-        assert proc.wait(timeout=40) == 2, err(tmp, "long")
+        assert proc.wait(timeout=40) == 64, err(tmp, "long")
         line = err(tmp, "long").strip().splitlines()[-1]
         assert line.startswith(f"slotq run: error: Slurm refused the job (partition '{part}'): Slurm job ") and \
             "would never start as asked, pending for reason PartitionTimeLimit: " in line and \

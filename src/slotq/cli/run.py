@@ -311,7 +311,7 @@ class CannotStart(Exception):
         end = ChildEnd(None, exec_errno, False)
         self.result = result = RunResult(spec, os.uname().nodename)
         result.outcome, result.command_code, result.not_started = Outcome.FAILED, end.exit_code, True
-        result.message = end.describe(spec.argv[0]) + "; nothing joined the line"
+        result.message = end.describe(spec.argv[0])  # the words of a run that tried (and of slotq task)
         result.phases["submitted"] = result.phases["ended"] = time.time()
         result.queue_s = 0.0
 
