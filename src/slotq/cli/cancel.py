@@ -100,19 +100,17 @@ def main(args: list[str]) -> int:
 
 
 def ended_run(run_id: str) -> str | None:
-    """How run `run_id` ended, from this host's history; None if it is not
-    there."""
-    from slotq.config import HostConfig, state_dir_from_env
-    from slotq.history.index import Index
+    """How run `run_id` ended, from this host's history (its last
+    RECENT_RUNS runs, read, never written: not even the index cache);
+    None if it is not there."""
+    from slotq import history
+    from slotq.config import state_dir_from_env
 
-    state_dir = state_dir_from_env()
-    index = Index(state_dir, HostConfig.load(state_dir=state_dir).retention)
-    try:
-        index.catch_up()
-        rec = index.find(run_id)
-    finally:
-        index.close()
-    return None if rec is None else str(rec.get("outcome") or "unknown")
+    found = [r for r in history.recent(state_dir_from_env(), RECENT_RUNS) if r.get("run_id") == run_id]
+    return None if not found else str(found[-1].get("outcome") or "unknown")
+
+
+RECENT_RUNS = 5000  # runs of the history a cancel of an ended run, or a new --run-id, looks through
 
 
 class _Live(NamedTuple):
