@@ -235,6 +235,7 @@ def test_the_python_api_submits_attaches_and_cancels(state_dir: Path, runs: Star
     res = run.result(stdout_fd=-1, stderr_fd=-1)
     assert res.outcome == "cancelled" and "cancelled by slotq cancel" in res.message
     assert not live_tickets(state_dir)
+    assert run.cancel() is False, "one that has ended is not cancelled (slotq cancel exits 0 for it: nothing to do)"
     gate.touch()
 
 

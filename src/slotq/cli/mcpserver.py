@@ -5,7 +5,6 @@ the SDK installed (cli/mcp.py says how when it is not)."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from typing import Any
@@ -202,15 +201,11 @@ class Tools:
         return await self.attach_run(ctx, args, wait_for=0.0)
 
     async def cancel_run(self, ctx: Any, args: dict[str, object]) -> types.CallToolResult:
+        from slotq.client.kept import cancel
+
         run_id = t.run_id_arg(args)
         host = t.text_arg(args, "host", 255) or self.settings.host
-        from slotq.cli.cancel import EXIT_NOT_FOUND
-
-        code, out, err = await anyio.to_thread.run_sync(lambda: _slotq("cancel", run_id, *_host_args(host)))
-        if code not in (0, 1, EXIT_NOT_FOUND):
-            raise ToolError(f"slotq cancel failed: {err.strip().splitlines()[-1] if err.strip() else code}")
-        note = (err.strip() or out.strip()).splitlines()[-1] if (err.strip() or out.strip()) else ""
-        cancelled = code == 0 and f"cancelled run {run_id}" in note  # (0 also for one that had ended: nothing to do)
+        cancelled, note = await anyio.to_thread.run_sync(lambda: cancel(run_id, *_host_args(host)))
         record = {"run_id": run_id, "cancelled": cancelled, "note": note}
         text = f"run {run_id} " + ("was cancelled" if cancelled else f"was not cancelled: {note}")
         return types.CallToolResult(content=[types.TextContent(type="text", text=text)], structured_content=record)
@@ -219,7 +214,9 @@ class Tools:
         import json
 
         host = t.text_arg(args, "host", 255) or self.settings.host
-        code, out, err = await anyio.to_thread.run_sync(lambda: _slotq("status", "--json", *_host_args(host)))
+        from slotq.client.kept import slotq_child
+
+        code, out, err = await anyio.to_thread.run_sync(lambda: slotq_child("status", "--json", *_host_args(host)))
         if code != 0:
             raise ToolError(f"slotq status failed: {err.strip().splitlines()[-1] if err.strip() else code}")
         try:
@@ -240,14 +237,6 @@ def _host_args(host: str | None) -> list[str]:
     return ["--host", host] if host else []
 
 
-def _slotq(*args: str) -> tuple[int, str, str]:
-    """Another slotq command, as a child (its output captured: never on the
-    protocol's stdout)."""
-    done = subprocess.run([sys.executable, "-m", "slotq", *args], stdin=subprocess.DEVNULL, capture_output=True,
-                          timeout=120)
-    return done.returncode, done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace")
-
-
 _LATER: list[Any] = []  # the cancels of cancel_on_disconnect, joined before the server exits
 
 
@@ -256,7 +245,9 @@ def _cancel_later(run_id: str, host: str | None) -> None:
     call is being cancelled: nothing may wait for it)."""
     import threading
 
-    thread = threading.Thread(target=_slotq, args=("cancel", run_id, *_host_args(host)))
+    from slotq.client.kept import cancel
+
+    thread = threading.Thread(target=cancel, args=(run_id, *_host_args(host)))
     thread.start()
     _LATER.append(thread)
 

@@ -56,20 +56,12 @@ class KeptRun:
 
     def renew(self) -> None:
         """Start the run's lease again from now."""
-        self._slotq("attach", self.run_id, "--renew")
+        slotq_child("attach", self.run_id, "--renew")
 
     def cancel(self) -> bool:
         """Give the run up (as `slotq cancel RUN_ID`): True if it was
         cancelled, False if it had ended already or is not ours."""
-        return self._slotq("cancel", self.run_id) == 0
-
-    @staticmethod
-    def _slotq(*args: str) -> int:
-        import subprocess
-        import sys
-
-        return subprocess.run([sys.executable, "-m", "slotq", *args], stdin=subprocess.DEVNULL,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60).returncode
+        return cancel(self.run_id)[0]
 
     async def attach_async(self, timeout: float | None = None, **kw: object) -> RunResult:
         import asyncio
@@ -86,6 +78,26 @@ class KeptRun:
 
     def __repr__(self) -> str:
         return f"KeptRun({self.run_id!r})"
+
+
+def slotq_child(*args: str) -> tuple[int, str, str]:
+    """Another slotq command as a child: (exit code, stdout, stderr), its
+    output captured (never on a server's own stdout)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "slotq", *args], stdin=subprocess.DEVNULL, capture_output=True,
+                          timeout=120)
+    return done.returncode, done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace")
+
+
+def cancel(run_id: str, *host_args: str) -> tuple[bool, str]:
+    """`slotq cancel RUN_ID`: (cancelled, its last line). False for a run
+    that had ended already (exit 0, nothing to do), or is not ours."""
+    code, out, err = slotq_child("cancel", run_id, *host_args)
+    lines = (err.strip() or out.strip()).splitlines()
+    note = lines[-1] if lines else f"slotq cancel exited {code}"
+    return code == 0 and f"cancelled run {run_id}" in note, note
 
 
 def submit(what: RunSpec | list[str], *, idle: float | None = None, lease: float | None = None,
