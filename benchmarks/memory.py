@@ -152,8 +152,11 @@ def line_of(n: int, slots: int, windows: int = 2, slow: bool = True) -> dict[str
         codes = [p.wait(timeout=600) for p in procs]
         for h in holders:
             h.wait(timeout=60)
-        outcomes = [json.load(open(os.path.join(work, f"r{i}.json")))["outcome"] for i in range(n)]
-        tickets = [json.load(open(os.path.join(work, f"r{i}.json")))["ticket"] for i in range(n)]
+        # A caller that wrote no result (it failed before its end) counts
+        # as not passed, and the line is still reported.
+        records = [_result(os.path.join(work, f"r{i}.json")) for i in range(n)]
+        outcomes = [str(r.get("outcome")) for r in records]
+        tickets = [t if isinstance(t := r.get("ticket"), int) else 1 << 62 for r in records]
         started = [int(x) for x in open(order_file).read().split()]
         by_ticket = sorted(range(n), key=lambda i: tickets[i])
         inversions = sum(1 for a, b in zip(started, started[1:]) if tickets[a] > tickets[b]) if slots == 1 else None
@@ -166,6 +169,14 @@ def line_of(n: int, slots: int, windows: int = 2, slow: bool = True) -> dict[str
                 "inversions": inversions, "in_ticket_order": started == by_ticket if slots == 1 else None}
     finally:
         remove_work(work)
+
+
+def _result(path: str) -> dict[str, object]:
+    try:
+        with open(path) as f:
+            return dict(json.load(f))
+    except (OSError, ValueError):
+        return {"outcome": "no result"}
 
 
 def run(ns: tuple[int, ...] = (100, 1000), two_slots: int | None = None, windows: int = 2,

@@ -360,3 +360,31 @@ def test_a_run_that_comes_back_to_look_while_still_far_back_goes_away_again(
     assert far.wait() == 0, far.err
     assert log.read_text().split() == [f"w{i}" for i in range(AWAY_AHEAD + 1)] + ["far"]
     assert far.result()["run_id"] == info["run_id"]
+
+
+@pytest.mark.timeout(10)
+def test_the_shell_gets_its_descriptors_where_nothing_else_of_ours_is_open() -> None:
+    # It took the lowest close-on-exec descriptor below 10, ours or not:
+    # in a run that came back, that could be the runner thread's pipe from
+    # its caller. The ticket put there under it read as its caller gone;
+    # the thread withdrew the ticket, and the run came back to a place no
+    # longer in line ("cannot take back the run's place", issue 51).
+    import sys
+
+    probe = ("import os, sys\n"
+             "sys.path[:0] = sys.argv[1:2]\n"
+             "from slotq.transports.away import digits_for\n"
+             "busy = list(os.pipe()) + list(os.pipe())  # the runner thread's (close-on-exec, open)\n"
+             "ticket = os.open('/dev/null', os.O_RDONLY)\n"
+             "while ticket < 11: ticket = os.open('/dev/null', os.O_RDONLY)  # every one below 10 open\n"
+             "own, other = digits_for(ticket, ticket + 1, busy)\n"
+             "assert own not in busy and other not in busy and 3 <= own <= 9 and 3 <= other <= 9, (own, other)\n"
+             "assert digits_for(5, ticket, busy)[0] == 5  # the ticket below 10 stays where it is\n"
+             "try: digits_for(40, 41, list(range(3, 10)))\n"
+             "except OSError as e: print('refused:', e)\n")
+    import slotq
+
+    src = str(Path(slotq.__file__).resolve().parent.parent)
+    done = subprocess.run([sys.executable, "-c", probe, src], capture_output=True, text=True, timeout=10)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "refused: [Errno 0] no two descriptors below 10 to give the shell\n", done.stdout

@@ -98,8 +98,10 @@ def offer(link: CallerLink, state_dir: str, waiter: Waiter, max_wait_left: float
     # either handled (a cancel, and `stay`) or held across its exec.
     held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
     try:
+        # `busy`: what this thread selects on until the exec, which the
+        # caller must leave alone (transports/away.digits_for).
         link.event(protocol.AWAY, ticket=waiter.ticket.path, ticket_fd=waiter.ticket.fd, ahead_fd=ahead_fd,
-                   **({} if max_wait_left is None else {"max_wait_s": round(max_wait_left, 3)}))
+                   busy=link.fds(), **({} if max_wait_left is None else {"max_wait_s": round(max_wait_left, 3)}))
         while not link.stayed:
             ready, _, _ = select.select(link.fds(), [], [])
             ended = link.check(ready)

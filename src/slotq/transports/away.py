@@ -83,13 +83,13 @@ def _launcher() -> list[str]:
 
 
 def go(ticket: Ticket, ahead_fd: int, look: float, *, run_id: str, ledger: str, workdir: str, host: str,
-       stopped: list[int]) -> str:
+       stopped: list[int], busy: list[int]) -> str:
     """Exec the waiting `sh` (never returns), or say why not: a stop signal
     came first (`stopped`: the caller's list of them), or the watcher or
     the exec failed. `look`: come back after at most that many seconds
     (to look again, or at the end of --max-wait). Called in the caller's main
     thread; the runner thread has blocked the stop signals and waits for
-    `stay`."""
+    `stay` on the descriptors `busy`."""
     flock = program("flock")
     if flock is None:
         return "no flock(1)"
@@ -103,7 +103,7 @@ def go(ticket: Ticket, ahead_fd: int, look: float, *, run_id: str, ledger: str, 
 
         env = dict(os.environ)
         env.pop(ENV_STOP, None)
-        own, ahead = _free_digits()
+        own, ahead = digits_for(ticket.fd, ahead_fd, busy)
         env[ENV] = to_json({"fd": own, "path": ticket.path, "watcher": watcher})
         wait = f"{max(0.0, look):.3f}"
         for stream in (sys.stdout, sys.stderr):
@@ -129,23 +129,32 @@ def go(ticket: Ticket, ahead_fd: int, look: float, *, run_id: str, ledger: str, 
     return "exec returned"  # (never)
 
 
-def _free_digits() -> tuple[int, int]:
-    """Two descriptors from 3 to 9 (sh names descriptors by one digit) that
-    nothing holds or only we do (close-on-exec: gone at the exec anyway),
-    where the sh gets our ticket and the one to wait for. Never one a
-    program that started us passed on (a make jobserver's pipe)."""
+def digits_for(ticket_fd: int, ahead_fd: int, busy: list[int]) -> tuple[int, int]:
+    """The descriptors from 3 to 9 (sh names descriptors by one digit)
+    where the sh gets our ticket and the one to wait for: the very ones
+    they are on, if below 10 (the same file stays there), else ones that
+    are free or close-on-exec (gone at the exec anyway) -- never one a
+    program that started us passed on (a make jobserver's pipe), nor one
+    in `busy`: those the runner's thread selects on until the exec. (Its
+    caller's pipe replaced by a ticket file under it read as its caller
+    gone: the thread withdrew the ticket, and the run came back to a place
+    no longer in line, issue 51.)"""
     import fcntl
 
     usable = []
     for fd in range(3, 10):
+        if fd in busy or fd in (ticket_fd, ahead_fd):
+            continue
         try:
             if fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC:
                 usable.append(fd)
         except OSError:
             usable.append(fd)  # free
-    if len(usable) < 2:
+    own = ticket_fd if 3 <= ticket_fd <= 9 else (usable.pop(0) if usable else -1)
+    ahead = ahead_fd if 3 <= ahead_fd <= 9 else (usable.pop(0) if usable else -1)
+    if own < 0 or ahead < 0:
         raise OSError(0, "no two descriptors below 10 to give the shell")
-    return usable[0], usable[1]
+    return own, ahead
 
 
 def _place(moves: dict[int, int]) -> dict[int, int | None]:

@@ -157,7 +157,9 @@ class LocalTransport(Transport):
         from . import away
 
         ticket_fd, ahead_fd, path = ev.get("ticket_fd"), ev.get("ahead_fd"), ev.get("ticket")
-        if not isinstance(ticket_fd, int) or not isinstance(ahead_fd, int) or not isinstance(path, str):
+        busy = ev.get("busy", [])
+        if not isinstance(ticket_fd, int) or not isinstance(ahead_fd, int) or not isinstance(path, str) \
+                or not isinstance(busy, list) or not all(isinstance(fd, int) for fd in busy):
             return "a malformed away event"
         left = ev.get("max_wait_s")
         from ..host.ticket import Ticket
@@ -166,7 +168,8 @@ class LocalTransport(Transport):
         if isinstance(left, (int, float)):
             look = min(look, float(left))  # back at the end of --max-wait, to be turned away
         return away.go(Ticket(path, ticket_fd, 0, "", {}), ahead_fd, look, run_id=recorder.run_id,
-                       ledger=recorder.path, workdir=recorder.workdir, host=recorder.host, stopped=stops)
+                       ledger=recorder.path, workdir=recorder.workdir, host=recorder.host, stopped=stops,
+                       busy=busy)
 
     def keep_wait_end(self, make_closer: Callable[[], Callable[[float], None]]) -> None:
         """The runner's standby keeper (a fork of this process, in a session
