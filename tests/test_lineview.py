@@ -129,12 +129,18 @@ def test_far_back_a_report_uses_the_shared_view_and_near_the_head_works_the_line
 @pytest.mark.timeout(10)
 def test_a_view_carries_the_typical_run_and_a_malformed_one_is_left_out(tmp_path: Path) -> None:
     now = time.time()
-    lineview.write(str(tmp_path), "shared", [5, 7, 9], SLOTS, now, (123.0, 7, now - 10))
+    kinds = {"label:make check": [300.0, 4], "user:alice": [120.0, 6]}
+    lineview.write(str(tmp_path), "shared", [5, 7, 9], SLOTS, now, (123.0, 7, now - 10, kinds))
     got = lineview.read(str(tmp_path), "shared", 9, now)
-    assert got is not None and got[3] == (123.0, 7, now - 10)
+    assert got is not None and got[3] == (123.0, 7, now - 10, kinds)
     path = Path(lineview.view_path(str(tmp_path), "shared"))
+    path.write_bytes(json.dumps({"at": now, "slots": SLOTS, "typical": [60.0, 7, now]}).encode() + b"\n5 7 9\n")
+    assert lineview.read(str(tmp_path), "shared", 9, now)[3] == (60.0, 7, now, {})  # type: ignore[index]
+    many = {f"label:{i}": [1.0, 3] for i in range(lineview.MAX_KINDS + 1)}
     for bad in ([0, 7, now], [-1.0, 7, now], [60.0, -1, now], [60.0, 7.5, now], [60.0, True, now], [60.0, 7],
-                "60", [60.0, 7, "now"], [1e12, 7, now]):
+                "60", [60.0, 7, "now"], [1e12, 7, now], [60.0, 7, now, []], [60.0, 7, now, {"cmd:x": [1.0, 3]}],
+                [60.0, 7, now, {"label:x": [0, 3]}], [60.0, 7, now, {"label:x": [1.0, 0]}],
+                [60.0, 7, now, {"label:x": [1.0]}], [60.0, 7, now, many]):
         path.write_bytes(json.dumps({"at": now, "slots": SLOTS, "typical": bad}).encode() + b"\n5 7 9\n")
         got = lineview.read(str(tmp_path), "shared", 9, now)
         assert got is not None and got[:2] == (2, 3) and got[3] is None, bad  # the view serves, its ETA basis not
@@ -163,7 +169,7 @@ def test_far_back_a_report_takes_its_eta_basis_from_the_view_not_the_history(
 
     ensure_state_dir(str(state_dir))
     now = time.time()
-    lineview.write(str(state_dir), "shared", [*range(1, 21), 4242], SLOTS, now, (123.0, 7, now - 10))
+    lineview.write(str(state_dir), "shared", [*range(1, 21), 4242], SLOTS, now, (123.0, 7, now - 10, {}))
     in_r, in_w = os.pipe()
     out_r, out_w = os.pipe()
     runner = HostRunner(RunSpec(["true"], budget=30, cwd=str(tmp_path)), state_dir=str(state_dir),
@@ -200,5 +206,5 @@ def test_a_waiting_runs_eta_counts_a_run_with_two_history_lines_once(tmp_path: P
     for run_id, ran in (("slow", 100.0), ("slow", 100.0), ("a", 10.0), ("b", 10.0)):
         history.append(str(tmp_path), {"run_id": run_id, "pool": "shared", "outcome": "passed", "ran_s": ran,
                                        "phases": {"ended": now}})
-    typical, runs, _ = eta.basis(str(tmp_path), "shared", now, None, None)
+    typical, runs, _, _ = eta.basis(str(tmp_path), "shared", now, None, None)
     assert (typical, runs) == (10.0, 3)

@@ -380,3 +380,34 @@ def test_srun_options_that_break_a_run_are_named(opt: str, refused: str | None) 
 
     why = srun_option_problem(opt)
     assert (why is None) if refused is None else (why is not None and refused in why), why
+
+
+def test_an_eta_counts_each_run_as_runs_like_it_and_says_so() -> None:
+    # Every run took the pool's typical time: a 5-minute suite holding the
+    # slot was expected to free it in seconds because most runs were lints.
+    from slotq.history.eta import pool_etas
+    from slotq.procinfo import user_name
+
+    me = os.getuid()
+    records: list[dict[str, object]] = [{"label": "lint", "uid": 99999, "pool": "shared", "ran_s": 10.0}] * 10
+    records += [{"label": "suite", "uid": me, "pool": "shared", "ran_s": 300.0}] * 5
+    pool: dict[str, object] = {
+        "pool": "shared",
+        "slots": [{"slot": "shared#0", "held": True, "held_s": 60.0, "label": "suite", "user": "bob"}],
+        "waiting": [{"label": "suite", "user": "bob"}, {"label": "lint", "user": "carol"}]}
+    new = pool_etas(pool, records)
+    waiting = pool["waiting"]
+    assert isinstance(waiting, list)
+    assert waiting[0]["eta"]["s"] == 240.0  # the suite holding the slot: 300 s, 60 s of it gone
+    assert waiting[1]["eta"]["s"] == 540.0  # ... then the suite ahead
+    assert new["s"] == 550.0  # ... then the lint
+    how = waiting[1]["eta"]["how"]
+    assert "typical run 10.0s (median of the pool's last 15 run(s))" in how, how
+    assert "shared#0's holder 5m00s (median of its label's last 5 runs)" in how, how
+    assert "1 of the runs ahead by runs like them" in how, how
+    # A label with too few runs of its own: its user's, then the pool's.
+    pool["slots"] = [{"slot": "shared#0", "held": True, "held_s": 60.0, "label": "new", "user": user_name(me)}]
+    pool["waiting"] = []
+    assert pool_etas(pool, records)["s"] == 240.0
+    pool["slots"] = [{"slot": "shared#0", "held": True, "held_s": 5.0, "label": "new", "user": "nobody-here"}]
+    assert pool_etas(pool, records)["s"] == 5.0

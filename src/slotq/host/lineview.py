@@ -16,8 +16,8 @@ view that puts it NEAR or more from the head.)
 The file is trusted only as the host config cache is: this user's own
 regular file, writable by nobody else, read with limits -- a first line
 of JSON (at most MAX_HEADER bytes: when, the slots as `status.holders`
-gave them, and the pool's typical run as the writer last read it from the
-history, for the ETA), then the live tickets' numbers in line order,
+gave them, and the typical runs -- the pool's, its labels' and users' --
+as the writer last read them from the history, for the ETA), then the live tickets' numbers in line order,
 separated by spaces (at most MAX_VIEW bytes in all). Anything else is no
 view: the run works the line out itself. (The typical run spares every
 run far back its own read of the history for its first ETA: at N=300
@@ -32,6 +32,7 @@ NEAR = 8  # this close to the head (or closer), a run works its line out afresh
 MAX_AGE = 5.0  # seconds a view is used for
 MAX_HEADER = 64 * 1024
 MAX_VIEW = 4 * 1024 * 1024  # a line of ~200,000 tickets
+MAX_KINDS = 64  # labels and users with a typical run of their own (history/eta.py: at most 2 * 50 // 3)
 
 _DIGITS = b"0123456789"
 
@@ -46,7 +47,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ..history.eta import Basis as Typical  # the pool's typical run: (seconds, how many runs, when read)
+    from ..history.eta import Basis as Typical  # the typical runs: (seconds, how many runs, when read, kinds)
     from .hostqueue import Waiter
 
 
@@ -152,15 +153,32 @@ def read(state_dir: str, pool: str, seq: int, now: float
 
 
 def _typical(value: object) -> Typical | None:
-    """[seconds > 0, runs >= 0, when read] -- or None."""
-    if not isinstance(value, list) or len(value) != 3:
+    """[seconds > 0, runs >= 0, when read, (the kinds' typical runs)] -- or
+    None."""
+    if not isinstance(value, list) or len(value) not in (3, 4):
         return None
-    seconds, runs, when = value
+    seconds, runs, when = value[:3]
     if any(isinstance(v, bool) for v in value) or not isinstance(runs, int) or runs < 0:
         return None
     if not isinstance(seconds, (int, float)) or not 0 < seconds < 1e9 or not isinstance(when, (int, float)):
         return None
-    return float(seconds), runs, float(when)
+    kinds = _kinds(value[3] if len(value) == 4 else {})
+    return None if kinds is None else (float(seconds), runs, float(when), kinds)
+
+
+def _kinds(value: object) -> dict[str, list[float]] | None:
+    """{"label:..." or "user:...": [seconds > 0, runs > 0]}, of at most
+    MAX_KINDS -- or None."""
+    if not isinstance(value, dict) or len(value) > MAX_KINDS:
+        return None
+    for key, typical in value.items():
+        if not key.startswith(("label:", "user:")) or not isinstance(typical, list) or len(typical) != 2:
+            return None
+        seconds, runs = typical
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < 1e9 \
+                or isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
+            return None
+    return value
 
 
 def write(state_dir: str, pool: str, live: list[int], slots: list[dict[str, object]], now: float,
