@@ -37,6 +37,9 @@ Scenarios (see docs/performance.md, "Benchmarks"):
               N = 1000 in a two-slot pool; benchmarks/memory.py.
   remote      slotq --host against raw ssh + python + rsync over the same warm
               master, one-file and 20,000-file trees; benchmarks/remote.py.
+  binding     several hosts as one line: late binding over 4 one-slot hosts
+              against picking one at submit and one central 4-slot pool, the
+              same seeded heavy-tailed stream of callers; benchmarks/binding.py.
   history     slotq alone: a million runs in the run history (append, index
               catch-up, window queries, `slotq history`); benchmarks/history.py.
   chaos       slotq alone (the anchors' crash behaviour is the scenario above):
@@ -493,8 +496,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
                     help="fewer repetitions, no N=500 or 1000, one chaos run, two lines of waiters")
-    ap.add_argument("--only", help="comma-separated scenarios: "
-                                   "handoff,idle,order,throughput,percall,comeback,crash,waiters,remote,slurm,mcp,history,chaos")
+    ap.add_argument("--only", help="comma-separated scenarios: handoff,idle,order,throughput,percall,comeback,"
+                                   "crash,waiters,remote,binding,slurm,mcp,history,chaos")
     ap.add_argument("--chaos-callers", type=int, default=200, help="callers in the chaos scenario (default 200)")
     ap.add_argument("--tools", default="slotq,flock,sem,task-spooler")
     ap.add_argument("--reps", type=int, help="repetitions per scenario (default 5; 2 with --quick)")
@@ -583,6 +586,12 @@ def main() -> int:
         r = remote.run(5 if args.quick else 15, large=True)
         own("remote", r, remote.format_remote(r), remote.targets(r))
         lap("remote")
+    if want("binding"):
+        import binding
+
+        r = binding.run(30 if args.quick else 60)
+        own("binding", r, binding.format_binding(r), binding.targets(r))
+        lap("binding")
     if want("slurm"):
         import slurm
 
@@ -614,7 +623,7 @@ def main() -> int:
             f"({os.cpu_count()} cores), {time.time() - started:.0f} s; medians [min–max] of the repetitions",
             f"bare: `true` {bare['true_ms']:.1f} ms, `{Path(PYTHON).name} -c pass` {bare['python_ms']:.1f} ms", "",
             table({k: v for k, v in results.items()
-                   if k not in ("chaos", "slurm", "history", "remote", "waiters", "mcp")}, tools),
+                   if k not in ("chaos", "slurm", "history", "remote", "binding", "waiters", "mcp")}, tools),
             *own_text, *chaos_text, "", "targets:", *check_targets(results), *own_targets]
     notes = [f"- {t} in {s}: {e['note']}" for s, per in results.items() for t, e in per.items() if "note" in e]
     if notes:

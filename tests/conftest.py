@@ -259,6 +259,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     # a dir of this session's, so that no socket is left in /tmp.
     _RUNTIME = tempfile.mkdtemp(prefix="pytest-slotq-runtime-")
     os.environ["XDG_RUNTIME_DIR"] = _RUNTIME
+    # Nor is a config of the real user's ($XDG_CONFIG_HOME/slotq/config.toml) read.
+    os.environ["XDG_CONFIG_HOME"] = os.path.join(_RUNTIME, "config")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

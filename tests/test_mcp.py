@@ -30,7 +30,8 @@ pytestmark = pytest.mark.timeout(90)
 
 @asynccontextmanager
 async def server(tmp_path: Path, *extra: str) -> AsyncIterator[Any]:
-    env = {k: v for k, v in os.environ.items() if k.startswith("SLOTQ_") or k in ("PATH", "HOME", "LANG")}
+    env = {k: v for k, v in os.environ.items()
+           if k.startswith("SLOTQ_") or k in ("PATH", "HOME", "LANG", "SLURM_CONF")}
     params = StdioServerParameters(command=slotq_cmd()[0], args=["mcp", "--allow-dir", str(tmp_path), *extra],
                                    env=env, cwd=str(tmp_path))
     with open(tmp_path / "server.err", "w") as errlog:

@@ -170,6 +170,33 @@ def test_a_config_you_named_that_cannot_be_used_is_refused_not_replaced_by_the_d
 
 
 @pytest.mark.timeout(60)
+def test_your_config_in_xdg_config_home_is_read_as_slotq_config_is(
+        state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "xdg"
+    (home / "slotq").mkdir(parents=True)
+    mine = home / "slotq" / "config.toml"
+    mine.write_text('[defaults]\nbudget = "1s"\n')
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home))
+    proc = subprocess.run(slotq_cmd() + ["run", "-q", "--", "sleep", "5"], capture_output=True, text=True,
+                          timeout=20, cwd=tmp_path)
+    assert proc.returncode == 124, proc.stderr  # its budget, 1 s
+    # A $SLOTQ_CONFIG, when set, is used instead.
+    named = tmp_path / "named.toml"
+    named.write_text('[defaults]\nbudget = "30s"\n')
+    monkeypatch.setenv("SLOTQ_CONFIG", str(named))
+    proc = subprocess.run(slotq_cmd() + ["run", "-q", "--", "sleep", "2"], capture_output=True, text=True,
+                          timeout=20, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    monkeypatch.delenv("SLOTQ_CONFIG")
+    # Yours, others may not write: refused, never replaced by the defaults.
+    mine.chmod(0o664)
+    proc = subprocess.run(slotq_cmd() + ["run", "-q", "--", "true"], capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 78
+    assert proc.stderr == (f"slotq run: error: cannot use host config {mine}: it is writable by others "
+                           f"(mode 0664): chmod go-w it\n")
+
+
+@pytest.mark.timeout(60)
 def test_a_relative_wait_ledger_is_refused_before_anything_runs(
         state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Relative, a run in a subdirectory recorded its wait where `slotq task`

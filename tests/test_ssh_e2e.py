@@ -211,7 +211,7 @@ def test_a_second_run_reuses_the_master_connection(remote: Remote, tmp_path: Pat
 
 
 @pytest.mark.timeout(90)
-def test_several_hosts_pick_the_shortest_expected_wait_and_say_why(ssh_config: str, state_dir: Path,
+def test_spread_1_picks_the_host_with_the_shortest_expected_wait_and_says_why(ssh_config: str, state_dir: Path,
                                                                    runs: Start) -> None:
     a = Remote(ssh_config, "slotq-a")
     gate = f"/tmp/slotq-gate-multi-{a.tag}"
@@ -225,7 +225,8 @@ def test_several_hosts_pick_the_shortest_expected_wait_and_say_why(ssh_config: s
             return bool(json.loads(proc.stdout)["pools"][0]["slots"][0]["held"])
 
         wait_for(a_busy, timeout=20, what="slotq-a busy")
-        proc = subprocess.run(slotq_cmd() + ["run", "--host", "slotq-a,slotq-b", *common, "--", "true"],
+        proc = subprocess.run(slotq_cmd() + ["run", "--host", "slotq-a,slotq-b", "--spread", "1", *common, "--",
+                                             "true"],
                               capture_output=True, text=True, timeout=40)
         assert proc.returncode == 0, proc.stderr
         choice = next(line for line in proc.stderr.splitlines() if "chose host" in line)
@@ -311,6 +312,24 @@ def test_a_quiet_remote_run_says_its_command_could_not_be_started(remote: Remote
     proc = runs_in(tmp_path, remote, "--", "no-such-cmd-xyz")
     assert proc.returncode == 127
     assert "command not found: 'no-such-cmd-xyz'" in proc.stderr, proc.stderr
+
+
+@pytest.mark.timeout(60)
+def test_a_command_the_host_cannot_start_fails_before_its_line(remote: Remote, runs: Start, tmp_path: Path) -> None:
+    # Checked by the host's runner before it takes a ticket (issue 48): the
+    # host's PATH and the work dir there are what its exec would use.
+    runs(*remote.args, "--", *remote.gate_cmd(), name="holder")
+    wait_for(remote.holder_running, timeout=20, what="remote holder")
+    base = f"$HOME/st-{remote.tag}"  # the remote fixture removes it: a kept run's dir, beside the ledger, too
+    ledger = ["--remote-slotq", f"SLOTQ_STATE_DIR={base} SLOTQ_LEDGER={base}/l/ledger.sqlite slotq"]
+    for kept in ([], ["--detach"]):
+        proc = runs_in(tmp_path, remote, *ledger, *kept, "--", "no-such-cmd-xyz")
+        assert proc.returncode == 127, proc.stderr
+        assert "command not found: 'no-such-cmd-xyz'" in proc.stderr, proc.stderr
+        record = json.loads(proc.stdout.splitlines()[-1])
+        assert (record["outcome"], record["command_exit_code"], record["ticket"]) == ("failed", 127, None), record
+        assert remote.shared()["waiting"] == [] and remote.holder_running()
+    remote.ssh(f"touch {remote.gate()}")
 
 
 @pytest.mark.timeout(60)

@@ -2,6 +2,7 @@
 
 State directory: `$SLOTQ_STATE_DIR`, else `$XDG_STATE_HOME/slotq/host`, else
 `~/.local/state/slotq/host`. Host config (TOML): `$SLOTQ_CONFIG`, else
+yours (`$XDG_CONFIG_HOME/slotq/config.toml`: `user_config`), else
 `host.toml` in the state directory; absent means the defaults:
 
     [pools]            # pool name -> number of slots
@@ -25,6 +26,9 @@ State directory: `$SLOTQ_STATE_DIR`, else `$XDG_STATE_HOME/slotq/host`, else
                        # as a shell (about 0.35 MB instead of 6): host/away.py
     away_look = "5m"   # ... and look again this often (1s-1d); still far back,
                        # they go away again
+
+    [groups]           # optional: hosts to wait on as one line, `--host @ci`
+    ci = ["ci1", "ci2", "ci3"]
 
     [slurm]            # optional: `slotq run --slurm` (transports/slurm/)
     slotq = "/opt/slotq/bin/slotq"   # slotq on the nodes (default: this one, by path)
@@ -119,11 +123,23 @@ def xdg_state_home(env: dict[str, str] | os._Environ[str] | None = None) -> str:
     return xdg
 
 
+def user_config() -> str | None:
+    """Your own config file, if you have one: $XDG_CONFIG_HOME/slotq/config.toml
+    (else ~/.config/slotq/config.toml; a relative XDG_CONFIG_HOME is ignored,
+    as the XDG spec asks). It is read as a `$SLOTQ_CONFIG` is, which, when
+    set, is used instead."""
+    xdg = os.environ.get("XDG_CONFIG_HOME")
+    if not xdg or not os.path.isabs(xdg):
+        xdg = os.path.join(os.path.expanduser("~"), ".config")
+    path = os.path.join(xdg, "slotq", "config.toml")
+    return path if os.path.lexists(path) else None
+
+
 class HostConfig:
     """Pools, class -> pool mapping and host defaults."""
 
     __slots__ = ("pools", "classes", "budget", "kill_grace", "prepare_timeout", "path", "max_waiting",
-                 "max_waiting_per_user", "warnings", "slurm", "retention", "wait_away", "away_look")
+                 "max_waiting_per_user", "warnings", "slurm", "retention", "wait_away", "away_look", "groups")
 
     def __init__(
         self,
@@ -152,8 +168,9 @@ class HostConfig:
         self.warnings: list[str] = []  # e.g. a config file ignored as untrusted
         self.slurm = slurm or SlurmConfig()
         self.retention = retention  # how long the run history is kept, seconds
-        self.wait_away = wait_away  # [waiting] away (host/away.py)
-        self.away_look = away_look  # [waiting] away_look: how long a run waits away before it looks again
+        # [waiting] away (host/away.py), away_look: how long a run waits away before it looks again
+        self.wait_away, self.away_look = wait_away, away_look
+        self.groups: dict[str, list[str]] = {}  # [groups] name -> hosts, `--host @name` (_from_dict sets it)
         where = f"host config {path}: " if path else ""
         for cls, pool in self.classes.items():
             if pool not in self.pools:
@@ -178,9 +195,11 @@ class HostConfig:
     def load(cls, path: str | None = None, state_dir: str | None = None) -> "HostConfig":
         """Read the host config; the defaults when no file exists.
 
-        Only a trusted file is used: a regular file owned by root or by the
-        state directory's owner (or, for `$SLOTQ_CONFIG` or an explicit
-        path, by you), writable by nobody else. The state dir's host.toml
+        Which: `path`, else `$SLOTQ_CONFIG`, else yours (`user_config`),
+        else the state directory's host.toml. Only a trusted file is used:
+        a regular file owned by root or by the state directory's owner (or,
+        for one of yours or an explicit path, by you), writable by nobody
+        else. The state dir's host.toml
         is otherwise ignored, with a warning in `.warnings` naming the file
         and why (another user may have planted it); a file you named is a
         ConfigError.
@@ -188,12 +207,11 @@ class HostConfig:
         Raises ConfigError (with `.path`) for unreadable or invalid files.
         """
         state_dir = state_dir or state_dir_from_env()
-        from_env = path is None and bool(os.environ.get("SLOTQ_CONFIG"))
-        explicit = path is not None or from_env
-        if path is None:
-            path = os.environ.get("SLOTQ_CONFIG") or os.path.join(state_dir, "host.toml")
+        yours = None if path is not None else (os.environ.get("SLOTQ_CONFIG") or user_config())
+        explicit = path is not None or yours is not None
+        path = path or yours or os.path.join(state_dir, "host.toml")
         config = cls._read(path, state_dir, explicit)
-        if from_env:
+        if yours is not None:
             config._agree_with_host(path, state_dir)
         return config
 
@@ -218,9 +236,12 @@ class HostConfig:
         for pool, slots in sorted(host.pools.items()):
             mine = self.pools.get(pool)
             if mine is not None and mine != slots:
-                raise ConfigError(f"$SLOTQ_CONFIG ({path}) gives pool {pool!r} {mine} slot(s), this host's own "
-                                  f"config ({own}) {slots}: runs that disagree would hold its slots at once. "
-                                  "Unset SLOTQ_CONFIG, or make the two agree", path)
+                named = os.environ.get("SLOTQ_CONFIG") == path
+                raise ConfigError(f"{'$SLOTQ_CONFIG' if named else 'your config'} ({path}) gives pool {pool!r} "
+                                  f"{mine} slot(s), this host's own config ({own}) {slots}: runs that disagree "
+                                  f"would hold its slots at once. "
+                                  f"{'Unset SLOTQ_CONFIG' if named else 'Remove its [pools]'}, or make the two agree",
+                                  path)
         self.max_waiting = _tighter(self.max_waiting, host.max_waiting)
         self.max_waiting_per_user = _tighter(self.max_waiting_per_user, host.max_waiting_per_user)
 
@@ -281,7 +302,7 @@ class HostConfig:
 
     @classmethod
     def _from_dict(cls, data: dict[str, object], path: str | None) -> "HostConfig":
-        unknown = set(data) - {"pools", "classes", "defaults", "admission", "slurm", "history", "waiting"}
+        unknown = set(data) - {"pools", "classes", "defaults", "admission", "slurm", "history", "waiting", "groups"}
         if unknown:
             raise ConfigError(f"host config {path}: unknown section(s) {sorted(unknown)}", path)
         pools_raw = data.get("pools", DEFAULT_POOLS)
@@ -352,9 +373,28 @@ class HostConfig:
             raise ConfigError(f"host config {path}: {e}", path) from None
         if away_look < 1.0:
             raise ConfigError(f"host config {path}: [waiting] away_look must be at least 1s", path)
-        return cls(pools, dict(classes_raw), path=path, slurm=slurm, retention=retention,
-                   wait_away=bool(waiting.get("away", True)), away_look=away_look,
-                   **values, **limits)  # type: ignore[arg-type]
+        config = cls(pools, dict(classes_raw), path=path, slurm=slurm, retention=retention,
+                     wait_away=bool(waiting.get("away", True)), away_look=away_look,
+                     **values, **limits)  # type: ignore[arg-type]
+        config.groups = _groups(data.get("groups", {}), path)
+        return config
+
+
+def _groups(raw: object, path: str | None) -> dict[str, list[str]]:
+    """[groups]: name -> a list of hosts (`--host @name`); ConfigError if not."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"host config {path}: [groups] must map group names to lists of hosts", path)
+    groups: dict[str, list[str]] = {}
+    for name, hosts in raw.items():
+        if not _is_name(name):
+            raise ConfigError(f"host config {path}: group name {name!r} must be 1-64 letters, digits, - or _", path)
+        if not isinstance(hosts, list) or not hosts or len(hosts) > 64 or not all(
+                isinstance(h, str) and h and not h.startswith(("-", "@")) and "," not in h and len(h) <= 255
+                for h in hosts):
+            raise ConfigError(f"host config {path}: group {name!r} must be a list of 1-64 host names "
+                              "(as ssh knows them)", path)
+        groups[name] = list(dict.fromkeys(hosts))
+    return groups
 
 
 # srun options that would break how slotq runs a job: one task, whose input

@@ -48,6 +48,7 @@ EXITED = "exited"
 ERROR = "error"
 AWAY = "away"  # local runs only: the caller may wait away (host/away.py)
 DETACHED = "detached"  # a kept run's attacher leaves, the run goes on (host/kept.py)
+OFFERED = "offered"  # a late-bound reservation has a slot: `go` or `pass`? (transports/bound.py)
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -93,12 +94,13 @@ _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     EXITED: {"outcome": (str,), "exit_code": _OPT_INT, "signal": _OPT_INT, "message": (str,), "phases": (dict,),
              "not_started": (bool,)},
     ERROR: {"kind": (str,), "message": (str,)},
-    AWAY: {"ticket": (str,), "ticket_fd": (int,), "ahead_fd": (int,), "max_wait_s": _NUM},
+    AWAY: {"ticket": (str,), "ticket_fd": (int,), "ahead_fd": (int,), "max_wait_s": _NUM, "busy": (list,)},
     DETACHED: {"run_id": (str,), "phase": (str,), "position": (int,), "ran_s": _NUM, "lease_s": _NUM},
+    OFFERED: {"slot": (str,), "ticket": _OPT_INT},
 }
 _REQUIRED = {HELLO: ("protocol",), QUEUED: (), SLOT: ("slot",), PREPARED: ("ok",), STARTED: (),
              EXITED: ("outcome",), ERROR: ("message",),
-             AWAY: ("ticket", "ticket_fd", "ahead_fd"), DETACHED: ("run_id", "phase")}
+             AWAY: ("ticket", "ticket_fd", "ahead_fd"), DETACHED: ("run_id", "phase"), OFFERED: ("slot",)}
 
 
 def _finite(x: float) -> bool:

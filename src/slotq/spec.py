@@ -41,12 +41,13 @@ class RunSpec:
 
     __slots__ = ("argv", "cls", "budget", "prepare", "prepare_timeout", "label",
                  "report_every", "kill_grace", "cwd", "env", "run_id", "work_id", "max_wait", "quiet", "submitted",
-                 "kept")
+                 "kept", "bind")
 
     # What travels to a remote runner (`slotq host run --request-stdin`).
     _REQUEST = ("argv", "cls", "budget", "prepare", "prepare_timeout", "label", "report_every",
-                "kill_grace", "run_id", "work_id", "cwd", "max_wait", "quiet", "submitted")
-    _OPTIONAL = ("submitted",)  # sent only when set: a host of an older slotq refuses a field it does not know
+                "kill_grace", "run_id", "work_id", "cwd", "max_wait", "quiet", "submitted", "bind")
+    # Sent only when set: a host of an older slotq refuses a field it does not know.
+    _OPTIONAL = ("submitted", "bind")
 
     def __init__(
         self,
@@ -75,14 +76,14 @@ class RunSpec:
         self.label = valid_text(label or _default_label(argv))  # argv need not be UTF-8; the label goes to SQLite
         self.report_every = report_every
         self.kill_grace = kill_grace
-        self.cwd = cwd
-        self.env = env
+        self.cwd, self.env = cwd, env
         self.run_id = run_id or new_run_id()
         self.work_id = work_id  # a synced work dir on a remote host (instead of cwd)
         self.max_wait = max_wait
         self.quiet = quiet
         self.submitted = submitted  # if before its runner started (a Slurm job waits in Slurm's line first)
         self.kept: float | None = None  # a kept run's lease (client/standin.py), for `slotq status`; not sent
+        self.bind: list[str] | None = None  # late-bound (transports/bound.py): the other hosts it waits on
 
     def to_request(self) -> bytes:
         """One JSON line. Arguments are JSON strings: no shell sees them.
@@ -144,16 +145,23 @@ class RunSpec:
             if v is not None and (not isinstance(v, str) or not (v.isascii() and v.isalnum())
                                   or not low <= len(v) <= 64):
                 raise ValueError(f"{key} must be {low}..64 letters and digits")
+        bind = data.pop("bind", None)
+        if bind is not None and (not isinstance(bind, list) or len(bind) > MAX_BIND or not all(
+                isinstance(h, str) and 0 < len(h) <= 255 and h.isprintable() for h in bind)):
+            raise ValueError(f"bind must be a list of at most {MAX_BIND} host names")
         cwd = data.get("cwd")
         if cwd is not None:
             if not isinstance(cwd, str) or not cwd.startswith("/") or "\0" in cwd or len(cwd) > 4096:
                 raise ValueError("cwd must be an absolute path")
             if data.get("work_id") is not None:
                 raise ValueError("a request names a work_id or a cwd, not both")
-        return cls(argv, **data)
+        spec = cls(argv, **data)
+        spec.bind = bind
+        return spec
 
 
 MAX_REQUEST = 4 * 1024 * 1024
+MAX_BIND = 64  # hosts a late-bound run waits on besides this one
 
 
 def _default_label(argv: list[str]) -> str:

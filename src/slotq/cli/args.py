@@ -195,14 +195,32 @@ def bounded_text(limit: int, blank: str | None = None) -> Callable[[str], str]:
 def host_names(text: str) -> str:
     """HOST[,HOST...] as `a,b`: blanks, empty names and repeats dropped, at
     least one left (`--host "$HOST"` with HOST unset must not run here
-    instead), none that ssh would read as an option."""
-    hosts = list(dict.fromkeys(h.strip() for h in text.split(",") if h.strip()))
+    instead), none that ssh would read as an option; `@name`: the hosts of
+    group `name` in your config ([groups])."""
+    hosts: list[str] = []
+    for h in (h.strip() for h in text.split(",")):
+        if h.startswith("@"):
+            hosts += _group(h[1:])
+        elif h:
+            hosts.append(h)
+    hosts = list(dict.fromkeys(hosts))
     if not hosts:
         raise ValueError("no host named")
     for h in hosts:
         if h.startswith("-"):
             raise ValueError(f"not a host name: {h!r}")
     return ",".join(hosts)
+
+
+def _group(name: str) -> list[str]:
+    from slotq.config import HostConfig
+
+    config = HostConfig.load()
+    if name not in config.groups:
+        known = ", ".join("@" + g for g in sorted(config.groups)) or "none"
+        where = config.path or "your config ($XDG_CONFIG_HOME/slotq/config.toml)"
+        raise ValueError(f"no host group {name!r} in {where} ([groups]; known: {known})")
+    return config.groups[name]
 
 
 def _a_command(text: str) -> str:

@@ -71,6 +71,11 @@ def main(args: list[str]) -> int:
             code = code or 1
             continue
         except (ConnectionRefusedError, FileNotFoundError):
+            from slotq.host.kept import in_slurm
+
+            if in_slurm(run_id):  # kept here, run as a Slurm job (`run --slurm --detach`)
+                code = _slurm([run_id], None, False) or code
+                continue
             ended = ended_run(run_id)
             if ended is not None:  # nothing to do, as scancel of a finished job
                 _say(f"slotq cancel: run {run_id} has already ended ({ended}): nothing to cancel")

@@ -5,7 +5,8 @@
 starts the run's own process (a new session: it outlives this one and the
 caller; client/standin.py) and then attaches to it, as `host attach` does:
 the stream on stdout until the run ends, `--attach-for` passes, or (with
-`--detach`) the run has its place.
+`--detach`) the run has its place. The run's process carries the run here,
+or (`--slurm`) is the caller of its Slurm job.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import os
 import time
 
-from slotq.cli.args import FLAG, Opt, Parser, duration, positive_int
+from slotq.cli.args import FLAG, Opt, Parser, duration, positive_int, slurm_options
 from slotq.errors import UsageError
 
 TYPE_CHECKING = False
@@ -36,6 +37,7 @@ KEEP = Parser(
                                             "tree transfer) before the run is kept; anything else: nothing is"),
         Opt("--waits-by-caller", kind=FLAG, help="the caller's machine records the run's wait (a remote "
                                                  "caller: this host's wait ledger is not its)"),
+        *slurm_options(),
     ],
 )
 
@@ -66,7 +68,8 @@ def keep(args: list[str]) -> int:
     terms = {"request": from_json(spec.to_request().decode(), 6), "lease_s": opts.lease or kept.LEASE_S,
              "log_max": opts.log_max or kept.KEPT_MAX_BYTES, "idle": opts.idle, "credit_dir": opts.credit_dir,
              "queued_since": spec.submitted or time.time(), "kill_grace": spec.kill_grace,
-             "ledger": not opts.waits_by_caller}
+             "ledger": not opts.waits_by_caller,
+             "slurm": list(opts.slurm_option or []) if opts.slurm else None}
     kept.write_file(os.path.join(path, "request"), kept.to_json_line(terms))
     kept.renew(path)
     _start(path, spec, terms)

@@ -18,7 +18,7 @@ from slotq.cli.args import FLAG, Opt, Parser, duration
 ENV_ALLOW = "SLOTQ_MCP_ALLOW_DIRS"  # the allowed work dirs, ':'-separated (as --allow-dir)
 
 PARSER = Parser(
-    prog="slotq mcp", usage="slotq mcp [--allow-dir DIR]... [--host H] [--class C] [--budget D] [--lease D]",
+    prog="slotq mcp", usage="slotq mcp [--allow-dir DIR]... [--host H | --slurm] [--class C] [--budget D] [--lease D]",
     description="Serve slotq to an agent's harness over the Model Context Protocol (stdio): tools run_command, "
                 "attach_run, run_result, cancel_run and queue_status. A run that has not ended within a call's "
                 "wait_for (default 50 s) is left in line, in its place, and attach_run comes back to it; a "
@@ -29,6 +29,8 @@ PARSER = Parser(
             help=f"runs may use DIR or a directory below it as their work dir (repeatable; default: "
                  f"${ENV_ALLOW}, ':'-separated, else the directory the server starts in)"),
         Opt("--host", metavar="HOST", help="run on HOST over OpenSSH by default (default: this machine)"),
+        Opt("--slurm", kind=FLAG, help="run on the Slurm cluster by default, as $SLOTQ_BACKEND=slurm does (a "
+                                       "call's host still goes to that host)"),
         Opt("--class", dest="cls", metavar="CLASS", help="the runs' class by default (default: shared)"),
         Opt("--budget", metavar="D", convert=duration(), help="the runs' budget by default (default: the host's)"),
         Opt("--lease", metavar="D", convert=duration(),
@@ -47,6 +49,10 @@ def main(args: list[str]) -> int:
     from slotq.cli.mcptools import WAIT_FOR, Settings
     from slotq.errors import UsageError
 
+    if opts.slurm and opts.host:
+        raise UsageError("--slurm and --host name two different places: choose one")
+    if opts.slurm:
+        os.environ["SLOTQ_BACKEND"] = "slurm"  # for this server's runs and the slotq commands it runs
     allowed = opts.allow_dir or [d for d in os.environ.get(ENV_ALLOW, "").split(":") if d] or [os.getcwd()]
     for d in allowed:
         if not os.path.isdir(d):

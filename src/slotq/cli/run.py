@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from slotq.cli.args import (FLAG, RUN_OPTIONS, JsonResult, Namespace, Opt, Parser, check_dir, current_dir, duration,
-                            host_options, slurm_options, ssh_transport, use_slurm, byte_size)
+                            host_options, positive_int, slurm_options, ssh_transport, use_slurm, byte_size)
 from slotq.errors import UsageError
 
 TYPE_CHECKING = False
@@ -90,7 +90,11 @@ PARSER = Parser(
         Opt("--log-max", metavar="SIZE", convert=byte_size,
             help="a kept run's output is logged for attachers up to SIZE (e.g. 64M, the default); past it "
                  "the middle is dropped, its head and tail kept"),
-        *host_options(),
+        *host_options(several="several: a place in every host's line, the first slot won is taken "
+                              "(the others are withdrawn at once), and the work tree goes there"),
+        Opt("--spread", metavar="N", convert=positive_int, needs=("--host", "says over how many hosts"),
+            help="with several --host: wait on the N of them with the shortest expected wait (default: all; "
+                 "1: pick one host and stay there)"),
         *slurm_options(),
         Opt("--sync", metavar="MODE", default="rsync", choices=("rsync", "none"),
             needs=("--host", "says how the work tree reaches --host"),
@@ -150,6 +154,8 @@ def main(args: list[str]) -> int:
     cwd = str(spec.cwd)
     json_result = JsonResult(opts.json)  # a bad --json path is a usage error before the run joins the line
     if local is not None and not local.came_back and not spec.prepare:
+        from slotq.host.child import unrunnable
+
         problem = unrunnable(command[0], cwd)
         if problem is not None:  # a typo fails now, not after its turn in line
             return CannotStart(spec, problem).tell(json_result)
@@ -204,10 +210,15 @@ def _kept(opts: Namespace, command: list[str]) -> int:
         return e.tell(json_result)
     try:
         result = run(spec, transport, status=say, handle_sigint=True)
+        left = result.outcome is Outcome.DETACHED
+        if opts.quiet and result.said_when_quiet and not (left and opts.detach):  # (--detach: the id on stdout)
+            from slotq.client.result import summary_line
+
+            _stderr_line(summary_line(result))
         json_result.write(result.to_json, open_line=result.open_line)
     finally:
         json_result.discard()
-    if opts.detach and result.outcome is Outcome.DETACHED:
+    if opts.detach and left:
         os.write(1, f"{result.run_id}\n".encode())
         return 0
     return result.exit_code
@@ -222,9 +233,7 @@ def kept_call(opts: Namespace, command: list[str], cwd: str | None = None) -> tu
 
     from slotq.transports.kept import KeptTransport, keep_args, over_ssh
 
-    if use_slurm(opts):
-        raise UsageError("--detach, --attach-for, --lease and --log-max keep a run on this machine or over ssh "
-                         "(--host), not in Slurm yet")
+    slurm = use_slurm(opts)
     if opts.detach and opts.attach_for is not None:
         raise UsageError("--detach leaves at once, --attach-for after a while: give one of them")
     if not opts.detach and opts.attach_for is None:
@@ -234,24 +243,40 @@ def kept_call(opts: Namespace, command: list[str], cwd: str | None = None) -> tu
             raise UsageError("--sync is for --host")
         from slotq.config import HostConfig
 
-        known = HostConfig.load().classes
-        if opts.cls not in known:
-            raise UsageError(f"unknown class {opts.cls!r} (this host knows: {', '.join(sorted(known))})")
+        config = HostConfig.load()
+        if slurm:
+            from slotq.transports.slurm import SlurmTransport
+
+            SlurmTransport(config).job_for(opts.cls)  # an unmapped class: exit 64 before anything is kept
+        elif opts.cls not in config.classes:
+            known = ", ".join(sorted(config.classes))
+            raise UsageError(f"unknown class {opts.cls!r} (this host knows: {known})")
     spec = _spec(opts, command, opts.report_every)
     spec.cwd = cwd or spec.cwd
-    problem = None if opts.host or opts.prepare else unrunnable(command[0], str(spec.cwd))
+    from slotq.host.child import unrunnable
+
+    # Over ssh, the host checks it before its ticket (host/runner.py); in
+    # Slurm, a node may have programs this machine has not: its exec says.
+    problem = None if opts.host or slurm or opts.prepare else unrunnable(command[0], str(spec.cwd))
     if problem is not None:
         raise CannotStart(spec, problem)
     spec.submitted = time.time()
     terms = keep_args(opts.lease, opts.log_max, opts.idle, os.path.realpath(opts.credit_dir or str(spec.cwd)),
-                      opts.attach_for, opts.detach)
+                      opts.attach_for, opts.detach, slurm_options=list(opts.slurm_option or []) if slurm else None)
     transport: Transport = KeptTransport(terms, send_request=True)
     if opts.host:
+        if "," in opts.host and opts.spread != 1:
+            raise UsageError("a kept run (--detach, --attach-for) waits on one host, not late-bound over "
+                             "several: give one --host, or --spread 1 to pick one")
         if opts.sync == "rsync":
             from slotq.transports.ssh import check_work_tree
 
             check_work_tree(str(spec.cwd))
-        transport = over_ssh(_remote(opts), terms)
+        from slotq.transports.ssh import SshTransport
+
+        remote = _remote(opts)
+        assert isinstance(remote, SshTransport)  # one host (above)
+        transport = over_ssh(remote, terms)
     return spec, transport
 
 
@@ -267,32 +292,6 @@ def check_new_run_id(run_id: str) -> None:
     ended = ended_run(run_id)
     if ended is not None:
         raise UsageError(f"--run-id {run_id}: a run with that id has already run here ({ended}); give a new one")
-
-
-def unrunnable(program: str, cwd: str, path: str | None = None) -> int | None:
-    """Why the command `program` cannot start here, as execvp would find
-    it (a name searched in `path`, default $PATH; one with a slash taken
-    relative to `cwd`): ENOENT, EACCES (a directory, or no execute right),
-    or None if it can. Checked before a local run joins the line (a
-    `--prepare` step may make the program: not then)."""
-    import errno
-    import stat
-
-    if "/" in program:
-        candidates = [os.path.join(cwd, program)]
-    else:
-        dirs = (os.environ.get("PATH", "/usr/bin:/bin") if path is None else path).split(":")
-        candidates = [os.path.join(cwd if not d else os.path.join(cwd, d), program) for d in dirs]
-    found = errno.ENOENT
-    for candidate in candidates:
-        try:
-            st = os.stat(candidate)
-        except OSError:
-            continue
-        if stat.S_ISREG(st.st_mode) and os.access(candidate, os.X_OK):
-            return None
-        found = errno.EACCES  # there, but not a program we may run: execvp goes on, then says so
-    return found
 
 
 class CannotStart(Exception):
@@ -368,41 +367,53 @@ def _cancelled_while_choosing(opts: Namespace, spec: "RunSpec", signum: int) -> 
     return result.exit_code
 
 
-def _remote(opts: Namespace) -> "SshTransport":
+def _remote(opts: Namespace) -> "Transport":
+    """The transport to --host: one host; several, late-bound over the
+    --spread best of them (transports/bound.py), or one chosen now."""
     hosts = opts.host.split(",")  # names checked as the options were read (args.host_names)
-    host = hosts[0]
-    if len(hosts) > 1:
-        from slotq.client.choose import describe_choice, rank_hosts
-        from slotq.transports.ssh import SshHost
+    spread = len(hosts) if opts.spread is None else opts.spread
+    if len(hosts) > 1 and spread < len(hosts):
+        hosts = _best_hosts(opts, hosts, spread)
+    if len(hosts) == 1:
+        return ssh_transport(opts, hosts[0], sync=opts.sync)
+    from slotq.transports.bound import LateBound
 
-        def fetch(h: str) -> dict[str, object]:
-            return SshHost(h, config=opts.ssh_config, options=opts.ssh_option,
-                           remote_slotq=opts.remote_slotq).status_snapshot()
+    return LateBound([ssh_transport(opts, h, sync=opts.sync) for h in hosts])
 
-        from slotq import signals
-        from slotq.transports.proc import end_all
 
-        stops: list[int] = []
+def _best_hosts(opts: Namespace, hosts: list[str], n: int) -> list[str]:
+    """The `n` hosts with the shortest expected wait, asked now (the
+    choice said in one line, even with -q)."""
+    from slotq.client.choose import describe_choice, rank_hosts
+    from slotq.transports.ssh import SshHost
 
-        def stop(signum: int, frame: object) -> None:
-            # The hosts' ssh end now; their threads return, and the run is
-            # cancelled once they have (not from inside a thread's wait).
-            stops.append(signum)
-            end_all()
+    def fetch(h: str) -> dict[str, object]:
+        return SshHost(h, config=opts.ssh_config, options=opts.ssh_option,
+                       remote_slotq=opts.remote_slotq).status_snapshot()
 
-        if signals.early:  # a stop signal while slotq started: no host is asked
-            raise _ChoiceStopped(signals.early[0])
-        held = signals.catch_stops(stop)
-        try:
-            ranked = rank_hosts(hosts, opts.cls, fetch)
-        finally:
-            for sig, handler in held.items():
-                signals.signal(sig, handler)  # type: ignore[arg-type]
-        if stops:
-            raise _ChoiceStopped(stops[0])
-        host = ranked[0][1]
-        _stderr_line(describe_choice(ranked))  # the choice is always said, even with -q
-    return ssh_transport(opts, host, sync=opts.sync)
+    from slotq import signals
+    from slotq.transports.proc import end_all
+
+    stops: list[int] = []
+
+    def stop(signum: int, frame: object) -> None:
+        # The hosts' ssh end now; their threads return, and the run is
+        # cancelled once they have (not from inside a thread's wait).
+        stops.append(signum)
+        end_all()
+
+    if signals.early:  # a stop signal while slotq started: no host is asked
+        raise _ChoiceStopped(signals.early[0])
+    held = signals.catch_stops(stop)
+    try:
+        ranked = rank_hosts(hosts, opts.cls, fetch)
+    finally:
+        for sig, handler in held.items():
+            signals.signal(sig, handler)  # type: ignore[arg-type]
+    if stops:
+        raise _ChoiceStopped(stops[0])
+    _stderr_line(describe_choice(ranked, n))  # the choice is always said, even with -q
+    return [host for _, host, _ in ranked[:n]]
 
 
 def _stderr_line(line: str) -> None:

@@ -477,8 +477,13 @@ class _Call:
                 self.transport.go_away(ev, recorder=self._recorder, stops=self.stops)  # returns only if we stay
             _write_line(self.to_fd, "stay")
         elif name == protocol.SLOT:
+            if self.result.host != self.transport.host:  # late-bound over several hosts (transports/bound.py)
+                self.result.host = self.transport.host
+                self.result.transport = self.transport.describe()  # the one that won, and its transfer
+                self.say(f"slotq: host {self.result.host} gave the first slot: the run goes there, its places "
+                         f"in the other lines withdrawn")
             now = clock.wall()
-            end = _wait_end(ev, self.queue_wall, now, self.transport.remote)
+            end = self.transport.slot_seen or _wait_end(ev, self.queue_wall, now, self.transport.remote)
             if self._recorder is not None:
                 self._recorder.close(end)
             self.beat_at = INF
@@ -536,7 +541,8 @@ def _check_sequence(ev: dict[str, object], seen: set[str]) -> None:
         raise ProtocolError(f"the host runner's stream began with {name!r}, not hello")
     if protocol.EXITED in seen:
         raise ProtocolError("the host runner sent more after its final event")
-    if name == protocol.EXITED and Outcome(str(ev["outcome"])) in _RAN and protocol.STARTED not in seen:
+    if name == protocol.EXITED and Outcome(str(ev["outcome"])) in _RAN and protocol.STARTED not in seen \
+            and not (ev["outcome"] == "failed" and ev.get("not_started") is True):  # (127/126, found before its turn)
         raise ProtocolError(f"the host runner reported {ev['outcome']!r} for a command it never showed starting")
     seen.add(name)
 
@@ -642,6 +648,8 @@ def _on_event(ev: dict[str, object], result: RunResult, dogs: Watchdogs,
         message = printable(ev.get("message") or "error", 2000)
         if ev.get("kind") == "usage":
             raise UsageError(message)
+        if ev.get("kind") == "worktree":  # (late binding: the winner's transfer, transports/bound.py)
+            raise WorkTreeError(message)
         if ev.get("kind") == "state":
             # The host's state directory is unusable (missing, full, read-only,
             # an odd file in it): exit 73, as documented.

@@ -37,13 +37,20 @@ def expected_wait(snapshot: dict[str, object], cls: str, default_run: float = DE
     return eta.expected_wait(slots, waiting, typical), why
 
 
-def describe_choice(ranked: list[tuple[float, str, str]]) -> str:
-    """One line: the chosen host and why, then the others."""
+def describe_choice(ranked: list[tuple[float, str, str]], n: int = 1) -> str:
+    """One line: the `n` chosen hosts and why, then the others."""
+    def one(w: float, h: str, y: str) -> str:
+        return f"{h}: {'unavailable' if w == float('inf') else '~' + format_duration(w)} ({y})"
+
     best_wait, best, why = ranked[0]
-    line = f"slotq: chose host {best}: expected wait {format_duration(best_wait)} ({why})"
-    others = [f"{h}: {'unavailable' if w == float('inf') else '~' + format_duration(w)} ({y})"
-              for w, h, y in ranked[1:]]
-    return line + ("; " + "; ".join(others) if others else "")
+    if n == 1:
+        line, sep = f"slotq: chose host {best}: expected wait {format_duration(best_wait)} ({why})", "; "
+    else:
+        line = (f"slotq: waiting on {', '.join(h for _, h, _ in ranked[:n])}, the first slot won taken: "
+                + "; ".join(one(*r) for r in ranked[:n]))
+        sep = "; not on "
+    others = [one(*r) for r in ranked[n:]]
+    return line + sep + "; ".join(others) if others else line
 
 
 def rank_hosts(hosts: list[str], cls: str, fetch: "Fetch") -> list[tuple[float, str, str]]:

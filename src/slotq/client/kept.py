@@ -101,12 +101,13 @@ def cancel(run_id: str, *host_args: str) -> tuple[bool, str]:
 
 
 def submit(what: RunSpec | list[str], *, idle: float | None = None, lease: float | None = None,
-           log_max: int | None = None, credit_dir: str | None = None) -> KeptRun:
+           log_max: int | None = None, credit_dir: str | None = None, slurm: bool = False) -> KeptRun:
     """Take a place in line on this machine for `what` (a RunSpec: its
-    class, budget, label, work dir...; or just a command line), kept for
-    `lease` seconds without an attacher (default 15 min), and return once
-    the place is real. Raises UsageError if the host refuses the request
-    (an unknown class), SlotqError if the run could not be kept."""
+    class, budget, label, work dir...; or just a command line) -- or, with
+    `slurm`, in the Slurm cluster's (a job; its caller kept here) -- kept
+    for `lease` seconds without an attacher (default 15 min), and return
+    once the place is real. Raises UsageError if the host refuses the
+    request (an unknown class), SlotqError if the run could not be kept."""
     from ..errors import SlotqError
     from ..transports.kept import KeptTransport
     from .caller import run
@@ -116,7 +117,7 @@ def submit(what: RunSpec | list[str], *, idle: float | None = None, lease: float
     spec.submitted = time.time()
     transport = KeptTransport.keep(lease=lease, log_max=log_max, idle=idle,
                                    credit_dir=os.path.realpath(credit_dir or spec.cwd), attach_for=None,
-                                   detach=True)
+                                   detach=True, slurm_options=[] if slurm else None)
     result = run(spec, transport, stdout_fd=-1, stderr_fd=-1)
     if result.outcome is not Outcome.DETACHED and result.phases["slot"] is None:
         raise SlotqError(f"the run could not be kept: {result.message or result.outcome.value}")

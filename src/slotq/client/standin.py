@@ -32,6 +32,7 @@ from .watchdogs import Watchdogs
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from ..config import HostConfig
     from ..host.inotify import Watcher
     from ..spec import RunSpec
 
@@ -179,21 +180,51 @@ def _watch(path: str) -> Watcher | None:
 
 
 def run_kept(path: str, spec: RunSpec, terms: dict[str, object]) -> None:
-    """The kept run's process: the runner in this thread, the stand-in in
-    another; returns when both are done."""
-    import _thread
-
+    """The kept run's process: the run's carrier -- this host's runner, or
+    (terms["slurm"]: its srun options) the srun of its Slurm job -- and the
+    stand-in reading its stream; returns when both are done."""
     from ..config import HostConfig, state_dir_from_env
-    from ..host.runner import HostRunner
 
     state_dir = state_dir_from_env()
     config = HostConfig.load(state_dir=state_dir)
     lease = terms.get("lease_s")
     spec.kept = float(lease) if isinstance(lease, (int, float)) else kept.LEASE_S
-    ctl_r, ctl_w = os.pipe()
-    out_r, out_w = os.pipe()
     log_max = terms.get("log_max")
     log = kept.KeptLog(path, int(log_max) if isinstance(log_max, int) else kept.KEPT_MAX_BYTES)
+    slurm = terms.get("slurm")
+    if isinstance(slurm, list):
+        _in_slurm(path, spec, terms, log, config, [str(o) for o in slurm])
+    else:
+        _here(path, spec, terms, log, config, state_dir)
+
+
+def _in_slurm(path: str, spec: RunSpec, terms: dict[str, object], log: kept.KeptLog, config: HostConfig,
+              options: list[str]) -> None:
+    """A Slurm job's caller: the srun of the job and its relay (a thread,
+    transports/slurm), as `slotq run --slurm` has them; the stand-in, here,
+    reads what the relay sends. Should this process die, the job's
+    sentinel cancels the job, as for any caller of Slurm's."""
+    from ..transports.slurm import SlurmTransport
+
+    transport = SlurmTransport(config, options=options)
+    ctl_w, ev_r = transport.start(spec)
+    try:
+        StandIn(path, log, ctl_w, terms, Clock(), spec.run_id, "slurm").run(ev_r)
+    finally:
+        transport.wait()
+        os.close(ctl_w)
+        os.close(ev_r)
+
+
+def _here(path: str, spec: RunSpec, terms: dict[str, object], log: kept.KeptLog, config: HostConfig,
+          state_dir: str) -> None:
+    """This host's runner in this thread, the stand-in in another."""
+    import _thread
+
+    from ..host.runner import HostRunner
+
+    ctl_r, ctl_w = os.pipe()
+    out_r, out_w = os.pipe()
     stand_in = StandIn(path, log, ctl_w, terms, Clock(), spec.run_id, os.uname().nodename)
     done = _thread.allocate_lock()
     done.acquire()

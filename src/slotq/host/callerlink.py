@@ -6,7 +6,8 @@
   outcome, or the stop signal the caller was sent: `cancel SIGTERM`),
   `close stdout|stderr` (its reader is gone), `stay` (it will not wait
   away after all: host/away.py), `lapsed <seconds>` (a kept run's lease
-  ran out: client/standin.py);
+  ran out: client/standin.py), `go` / `pass` (a late-bound reservation's
+  slot is taken, or not: the caller took one elsewhere; runner.py);
   end-of-file or a read error means the caller is gone.
 - signals: SIGTERM/SIGHUP to the runner's process (`slotq host run` over
   ssh, or a forked local runner) cancel the run, through a wake-up pipe;
@@ -55,6 +56,8 @@ class CallerLink:
         self.stopped_by: str | None = None  # the stop signal that cancelled us, as the history names it
         self.lapsed: str | None = None  # a kept run's lease lapsed (client/standin.py): how, for the history
         self.stayed = False  # the caller said `stay`: it will not wait away (host/away.py)
+        self.went = False  # a late-bound reservation: the caller said `go` (its slot is taken)
+        self.passed = False  # ... or `pass`: it took a slot elsewhere (the wait ends, unrecorded)
         self.closed: set[bytes] = set()  # streams whose reader is gone (`close stdout`): close them, as a pipe would
 
     # ------------------------------------------------------------ out
@@ -165,6 +168,11 @@ class CallerLink:
                 return Outcome.CALLER_GONE
             if words == ["stay"]:
                 self.stayed = True
+            if words == ["go"]:
+                self.went = True
+            if words == ["pass"]:
+                self.passed = True
+                return Outcome.CANCELLED
             if len(words) == 2 and words[0] == "close" and words[1] in _STREAMS:
                 self.closed.add(_STREAMS[words[1]])
         return None

@@ -77,6 +77,32 @@ class ChildEnd:
         return f"command killed by signal {sig}" if sig else f"command exited {self.exit_code}"
 
 
+def unrunnable(program: str, cwd: str, path: str | None = None) -> int | None:
+    """Why the command `program` cannot start here, as execvp would find
+    it (a name searched in `path`, default $PATH; one with a slash taken
+    relative to `cwd`): ENOENT, EACCES (a directory, or no execute right),
+    or None if it can. Checked before a run joins the line, by the
+    caller here or by the host's runner (a `--prepare` step may make the
+    program: not then)."""
+    import stat
+
+    if "/" in program:
+        candidates = [os.path.join(cwd, program)]
+    else:
+        dirs = (os.environ.get("PATH", "/usr/bin:/bin") if path is None else path).split(":")
+        candidates = [os.path.join(cwd if not d else os.path.join(cwd, d), program) for d in dirs]
+    found = errno.ENOENT
+    for candidate in candidates:
+        try:
+            st = os.stat(candidate)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and os.access(candidate, os.X_OK):
+            return None
+        found = errno.EACCES  # there, but not a program we may run: execvp goes on, then says so
+    return found
+
+
 class Child:
     """A running command, seen from the runner."""
 

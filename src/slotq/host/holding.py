@@ -64,7 +64,7 @@ def _prepare_then_run(run: HostRun, lease: SlotLease, prepare: str) -> Outcome:
     """The slot's prepare step (`--prepare`, under its own limit), then the
     command if it passed."""
     spec = run.spec
-    wall = run.clock.wall()
+    wall = run.phases["slot"] or run.clock.wall()  # (a late-bound run's: when it was offered, runner._offer)
     run.phases["slot"] = wall
     waited = wall - (run.phases["submitted"] or wall)
     record = run.launch.holder_record("prepare")

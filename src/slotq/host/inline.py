@@ -84,7 +84,9 @@ class LineWait:
         # keeper, forked at once, waits for the tickets ahead to go, then
         # for the slot, and starts the command the moment the slot is
         # released. A hand-over then wakes one keeper and forks nothing.
-        self.by_keeper = waiter.slot_count == 1 and not spec.prepare
+        # (Not a late-bound reservation: its slot is offered before the
+        # command starts, runner.py.)
+        self.by_keeper = waiter.slot_count == 1 and not spec.prepare and spec.bind is None
         # Its keeper can close the caller's wait record if the caller dies
         # (a local run): a quiet caller far back then sleeps without a
         # single wake-up until its turn.

@@ -97,6 +97,27 @@ def read_request(path: str) -> dict[str, object]:
     return rec
 
 
+def in_slurm(run_id: str) -> bool:
+    """Our kept run `run_id` is a Slurm job (kept with `--slurm`), live."""
+    return slurm_lease(run_id) is not None
+
+
+def slurm_lease(run_id: str) -> float | None:
+    """The lease of our live kept run `run_id` if it is a Slurm job (kept
+    with `--slurm`; its process is on this machine); else None."""
+    from ..errors import SlotqError
+
+    try:
+        path = open_run_dir(run_id)
+        terms = read_request(path)
+        if not isinstance(terms.get("slurm"), list) or not held(os.path.join(path, "alive")):
+            return None
+    except (KeptError, OSError, ValueError, SlotqError):  # (SlotqError: a $SLOTQ_LEDGER that is relative)
+        return None
+    lease = terms.get("lease_s")
+    return float(lease) if isinstance(lease, (int, float)) and not isinstance(lease, bool) else LEASE_S
+
+
 def lock_file(path: str, how: int) -> int | None:
     """`path` (made if missing) flock'ed `how` without waiting: its fd, or
     None if someone holds it the other way."""

@@ -120,22 +120,25 @@ class Launch:
         its output streams, and the events that say so (`slot`, `started`)
         for the runner to send. Raises OSError if no keeper could be forked."""
         wall = self.clock.wall()
-        self.phases["slot"] = self.phases["started"] = wall
+        slot_at = self.phases["slot"] or wall  # a late-bound run's slot was offered before: runner._offer
+        self.phases["slot"], self.phases["started"] = slot_at, wall
         record = self.holder_record("running")
         record["since"] = wall
-        events = self.slot_events(lease.name, wall, waiter.ticket.seq if waiter else None)
+        events = self.slot_events(lease.name, wall, waiter.ticket.seq if waiter else None, slot_at)
         self.started_at = self.clock.monotonic()
         child, streams = self.start(self.spec.argv, lease, last=True, record=record)
         if waiter is not None:
             waiter.leave()
         return child, streams, events
 
-    def slot_events(self, slot: str, wall: float, ticket: int | None) -> bytes:
+    def slot_events(self, slot: str, wall: float, ticket: int | None, slot_at: float | None = None) -> bytes:
         """The `slot` and `started` events of a command started at `wall`
-        on `slot` (no prepare step), for the caller."""
-        waited = wall - (self.phases["submitted"] or wall)
-        return (protocol.event_frame(protocol.SLOT, wall, slot=slot, waited_s=round(waited, 3), budget=self.budget,
-                                     ticket=ticket)
+        on `slot` (no prepare step), its slot acquired at `slot_at`
+        (default: then), for the caller."""
+        slot_at = wall if slot_at is None else slot_at
+        waited = slot_at - (self.phases["submitted"] or slot_at)
+        return (protocol.event_frame(protocol.SLOT, slot_at, slot=slot, waited_s=round(waited, 3),
+                                     budget=self.budget, ticket=ticket)
                 + protocol.event_frame(protocol.STARTED, wall, budget=self.budget))
 
     def holder_record(self, phase: str) -> dict[str, object]:

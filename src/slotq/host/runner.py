@@ -25,6 +25,7 @@ from ..outcome import WHILE_WAITING, Outcome
 from ..spec import RunSpec
 from . import holding, verdict
 from .callerlink import CallerLink
+from .child import ChildEnd, unrunnable
 from .hostqueue import Waiter, ensure_state_dir
 from .hostrun import HostRun
 from .launch import Early, Launch
@@ -142,15 +143,26 @@ class HostRunner:
         except KeyError:
             known = ", ".join(sorted(config.classes))
             return self._error("usage", f"unknown class {spec.cls!r} on host {run.host} (known: {known})")
-        if spec.cwd is not None and not os.path.isdir(spec.cwd):
+        if spec.cwd is not None and not os.path.isdir(spec.cwd) and not self._tree_later:
             return self._error("usage", f"work dir {spec.cwd} is not a directory on host {run.host}")
         return self._queue(pool)
+
+    @property
+    def _tree_later(self) -> bool:
+        """A late-bound run's work tree comes once its slot is taken (`go`):
+        not there yet, or an older one (transports/bound.py)."""
+        spec = self.run_state.spec
+        return spec.bind is not None and spec.work_id is not None
 
     def _queue(self, pool: str) -> Outcome:
         """Wait in line for a slot of `pool`, then hold it."""
         from .inline import WaitEnded  # only runs that queue load inline.py
 
         run = self.run_state
+        if self._place == (None, None):  # (a place taken before us: its caller looked already)
+            exec_errno = self._unrunnable()
+            if exec_errno is not None:  # a typo fails now, not after its turn in line
+                return self._cannot_start(exec_errno)
         try:
             ensure_state_dir(run.state_dir)
             got = self.line().wait(pool)
@@ -159,12 +171,53 @@ class HostRunner:
         except AdmissionRefused as e:
             return run.finish(Outcome.NOT_ADMITTED, None, None, str(e))
         except WaitEnded as e:
+            if run.link.passed:
+                return e.outcome  # a reservation the caller no longer needs: no run of this host's
             message = (e.message or verdict.stop_message(run.link, e.outcome, WHILE_WAITING)
                        or "left the queue before getting a slot")
             return run.finish(e.outcome, e.end, None, message)
         if isinstance(got, SlotLease):
+            if run.spec.bind is not None:
+                declined = self._offer(got)
+                if declined is not None:
+                    return declined
             return holding.hold(run, got)
         return holding.run_started(run, *got, slot=f"{pool}#0")
+
+    def _offer(self, lease: SlotLease) -> Outcome | None:
+        """A late-bound reservation (spec.bind) has its slot: offer it to
+        the caller, which waits on other hosts too, and hold it until it
+        says `go` (None: the command starts here) or `pass` (it took a slot
+        elsewhere: the slot is released at once, and the run leaves no
+        line in this host's history). A cancel or a caller gone meanwhile
+        ends the run as in line."""
+        import select
+
+        run = self.run_state
+        run.phases["slot"] = run.clock.wall()  # its wait ends here: the caller's transfer is not a wait
+        lease.record(**dict(run.launch.holder_record("offered"), since=run.phases["slot"]))
+        run.link.event(protocol.OFFERED, slot=lease.name, ticket=run.ticket_seq())
+        link = run.link
+        while not link.went:
+            ready, _, _ = select.select(link.fds(), [], [])
+            ended = link.check(ready)
+            if ended is not None:
+                return self._declined(lease, ended)
+        cwd = run.spec.cwd  # (its work tree came meanwhile)
+        if cwd is not None and not os.path.isdir(cwd):
+            lease.release()
+            return self._error("usage", f"work dir {cwd} is not a directory on host {run.host}")
+        return None
+
+    def _declined(self, lease: SlotLease, outcome: Outcome) -> Outcome:
+        """The offered slot is not taken: released now."""
+        run = self.run_state
+        run.leave_line()
+        if run.link.passed:
+            lease.release()
+            return outcome
+        message = verdict.stop_message(run.link, outcome, WHILE_WAITING) or "left the queue before getting a slot"
+        return run.finish(outcome, None, lease, message)
 
     def _run_allocated(self, allocation: str) -> Outcome:
         """The scheduler gave us the node: no queue here, the command starts
@@ -184,6 +237,28 @@ class HostRunner:
         sent = run.spec.submitted
         run.phases["submitted"] = min(sent, now) if sent is not None and sent > now - MAX_SCHEDULER_WAIT else now
         return holding.hold(run, GrantedSlot(allocation))
+
+    def _unrunnable(self) -> int | None:
+        """Why the command cannot start here (host/child.unrunnable), if it
+        can be told before the run's turn: not when a --prepare step may
+        make it, nor a path in a work tree that comes later."""
+        spec = self.run_state.spec
+        if spec.prepare or (self._tree_later and "/" in spec.argv[0]):
+            return None
+        return unrunnable(spec.argv[0], spec.cwd or os.getcwd())
+
+    def _cannot_start(self, exec_errno: int) -> Outcome:
+        """The command cannot start on this host (not found: 127, not
+        executable: 126), found before the run took a place: said as a run
+        that tried says it; nothing joined the line, and, as for a caller
+        that finds it before it asks a host (cli/run.py), the history has
+        no line of it."""
+        run = self.run_state
+        end = ChildEnd(None, exec_errno, False)
+        run.phases["ended"] = run.clock.wall()
+        run.link.event(protocol.EXITED, outcome=Outcome.FAILED.value, exit_code=end.exit_code, signal=None,
+                       message=end.describe(run.spec.argv[0]), phases=dict(run.phases), not_started=True)
+        return Outcome.FAILED
 
     def _error(self, kind: str, message: str) -> Outcome:
         self.run_state.link.event(protocol.ERROR, kind=kind, message=message)

@@ -96,17 +96,25 @@ def holders(state_dir: str, pool: str, count: int, now: float,
 
 
 def _kept_note(entry: dict[str, object]) -> str:
-    kept = entry.get("kept")
-    if not isinstance(kept, dict):
-        return ""
-    return f" [kept: its caller may be away, lease {format_duration(float(kept['lease_s']))}]"
+    kept, also = entry.get("kept"), entry.get("also_waiting_on")
+    note = f" [kept: its caller may be away, lease {format_duration(float(kept['lease_s']))}]" \
+        if isinstance(kept, dict) else ""
+    if isinstance(also, list) and also:
+        from ..records import printable
+
+        note += f" [also waiting on {printable(', '.join(also), 300)}: the first slot it gets is the one it takes]"
+    return note
 
 
 def _kept(entry: dict[str, object], info: dict[str, object]) -> None:
-    """A kept run (host/kept.py) says its lease: shown, never acted on."""
-    lease = info.get("kept")
+    """A kept run (host/kept.py) says its lease, a late-bound run
+    (transports/bound.py) the other hosts it waits on: shown, never acted
+    on."""
+    lease, bind = info.get("kept"), info.get("bind")
     if isinstance(lease, (int, float)) and not isinstance(lease, bool) and 0 < lease < 1e9:
         entry["kept"] = {"lease_s": float(lease)}
+    if isinstance(bind, list):
+        entry["also_waiting_on"] = [str(h)[:255] for h in bind[:64]]
 
 
 def _lock_holders(entry: dict[str, object], path: str, table: Table | None) -> None:

@@ -106,6 +106,8 @@ def run_info(spec: RunSpec, config: HostConfig, since: float) -> dict[str, objec
             "budget": spec.budget if spec.budget is not None else config.budget, "host": os.uname().nodename}
     if spec.kept is not None:
         info["kept"] = spec.kept  # a kept run (host/kept.py): its lease
+    if spec.bind is not None:
+        info["bind"] = spec.bind  # a late-bound run's reservation: the other hosts it waits on
     return info
 
 

@@ -40,6 +40,10 @@ class Transport:
     waits_by_caller = False
     # The run is a kept run (transports/kept.py): its caller is an attacher.
     kept = False
+    # When this machine knew the run had its slot, if before the host's
+    # `slot` event came (late binding, transports/bound.py: the winner's
+    # offer; its work tree is sent after it): the wait ends there.
+    slot_seen: float | None = None
 
     def prepare(self, spec: RunSpec) -> None:
         """Connect, check the host's slotq, transfer the work tree. Raises

@@ -13,7 +13,11 @@ Over ssh (`--host`), `kept_over_ssh` and `attach_over_ssh` run the same
 host commands through the ssh transport (its master, handshake and work
 tree transfer); the run's wait is then recorded here, on the caller's
 machine, by whichever attacher sees its slot (once: the ledger keys it by
-run id). In Slurm a run is not kept yet.
+run id).
+
+In Slurm (`--slurm`) the run's process is kept here, on the machine that
+submits: it holds the srun of the job as a caller would (client/standin.py),
+so attach, the lease and cancel work as for a run of this machine.
 """
 
 from __future__ import annotations
@@ -33,13 +37,16 @@ if TYPE_CHECKING:
 
 
 def keep_args(lease: float | None, log_max: int | None, idle: float | None, credit_dir: str | None,
-              attach_for: float | None, detach: bool) -> list[str]:
-    """`slotq host keep`'s arguments."""
+              attach_for: float | None, detach: bool, slurm_options: list[str] | None = None) -> list[str]:
+    """`slotq host keep`'s arguments; `slurm_options` (a list, maybe
+    empty): the run is a Slurm job, with these srun options."""
     args = ["keep", "--request-stdin"]
     for name, value in (("--lease", lease), ("--log-max", log_max), ("--idle", idle),
                         ("--credit-dir", credit_dir), ("--attach-for", attach_for)):
         if value is not None:
             args += [name, f"{value:g}" if isinstance(value, float) else str(value)]
+    if slurm_options is not None:
+        args += ["--slurm", *(f"--slurm-option={o}" for o in slurm_options)]
     return args + (["--detach"] if detach else [])
 
 
@@ -80,8 +87,9 @@ class KeptTransport(Transport):
 
     @classmethod
     def keep(cls, *, lease: float | None, log_max: int | None, idle: float | None, credit_dir: str | None,
-             attach_for: float | None, detach: bool) -> KeptTransport:
-        return cls(keep_args(lease, log_max, idle, credit_dir, attach_for, detach), send_request=True)
+             attach_for: float | None, detach: bool, slurm_options: list[str] | None = None) -> KeptTransport:
+        """A new kept run here; `slurm_options` (a list): a Slurm job."""
+        return cls(keep_args(lease, log_max, idle, credit_dir, attach_for, detach, slurm_options), send_request=True)
 
     @classmethod
     def attach(cls, run_id: str, *, attach_for: float | None, from_start: bool) -> KeptTransport:

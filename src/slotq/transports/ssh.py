@@ -457,23 +457,28 @@ class SshTransport(Transport):
             spec.cwd = None
             self._launch(spec, await_sync=True)
             try:
-                try:
-                    self.sync_note = self.ssh.rsync(src, os.path.join(str(self.info["work_root"]), spec.work_id))
-                except HostUnavailable:
-                    if not self.ssh.hello_kept:
-                        raise
-                    # The work root the kept handshake made may be gone
-                    # since (a state dir cleaned up): a new handshake
-                    # makes it again. Once; any other failure stays one.
-                    self.ssh.forget_handshake()
-                    self.info = self.ssh.handshake()
-                    self.sync_note = self.ssh.rsync(src, os.path.join(str(self.info["work_root"]), spec.work_id))
+                self.send_tree(src, spec.work_id)
             except BaseException:  # HostUnavailable, WorkTreeError, or a stop signal's (caller.py)
                 self.abandon()
                 raise
             self.transfer_s = time.monotonic() - t0
         else:
             spec.cwd = os.path.realpath(spec.cwd or os.getcwd())
+
+    def send_tree(self, src: str, work_id: str) -> None:
+        """Mirror the work tree `src` into the host's work dir `work_id`
+        (rsync). Raises HostUnavailable or WorkTreeError."""
+        try:
+            self.sync_note = self.ssh.rsync(src, os.path.join(str(self.info["work_root"]), work_id))
+        except HostUnavailable:
+            if not self.ssh.hello_kept:
+                raise
+            # The work root the kept handshake made may be gone since (a
+            # state dir cleaned up): a new handshake makes it again. Once;
+            # any other failure stays one.
+            self.ssh.forget_handshake()
+            self.info = self.ssh.handshake()
+            self.sync_note = self.ssh.rsync(src, os.path.join(str(self.info["work_root"]), work_id))
 
     def describe(self) -> dict[str, object]:
         return {"kind": "ssh", "host": self.host, "master_reused": self.ssh.reused,

@@ -126,12 +126,27 @@ def partition_view(partition: str | None, env: dict[str, str] | None = None) -> 
     labels = {**_labels([*where, "-t", "PD"], pending, 5, env), **_labels([*where, "-t", "R,CG"], running, 5, env)}
     return {
         "partition": partition or (where[1] if where else None),
-        "running": [{"job_id": r[0], "state": r[1], "user": r[2], "elapsed": r[3], "nodes": r[4], "name": r[5],
-                     "label": labels.get(r[0])} for r in running],
-        "pending": [{"position": i + 1, "job_id": r[0], "reason": r[1],
-                     "expected_start": r[2] if r[2] not in ("N/A", "Unknown", "") else None, "user": r[3],
-                     "name": r[5], "label": labels.get(r[0])} for i, r in enumerate(pending)],
+        "running": [_kept({"job_id": r[0], "state": r[1], "user": r[2], "elapsed": r[3], "nodes": r[4],
+                           "name": r[5], "label": labels.get(r[0])}) for r in running],
+        "pending": [_kept({"position": i + 1, "job_id": r[0], "reason": r[1],
+                           "expected_start": r[2] if r[2] not in ("N/A", "Unknown", "") else None, "user": r[3],
+                           "name": r[5], "label": labels.get(r[0])}) for i, r in enumerate(pending)],
     }
+
+
+def _kept(job: dict[str, object]) -> dict[str, object]:
+    """A job of a kept run of ours (`run --slurm --detach`) says its lease,
+    which its process on this machine keeps (host/kept.py)."""
+    name = str(job.get("name"))
+    if name.startswith("slotq-"):
+        from ...host.kept import slurm_lease
+        from ...spec import is_run_id
+
+        run_id = name[6:]
+        lease = slurm_lease(run_id) if is_run_id(run_id) else None
+        if lease is not None:
+            job["kept"] = {"lease_s": lease}
+    return job
 
 
 def _labels(where: list[str], rows: list[list[str]], name_at: int, env: dict[str, str] | None) -> dict[str, str]:
@@ -152,6 +167,15 @@ def _named(job: dict[str, object]) -> str:
     from ...records import printable
 
     return printable(job["name"], 60) + (f" ({printable(job['label'], 60)})" if job.get("label") else "")
+
+
+def _kept_note(job: dict[str, object]) -> str:
+    kept = job.get("kept")
+    if not isinstance(kept, dict):
+        return ""
+    from ...durations import format_duration
+
+    return f"  [kept: its caller may be away, lease {format_duration(float(kept['lease_s']))}]"
 
 
 def _default_partition(env: dict[str, str] | None) -> str:
@@ -176,11 +200,12 @@ def format_partitions(views: list[dict[str, object]]) -> str:
         for r in running:
             out.append(f"  running   job {printable(r['job_id'])}  {printable(r['user'])}  "
                        f"{_named(r)}  for {printable(r['elapsed'])}  "
-                       f"on {printable(r['nodes'])}")
+                       f"on {printable(r['nodes'])}" + _kept_note(r))
         for p in pending:
             out.append(f"  pending {p['position']:>2}. job {printable(p['job_id'])}  {printable(p['user'])}  "
                        f"{_named(p)}  reason {printable(p['reason'])}"
-                       + (f"  expected {printable(p['expected_start'])}" if p["expected_start"] else ""))
+                       + (f"  expected {printable(p['expected_start'])}" if p["expected_start"] else "")
+                       + _kept_note(p))
     return "\n".join(out) + "\n"
 
 

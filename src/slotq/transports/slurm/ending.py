@@ -48,8 +48,16 @@ class JobEnding:
         return self.allocated_at is not None
 
     def client_cancel(self, line: bytes) -> None:
-        """The client's `cancel <reason>` while nothing runs yet."""
-        reason = line.decode("ascii", "replace").split("\n")[0].removeprefix("cancel ").strip()
+        """The client's `cancel <reason>` while nothing runs yet; or a kept
+        run's `lapsed <lease seconds>`: nobody came back within its lease."""
+        first = line.decode("ascii", "replace").split("\n")[0]
+        if first.startswith("lapsed "):
+            seconds = first[7:].strip()
+            lease = float(seconds) if seconds.replace(".", "", 1).isdigit() else 0.0
+            self.cancel_reason = "caller_gone"
+            self.cancelled = f"nobody attached within the {format_duration(lease)} lease"
+            return
+        reason = first.removeprefix("cancel ").strip()
         self.cancel_reason = reason if reason in ("cancelled", "idle_timeout") else "cancelled"
         name = signal.word_name(reason)
         if name is not None:

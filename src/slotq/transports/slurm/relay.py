@@ -139,9 +139,9 @@ class Relay:
                         if not to_srun and sin >= 0:
                             srun.stdin.close()
                             sin = -1
-                    elif self.end.node_live or not data.startswith(b"cancel"):
+                    elif self.end.node_live or not data.startswith((b"cancel", b"lapsed")):
                         to_srun += data  # for the node's runner (`close stdout` comes only once it runs)
-                    else:
+                    else:  # a cancel, or a kept run's lease lapsed (client/standin.py)
                         self.end.client_cancel(data)  # nothing runs yet: Slurm's to do
                         self.t._scancel()
         srun.wait()
