@@ -179,11 +179,16 @@ def test_a_stop_signal_while_connecting_is_cancelled_and_leaves_no_ssh(state_dir
 
 
 @pytest.mark.timeout(60)
-def test_a_stop_signal_while_several_hosts_are_asked_is_cancelled_with_a_result(state_dir: Path,
-                                                                               tmp_path: Path) -> None:
-    # `--host a,b` asks each host for its status first; two hosts that
-    # accept and never answer keep that going (ssh's ConnectTimeout, 10 s).
-    # A SIGTERM then: slotq died of it, with no result, and left the ssh.
+@pytest.mark.parametrize("spread, says", [
+    (["--spread", "1"], "while choosing among hosts a@127.0.0.1,b@127.0.0.1; nothing ran"),
+    ([], "before the run reached host a@127.0.0.1,b@127.0.0.1 (connecting, or sending the work tree); nothing ran"),
+])
+def test_a_stop_signal_while_several_hosts_are_asked_is_cancelled_with_a_result(
+        state_dir: Path, tmp_path: Path, spread: list[str], says: str) -> None:
+    # `--host a,b --spread 1` asks each host for its status first (late
+    # binding connects to each); two hosts that accept and never answer
+    # keep that going (ssh's ConnectTimeout, 10 s). A SIGTERM then: slotq
+    # died of it, with no result, and left the ssh.
     import socket
 
     server = socket.socket()
@@ -195,8 +200,8 @@ def test_a_stop_signal_while_several_hosts_are_asked_is_cancelled_with_a_result(
     conns = []
     try:
         proc = subprocess.Popen(slotq_cmd() + ["run", "--json", str(out), "--host", "a@127.0.0.1,b@127.0.0.1",
-                                               "--ssh-config", "/dev/null", "--ssh-option", f"Port={port}", "--",
-                                               "true"],
+                                               *spread, "--ssh-config", "/dev/null", "--ssh-option", f"Port={port}",
+                                               "--", "true"],
                                 cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         conns = [server.accept()[0] for _ in range(2)]  # both hosts are being asked
@@ -210,8 +215,7 @@ def test_a_stop_signal_while_several_hosts_are_asked_is_cancelled_with_a_result(
     finally:
         server.close()
     assert proc.returncode == 130, err
-    assert err.splitlines() == ["slotq: cancelled, waited -, ran - — cancelled (SIGTERM) while choosing among hosts "
-                                "a@127.0.0.1,b@127.0.0.1; nothing ran"], err
+    assert err.splitlines() == [f"slotq: cancelled, waited -, ran - — cancelled (SIGTERM) {says}"], err
     assert json.loads(out.read_text())["outcome"] == "cancelled"
     assert left == [], "the hosts' ssh were left"
 

@@ -82,14 +82,16 @@ def _launcher() -> list[str]:
     return [sys.executable, *orig[1:len(orig) - len(sys.argv) + 1]]
 
 
-def go(ticket: Ticket, ahead_fd: int, look: float, *, run_id: str, ledger: str, workdir: str, host: str,
-       stopped: list[int], busy: list[int]) -> str:
+def go(ticket: Ticket, ahead_fd: int, look: float, gone: dict[str, str], *, stopped: list[int],
+       busy: list[int]) -> str:
     """Exec the waiting `sh` (never returns), or say why not: a stop signal
     came first (`stopped`: the caller's list of them), or the watcher or
     the exec failed. `look`: come back after at most that many seconds
-    (to look again, or at the end of --max-wait). Called in the caller's main
-    thread; the runner thread has blocked the stop signals and waits for
-    `stay` on the descriptors `busy`."""
+    (to look again, or at the end of --max-wait); `gone`: what the watcher
+    needs to close the run's wait should it die away (run_id, ledger,
+    workdir, host). Called in the caller's main thread; the runner thread
+    has blocked the stop signals and waits for `stay` on the descriptors
+    `busy`."""
     flock = program("flock")
     if flock is None:
         return "no flock(1)"
@@ -98,7 +100,7 @@ def go(ticket: Ticket, ahead_fd: int, look: float, *, run_id: str, ledger: str, 
     try:
         if _came(stopped):
             return "a stop signal came"
-        watcher = _watch(flock, ticket.path, run_id=run_id, ledger=ledger, workdir=workdir, host=host)
+        watcher = _watch(flock, ticket.path, **gone)
         from ..records import to_json
 
         env = dict(os.environ)
@@ -111,7 +113,7 @@ def go(ticket: Ticket, ahead_fd: int, look: float, *, run_id: str, ledger: str, 
                 stream.flush()
             except (OSError, ValueError, AttributeError):
                 pass
-        script = _SCRIPT.format(own=own, ahead=ahead, run_id=_plain(run_id))
+        script = _SCRIPT.format(own=own, ahead=ahead, run_id=_plain(gone["run_id"]))
         argv = ["sh", "-c", script, NAME, flock, wait, *_launcher(), *sys.argv[1:]]
         saved = _place({own: ticket.fd, ahead: ahead_fd})
         try:

@@ -167,9 +167,9 @@ class LocalTransport(Transport):
         look = self.config.away_look
         if isinstance(left, (int, float)):
             look = min(look, float(left))  # back at the end of --max-wait, to be turned away
-        return away.go(Ticket(path, ticket_fd, 0, "", {}), ahead_fd, look, run_id=recorder.run_id,
-                       ledger=recorder.path, workdir=recorder.workdir, host=recorder.host, stopped=stops,
-                       busy=busy)
+        gone = {"run_id": recorder.run_id, "ledger": recorder.path, "workdir": recorder.workdir,
+                "host": recorder.host}
+        return away.go(Ticket(path, ticket_fd, 0, "", {}), ahead_fd, look, gone, stopped=stops, busy=busy)
 
     def keep_wait_end(self, make_closer: Callable[[], Callable[[float], None]]) -> None:
         """The runner's standby keeper (a fork of this process, in a session
