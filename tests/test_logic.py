@@ -352,6 +352,13 @@ def test_a_submission_time_travels_only_when_set_so_older_hosts_take_the_request
 
     assert b"submitted" not in RunSpec(["true"]).to_request()
     assert RunSpec.from_request(RunSpec(["true"], submitted=1.8e9).to_request()).submitted == 1.8e9
+    # So do a late-bound run's other hosts and a kept run's lease.
+    plain = RunSpec(["true"]).to_request()
+    assert b"bind" not in plain and b"kept" not in plain
+    spec = RunSpec(["true"])
+    spec.bind, spec.kept = ["ci2", "ci3"], 900.0
+    back = RunSpec.from_request(spec.to_request())
+    assert (back.bind, back.kept) == (["ci2", "ci3"], 900.0)
 
 
 def test_a_run_that_names_no_report_period_reports_every_30_s_by_the_cli_and_by_request() -> None:

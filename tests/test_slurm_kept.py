@@ -87,6 +87,7 @@ def test_attach_for_leaves_a_pending_job_in_its_place_and_attach_gets_its_result
     assert [w.kind for w in waits] == ["queue"] and waits[0].end is not None
     assert waits[0].end - waits[0].start >= 4
     wait_for(lambda: not keepers(run_id), timeout=10, what="the keeping process to end with the run")
+    assert history_lines(run_id)[-1]["kept"] == 900.0  # marked kept in the history, with its lease
 
 
 @pytest.mark.timeout(90)
@@ -168,6 +169,12 @@ def test_the_mcp_server_keeps_a_slurm_run_across_calls(slurm_env: Path) -> None:
             assert job_of(first["run_id"]).endswith("PENDING")
             back = structured(await s.call_tool("attach_run", {"run_id": first["run_id"], "wait_for": 60}))
             assert back["outcome"] == "passed" and back["output"]["text"] == "hi\n", back
+        async with server(tmp) as s:  # a call says slurm itself
+            done = structured(await s.call_tool("run_command", {"command": ["echo", "there"], "slurm": True,
+                                                                "wait_for": 60}))
+            assert done["outcome"] == "passed" and done["output"]["text"] == "there\n", done
+            line = wait_for(lambda: history_lines(str(done["run_id"])), timeout=10, what="its history line")
+            assert str(line[-1]["slot"]).startswith("slurm job "), line  # it ran as a Slurm job
     drive(body)
 
 

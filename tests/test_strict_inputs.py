@@ -125,6 +125,11 @@ BAD_REQUESTS = [
     ('{"argv": ["true"], "submitted": "now"}', "submitted must be a time in epoch seconds"),
     ('{"argv": ["true"], "submitted": true}', "submitted must be a time in epoch seconds"),
     ('{"argv": ["true"], "submitted": 1e12}', "submitted must be a time in epoch seconds"),
+    ('{"argv": ["true"], "bind": "a,b"}', "bind must be a list of at most 64 host names"),
+    ('{"argv": ["true"], "bind": ["a\\n"]}', "bind must be a list"),
+    ('{"argv": ["true"], "bind": [' + ', '.join(['"h"'] * 65) + ']}', "bind must be a list"),
+    ('{"argv": ["true"], "kept": -1}', "kept"),
+    ('{"argv": ["true"], "kept": "15m"}', "kept"),
 ]
 
 

@@ -45,9 +45,9 @@ class RunSpec:
 
     # What travels to a remote runner (`slotq host run --request-stdin`).
     _REQUEST = ("argv", "cls", "budget", "prepare", "prepare_timeout", "label", "report_every",
-                "kill_grace", "run_id", "work_id", "cwd", "max_wait", "quiet", "submitted", "bind")
+                "kill_grace", "run_id", "work_id", "cwd", "max_wait", "quiet", "submitted", "bind", "kept")
     # Sent only when set: a host of an older slotq refuses a field it does not know.
-    _OPTIONAL = ("submitted", "bind")
+    _OPTIONAL = ("submitted", "bind", "kept")
 
     def __init__(
         self,
@@ -82,7 +82,7 @@ class RunSpec:
         self.max_wait = max_wait
         self.quiet = quiet
         self.submitted = submitted  # if before its runner started (a Slurm job waits in Slurm's line first)
-        self.kept: float | None = None  # a kept run's lease (client/standin.py), for `slotq status`; not sent
+        self.kept: float | None = None  # a kept run's lease (client/standin.py), for status and the history
         self.bind: list[str] | None = None  # late-bound (transports/bound.py): the other hosts it waits on
 
     def to_request(self) -> bytes:
@@ -145,6 +145,9 @@ class RunSpec:
             if v is not None and (not isinstance(v, str) or not (v.isascii() and v.isalnum())
                                   or not low <= len(v) <= 64):
                 raise ValueError(f"{key} must be {low}..64 letters and digits")
+        kept = data.pop("kept", None)  # (a Slurm kept run's: its node's runner marks its history line)
+        if kept is not None:
+            kept = check_seconds(kept, "kept")
         bind = data.pop("bind", None)
         if bind is not None and (not isinstance(bind, list) or len(bind) > MAX_BIND or not all(
                 isinstance(h, str) and 0 < len(h) <= 255 and h.isprintable() for h in bind)):
@@ -156,7 +159,7 @@ class RunSpec:
             if data.get("work_id") is not None:
                 raise ValueError("a request names a work_id or a cwd, not both")
         spec = cls(argv, **data)
-        spec.bind = bind
+        spec.bind, spec.kept = bind, kept
         return spec
 
 

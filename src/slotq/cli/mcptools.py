@@ -115,6 +115,8 @@ def tools() -> list[dict[str, object]]:
         "class": {"type": "string", "maxLength": 64, "description": "the run's class: shared (default) or landing"},
         "label": {"type": "string", "maxLength": 200, "description": "a name for the run, shown to others in line"},
         "host": _HOST,
+        "slurm": {"type": "boolean", "description": "run it on the Slurm cluster (default: the server's --slurm); "
+                                                    "attach_run and cancel_run then find it by its run id alone"},
         "wait_for": _WAIT_FOR,
         "lease": dict(_DURATION, description="how long the run waits for an attach_run once nobody is attached "
                                              "(default 15m); then it is withdrawn or stopped"),
@@ -242,7 +244,13 @@ def run_argv(args: dict[str, object], settings: Settings, wait_for: float) -> li
     lease = duration_arg(args, "lease", settings.lease)
     cls = text_arg(args, "class", 64) or settings.cls
     label = text_arg(args, "label", 200)
-    host = text_arg(args, "host", 255) or settings.host
+    slurm = args.get("slurm")
+    if slurm not in (None, True, False):
+        raise ToolError("'slurm' must be true or false")
+    host = text_arg(args, "host", 255)
+    if slurm and host is not None:
+        raise ToolError("'slurm' and 'host' name two different places: give one")
+    host = None if slurm else host or settings.host
     for flag, value in (("--budget", budget), ("--idle", idle), ("--lease", lease)):
         if value is not None:
             out += [flag, f"{value:g}s"]
@@ -251,7 +259,8 @@ def run_argv(args: dict[str, object], settings: Settings, wait_for: float) -> li
             out += [flag, text]
     if args.get("cancel_on_disconnect") not in (None, True, False):
         raise ToolError("'cancel_on_disconnect' must be true or false")
-    return [*out, "--report-every", f"{REPORT_EVERY:g}s", "--", *command_arg(args)]
+    return [*out, *(["--slurm"] if slurm else []), "--report-every", f"{REPORT_EVERY:g}s", "--",
+            *command_arg(args)]
 
 
 def run_id_arg(args: dict[str, object]) -> str:

@@ -292,8 +292,9 @@ class Relay:
         best = min(self.places, key=lambda h: (_position(self.places[h]), order.index(h) if h in order else 0))
         others = [f"{h} (position {_position(ev)})" for h, ev in self.places.items() if h != best]
         others += [f"{h} (left out: {why})" for h, why in self.gone.items()]
-        note = f"in line on {len(self.places)} hosts, best on {best}" + (
-            "; also on " + ", ".join(others) if others else "")
+        waiting = f"in line on {len(self.places)} hosts, best on {best}" if len(self.places) > 1 else \
+            f"in line on {best} (the others' places not known yet)"
+        note = waiting + ("; also on " + ", ".join(others) if others else "")
         ev = dict(self.places[best])
         notes = ev.get("notes") if isinstance(ev.get("notes"), list) else []
         ev["notes"] = [note, *notes]  # type: ignore[misc]
