@@ -42,8 +42,7 @@ def typical_run(records: list[dict[str, object]], pool: str | None = None) -> tu
     """(typical run time, how many runs it is from): the median `ran_s`
     of the last RECENT runs of `pool` (all pools if None, or if a record
     has no pool) that ran."""
-    ran = _ran(records, pool)
-    return (_median([s for _, s in ran]), len(ran)) if ran else (DEFAULT_RUN, 0)
+    return _typical(_ran(records, pool))
 
 
 def typical_runs(records: list[dict[str, object]], pool: str | None = None) -> tuple[float, int, Kinds]:
@@ -63,8 +62,12 @@ def typical_runs(records: list[dict[str, object]], pool: str | None = None) -> t
                 names[uid] = user_name(uid)
             groups.setdefault(f"user:{names[uid]}", []).append(seconds)
     kinds = {k: [_median(v), len(v)] for k, v in groups.items() if len(v) >= MIN_KIND}
-    typical, runs = (_median([s for _, s in ran]), len(ran)) if ran else (DEFAULT_RUN, 0)
-    return typical, runs, kinds
+    return (*_typical(ran), kinds)
+
+
+def _typical(ran: list[tuple[dict[str, object], float]]) -> tuple[float, int]:
+    """(the median run time, how many runs) of `ran`; DEFAULT_RUN of none."""
+    return (_median([s for _, s in ran]), len(ran)) if ran else (DEFAULT_RUN, 0)
 
 
 def _ran(records: list[dict[str, object]], pool: str | None) -> list[tuple[dict[str, object], float]]:

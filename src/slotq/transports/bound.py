@@ -36,6 +36,8 @@ from .base import Transport
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import threading
+
     from ..spec import RunSpec
     from .ssh import SshTransport
 
@@ -53,8 +55,7 @@ class LateBound(Transport):
         self.left_out: list[str] = []  # hosts that could not take part, and why
         self.src: str | None = None  # the work tree the winner gets (rsync), else None
         self.transfer_s = 0.0
-        self._thread: object = None
-        self._done: list[bool] = []
+        self._thread: threading.Thread | None = None  # the relay's
 
     def prepare(self, spec: RunSpec) -> None:
         """Masters and handshakes with every host at once; a host that
@@ -121,9 +122,7 @@ class LateBound(Transport):
             t.kill()
 
     def wait(self) -> str:
-        import threading
-
-        if isinstance(self._thread, threading.Thread):
+        if self._thread is not None:
             self._thread.join(timeout=60)
         said = ""
         for t in self.hosts:
@@ -207,8 +206,6 @@ class Relay:
         data = os.read(self.ctl_r, 65536)
         targets = [self.bound.winner] if self.bound.winner is not None else list(self.live.values())
         for t in targets:
-            if t is None:
-                continue
             if not data:
                 _hang_up(t)
             else:
