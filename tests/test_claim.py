@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from slotq.host import claim
-from slotq.host.claim import BUSY_WINDOW, CLAIM_WINDOW, Claims
+from slotq.host.claim import BUSY_WINDOW, CLAIM_WINDOW, LOOK_EVERY, LOOK_MOST, Claims
 
 GONE = 2 ** 22 + 12345  # a pid no process has (its CPU reads as constant)
 
@@ -103,3 +103,56 @@ def test_a_users_later_runs_pass_over_at_once_what_its_runs_passed_over(line: tu
     # Nor is a file someone else could have written trusted.
     shared.chmod(0o666)
     assert not Claims(ahead, [str(slot)], str(shared)).passed
+
+
+@pytest.mark.timeout(10)
+def test_only_the_waiter_right_behind_the_head_looks_each_second(tmp_path: Path) -> None:
+    import fcntl
+
+    tickets = [tmp_path / f"{i:016d}.t" for i in range(1, 13)]
+    slot = tmp_path / "shared.0"
+    for p in (*tickets, slot):
+        p.touch()
+    fds = {p: os.open(p, os.O_RDONLY) for p in tickets}
+    try:
+        for fd in fds.values():
+            fcntl.flock(fd, fcntl.LOCK_EX)  # each ticket ahead live, as its caller holds it
+
+        def behind(n: int, start: int = 0) -> Claims:  # a waiter with n tickets ahead of it
+            return Claims([(str(p), *_key(p), os.stat(p).st_ctime_ns) for p in tickets[start:start + n]],
+                          [str(slot)])
+
+        assert [behind(n).every(0.0) for n in (1, 2, 3)] == [LOOK_EVERY, 4 * LOOK_EVERY, 9 * LOOK_EVERY]
+        assert behind(12).every(0.0) == LOOK_MOST  # far back: rarely
+        # The line moves up while it waits: its place is counted anew.
+        far = behind(3)
+        for p in tickets[:2]:
+            p.unlink()
+        assert far.every(0.0) == LOOK_EVERY
+        # Only live tickets count: a name planted in the line (nobody's lock
+        # on it) pushes nobody back.
+        planted = behind(4, start=2)
+        for p in tickets[3:6]:
+            os.close(fds.pop(p))
+        assert planted.every(0.0) == LOOK_EVERY
+        # A head seen leaving the slot free: looked at each second while its
+        # window may run, even when the slot is taken now and then.
+        near = behind(6, start=6)
+        assert near.every(0.0) == LOOK_MOST
+        assert near.look(0.0, _table(*tickets[6:])) is None
+        assert near.every(0.0) == LOOK_EVERY
+        assert near.look(1.0, _table(slot, *tickets[6:])) is None  # the slot taken for a moment
+        assert near.every(1.0) == LOOK_EVERY
+        assert near.every(BUSY_WINDOW) == LOOK_MOST  # nothing seen free since: back to rarely
+        # A check far back counts its place and does not read the kernel's
+        # lock table (every flock(2) on the machine waits while it is read);
+        # right behind the head it looks.
+        looks: list[float] = []
+        near.look = lambda now, table=None: looks.append(now)  # type: ignore[method-assign]
+        assert near.check(BUSY_WINDOW) == (None, LOOK_MOST) and looks == []
+        for p in tickets[6:11]:
+            os.close(fds.pop(p))
+        assert near.check(BUSY_WINDOW + 1) == (None, LOOK_EVERY) and looks == [BUSY_WINDOW + 1]
+    finally:
+        for fd in fds.values():
+            os.close(fd)

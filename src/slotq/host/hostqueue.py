@@ -214,12 +214,12 @@ class Waiter:
             self._locks.drain()
         if not self._head:
             ahead = self._live_ahead()
-            if ahead is not None and self._claims is not None and time.monotonic() >= self._next_look:
-                from .claim import LOOK_EVERY
-
-                self._next_look = time.monotonic() + LOOK_EVERY
-                if self._claims.look(time.monotonic()) is not None:
+            now = time.monotonic()
+            if ahead is not None and self._claims is not None and now >= self._next_look:
+                passed, wait = self._claims.check(now)
+                if passed is not None:
                     ahead = self._live_ahead()  # a head that does not claim, passed over
+                self._next_look = now + wait
             if ahead is not None:
                 self._drop_probe()
                 if self._locks:
@@ -297,10 +297,11 @@ class Waiter:
             entries = ahead_entries(pdir, self.ticket.path)
             self._earlier = [e[0] for e in entries]
             if entries:  # (the head at once never loads claim.py)
-                from .claim import LOOK_EVERY, Claims, shared_path
+                from .claim import Claims, shared_path
 
                 self._claims = Claims(entries, self.slot_paths(), shared_path(pdir))
-                self._next_look = time.monotonic() + LOOK_EVERY
+                now = time.monotonic()
+                self._next_look = now + self._claims.every(now)
         passed = self._claims.passed if self._claims is not None else set()
         found = None
         gone: set[str] = set()

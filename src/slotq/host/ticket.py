@@ -467,7 +467,7 @@ def wait_turn(path: str, seq: int, slot_paths: list[str] | None = None) -> None:
     leaves or its holder dies; a dead one is granted at once -- and remove
     it. No ticket is ever created ahead of ours, so one listing serves.
     With the pool's `slot_paths`, a head that leaves a slot free is passed
-    over (claim.py): the wait on a ticket is broken every LOOK_EVERY to look.
+    over (claim.py): the wait on a ticket is broken now and then to check.
 
     After each wait, most tickets of that listing have gone (the one we
     waited for was usually the last of them): one listing of the names
