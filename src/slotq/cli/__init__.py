@@ -85,7 +85,7 @@ def _main(args: list[str]) -> int:
 
         from slotq.records import load_scanner
 
-        gc.enable()  # bin/slotq turns it off for `run`'s start-up only (client.collect_from_now_on)
+        gc.enable()  # bin/slotq turns it off for `run`'s start-up only (client/events.collect_from_now_on)
         # Other users' labels in a terminal whose encoding cannot show them
         # (PYTHONIOENCODING=ascii, a Latin-1 locale): '?', not a traceback.
         reconfigure = getattr(sys.stdout, "reconfigure", None)

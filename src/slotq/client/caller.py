@@ -10,12 +10,13 @@ import select
 from .. import protocol
 from .. import signals as signal
 from ..clock import INF, Clock
-from ..durations import format_duration, seconds_in
-from ..errors import HostUnavailable, ProtocolError, SlotqError, StateDirError, UsageError, WorkTreeError
+from ..durations import format_duration
+from ..errors import HostUnavailable, ProtocolError, StateDirError, UsageError, WorkTreeError
 from ..outcome import WHILE_PREPARING, WHILE_RUNNING, WHILE_WAITING, Outcome
 from ..spec import RunSpec
 from ..transports.base import Transport
-from .result import RunResult, adopt_request, detached_message, kept_wait, summary_line
+from .events import check_sequence, on_event, silent, wait_end
+from .result import RunResult, adopt_request, kept_wait, summary_line
 from .watchdogs import BACKSTOP_MARGIN, Watchdogs
 
 TYPE_CHECKING = False
@@ -174,7 +175,7 @@ class _Call:
         self.transport = transport
         self.o = options
         self.clock = clock
-        self.say = options.status or _silent
+        self.say = options.status or silent
         self.result = RunResult(spec, transport.host)
         self.result.details = transport.details
         self.result.phases["submitted"] = transport.queued_since or clock.wall()
@@ -271,7 +272,7 @@ class _Call:
         from .ledger import WaitRecorder
 
         return WaitRecorder(run_id=self.spec.run_id, workdir=self.workdir, host=self.transport.host,
-                            path=self.o.ledger_path, warn=_silent).closer("queue")
+                            path=self.o.ledger_path, warn=silent).closer("queue")
 
     # ---------------------------------------------------------------- stop signals
 
@@ -392,7 +393,7 @@ class _Call:
                 frames = decoder.feed(data)
                 for kind, payload in frames:
                     if kind == protocol.EVENT:
-                        _check_sequence(payload, seen)  # type: ignore[arg-type]
+                        check_sequence(payload, seen)  # type: ignore[arg-type]
             except ProtocolError as e:
                 self.result.outcome = Outcome.UNAVAILABLE
                 self.result.message = f"host {self.transport.host}: {e}"
@@ -449,7 +450,7 @@ class _Call:
 
     def _event(self, ev: dict[str, object]) -> None:
         """An event of the host's: the wait's record first, then the
-        result and the status lines (_on_event)."""
+        result and the status lines (events.on_event)."""
         clock, name = self.clock, ev.get("event")
         if self.o.kept:  # its host side records the wait (unless it is remote: below)
             if name == protocol.SLOT:
@@ -483,12 +484,12 @@ class _Call:
                 self.say(f"slotq: host {self.result.host} gave the first slot: the run goes there, its places "
                          f"in the other lines withdrawn")
             now = clock.wall()
-            end = self.transport.slot_seen or _wait_end(ev, self.queue_wall, now, self.transport.remote)
+            end = self.transport.slot_seen or wait_end(ev, self.queue_wall, now, self.transport.remote)
             if self._recorder is not None:
                 self._recorder.close(end)
             self.beat_at = INF
             self.result.queue_s = max(0.0, clock.monotonic() - self.queue_start - (now - end))
-        self.exited = _on_event(ev, self.result, self.dogs, self.say, self.spec, self.o.live) or self.exited
+        self.exited = on_event(ev, self.result, self.dogs, self.say, self.spec, self.o.live) or self.exited
 
     def _close_stream(self) -> None:
         try:
@@ -527,143 +528,5 @@ class _Call:
             result.message = f"cancelled ({signal.stop_name(stops[0])}) {phase}"
 
 
-# Outcomes that say the command ran: never believed unless the host showed
-# the command starting.
-_RAN = {Outcome.PASSED, Outcome.FAILED, Outcome.EXEC_TIMEOUT, Outcome.IDLE_TIMEOUT}
-
-
-def _check_sequence(ev: dict[str, object], seen: set[str]) -> None:
-    """The order of events: hello first, nothing after exited; an outcome
-    that says the command ran only after `started` (a host cannot report
-    `passed` for a command it never started)."""
-    name = str(ev.get("event"))
-    if not seen and name != protocol.HELLO:
-        raise ProtocolError(f"the host runner's stream began with {name!r}, not hello")
-    if protocol.EXITED in seen:
-        raise ProtocolError("the host runner sent more after its final event")
-    if name == protocol.EXITED and Outcome(str(ev["outcome"])) in _RAN and protocol.STARTED not in seen \
-            and not (ev["outcome"] == "failed" and ev.get("not_started") is True):  # (127/126, found before its turn)
-        raise ProtocolError(f"the host runner reported {ev['outcome']!r} for a command it never showed starting")
-    seen.add(name)
-
-
-def collect_from_now_on() -> None:
-    """Garbage collection back on, once the run waits or its command runs
-    (bin/slotq starts with it off: collections walking the objects slotq's
-    imports make cost about 1 ms of every run, and those objects live as
-    long as the process). What exists now is frozen first: collections
-    from here on walk only what is made later -- and never write to the
-    pages a forked keeper shares with us."""
-    import gc
-
-    if not gc.isenabled():
-        gc.freeze()
-        gc.enable()
-
-
 class _Stopped(Exception):
     """A stop signal during a remote run's transfer (raised by its handler)."""
-
-
-def _silent(line: str) -> None:
-    """Where status lines go with -q."""
-
-
-def _wait_end(ev: dict[str, object], start: float, now: float, remote: bool) -> float:
-    """When a queue wait ended (the ledger's record, and `waited_s`): the
-    host's own time of the slot, where the host's clock is ours (this
-    machine), else now. Now alone would count the time this caller took to
-    read the event (a busy machine, a stopped caller) as waiting, and
-    credit it to an outer task."""
-    at = ev.get("at")
-    if remote or not isinstance(at, (int, float)) or isinstance(at, bool) or not start <= at <= now:
-        return now
-    return float(at)
-
-
-def _first_says_id(result: RunResult) -> str:
-    """The run's first status line names its run id (for `slotq attach`,
-    `cancel`, `status`); the others do not repeat it."""
-    if result.announced:
-        return ""
-    result.announced = True
-    return f"; run {result.run_id}"
-
-
-def _on_event(ev: dict[str, object], result: RunResult, dogs: Watchdogs,
-              say: Callable[[str], None], spec: RunSpec, live: Callable[[str], None] | None = None) -> bool:
-    """Apply one event; True when it is the final `exited`."""
-    name = ev.get("event")
-    at = ev.get("at")
-    at = float(at) if isinstance(at, (int, float)) else None
-    if name in (protocol.QUEUED, protocol.STARTED):
-        collect_from_now_on()
-    if name == protocol.QUEUED:
-        ticket, budget = ev.get("ticket"), ev.get("budget")
-        if result.ticket is None and isinstance(ticket, int) and not isinstance(ticket, bool):
-            result.ticket = ticket  # known in line: a run cancelled there still has its place's number
-        if isinstance(budget, (int, float)) and not isinstance(budget, bool):
-            result.budget = float(budget)
-        if live is not None or say is not _silent:  # (-q: a report every 30 s, formatted for nobody)
-            from .waitlines import format_queued
-
-            if live is not None:
-                live(format_queued(ev, compact=True))
-            else:
-                say(format_queued(ev) + _first_says_id(result))
-    elif name == protocol.SLOT:
-        result.phases["slot"] = at
-        result.slot = str(ev.get("slot"))
-        ticket = ev.get("ticket")
-        result.ticket = ticket if isinstance(ticket, int) else None
-        budget = seconds_in(ev.get("budget"))
-        result.budget = budget
-        dogs.on_slot(budget)
-        waited = result.waited_s or 0.0
-        say(f"slotq: slot {result.slot} acquired after {format_duration(waited)}"
-            + (f" (budget {format_duration(budget)} starts with the command)" if budget else "")
-            + _first_says_id(result))
-    elif name == protocol.PREPARED:
-        result.phases["prepared"] = at
-        if at is not None and result.phases["slot"] is not None:
-            dogs.on_prepared(at - result.phases["slot"])
-    elif name == protocol.STARTED:
-        result.phases["started"] = at
-        dogs.on_started()
-    elif name == protocol.EXITED:
-        result.outcome = Outcome(str(ev.get("outcome")))
-        code = ev.get("exit_code")
-        result.command_code = code if isinstance(code, int) else None
-        result.message = str(ev.get("message") or "")
-        result.not_started = ev.get("not_started") is True
-        phases = ev.get("phases")
-        if isinstance(phases, dict):
-            for k in ("slot", "prepared", "started", "ended"):
-                if isinstance(phases.get(k), (int, float)):
-                    result.phases[k] = float(phases[k])
-        return True
-    elif name == protocol.ERROR:
-        from ..records import printable
-
-        message = printable(ev.get("message") or "error", 2000)
-        if ev.get("kind") == "usage":
-            raise UsageError(message)
-        if ev.get("kind") == "worktree":  # (late binding: the winner's transfer, transports/bound.py)
-            raise WorkTreeError(message)
-        if ev.get("kind") == "state":
-            # The host's state directory is unusable (missing, full, read-only,
-            # an odd file in it): exit 73, as documented.
-            raise StateDirError(f"host {result.host}: {message}", result.host)
-        result.outcome = Outcome.UNAVAILABLE
-        result.message = f"host {result.host}: {message}"
-    elif name == protocol.HELLO:
-        from ..records import printable
-
-        for w in ev.get("warnings") or []:  # type: ignore[attr-defined]
-            say(f"slotq: warning: {printable(w, 1000)}")
-    elif name == protocol.DETACHED:
-        result.outcome = Outcome.DETACHED
-        result.message = detached_message(ev)
-        return True
-    return False
-
