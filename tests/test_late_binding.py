@@ -100,7 +100,7 @@ def test_the_first_slot_won_is_taken_and_every_other_place_withdrawn_at_once(
     assert run.wait(timeout=60) == 0, run.err
     assert run.out == b"ran on b\n"
     res = run.result()
-    assert res["outcome"] == "passed" and res["host"] == "slotq-b", res
+    assert res["outcome"] == "passed" and res["host"] == "slotq-b", (res["host"], res["transport"])
     assert res["transport"]["late_binding"] == {"hosts": list(HOSTS), "won": "slotq-b"}, res["transport"]
     assert "host slotq-b gave the first slot" in run.err
     # The other places went at once: their holders still hold a and c.
@@ -197,3 +197,60 @@ def test_spread_1_picks_one_host_and_a_group_names_the_hosts(
     unknown = subprocess.run(slotq_cmd() + ["run", *args, "--", "true"], capture_output=True, text=True, timeout=20)
     assert unknown.returncode == 64 and unknown.stderr.count("\n") == 1, unknown.stderr
     assert "no host group 'nope'" in unknown.stderr and "@lb" in unknown.stderr
+
+
+def _detach(hosts: Hosts, cwd: Path, *extra: str) -> str:
+    """`run --detach` over slotq-a and slotq-b: the run id once it has its places."""
+    proc = subprocess.run(slotq_cmd() + ["run", *hosts.args("slotq-a", "slotq-b"), "--detach", *extra, "--",
+                                         "sh", "-c", "echo ran on $SLOTQ_TEST_HOST"],
+                          capture_output=True, text=True, timeout=60, cwd=cwd, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+@pytest.mark.timeout(150)
+def test_a_kept_run_late_bound_over_two_hosts_waits_in_both_lines_and_is_attached_to_here(
+        hosts: Hosts, runs: Start, tmp_path: Path) -> None:
+    for h in ("slotq-a", "slotq-b"):
+        hosts.hold(runs, h)
+    run_id = _detach(hosts, tmp_path)
+    wait_for(lambda: waiting_everywhere(hosts, ("slotq-a", "slotq-b"), run_id), timeout=30,
+             what="the kept run in both lines")
+    hosts.open("slotq-b")
+    # Its process is kept here (it holds both places): attach finds it
+    # with the hosts named too, as the MCP server's settings name them.
+    back = subprocess.run(slotq_cmd() + ["attach", run_id, *hosts.args("slotq-a", "slotq-b"), "--for", "60s",
+                                         "--json", str(tmp_path / "back.json")],
+                          capture_output=True, text=True, timeout=90, stdin=subprocess.DEVNULL)
+    assert back.returncode == 0, back.stderr
+    assert back.stdout == "ran on b\n"
+    res = json.loads((tmp_path / "back.json").read_text())
+    assert res["outcome"] == "passed" and res["host"] == "slotq-b", (res["host"], res["transport"])
+    pool = hosts.shared("slotq-a")
+    assert pool["waiting"] == [] and pool["slots"][0]["label"] == "holder-slotq-a", pool  # its place there went
+    # One wait, from the first ticket to the slot, recorded here.
+    waits = [w for w in Ledger().records(str(tmp_path)) if w.run_id == run_id and w.kind == "queue"]
+    assert len(waits) == 1 and waits[0].end is not None, waits
+
+
+@pytest.mark.timeout(150)
+def test_a_kept_late_bound_runs_cancel_and_lease_end_every_place(hosts: Hosts, runs: Start, tmp_path: Path) -> None:
+    for h in ("slotq-a", "slotq-b"):
+        hosts.hold(runs, h)
+    both = ("slotq-a", "slotq-b")
+    cancelled = _detach(hosts, tmp_path)
+    wait_for(lambda: waiting_everywhere(hosts, both, cancelled), timeout=30, what="the kept run in both lines")
+    # Named with its hosts, as the MCP server's settings name them: the run
+    # is kept here, and cancelled once, not "not found" on the other host.
+    proc = subprocess.run(slotq_cmd() + ["cancel", cancelled, *hosts.args(*both)], capture_output=True, text=True,
+                          timeout=90, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0 and f"cancelled run {cancelled}" in proc.stderr, proc.stderr
+    wait_for(lambda: all(hosts.shared(h)["waiting"] == [] for h in both), timeout=20, what="both places withdrawn")
+    # Nobody attached within the lease: it ends, and every place with it.
+    lapsed = _detach(hosts, tmp_path, "--lease", "3s")
+    wait_for(lambda: waiting_everywhere(hosts, both, lapsed), timeout=30, what="the second kept run in both lines")
+    wait_for(lambda: all(hosts.shared(h)["waiting"] == [] for h in both), timeout=30,
+             what="both places withdrawn when the lease ended")
+    back = subprocess.run(slotq_cmd() + ["attach", lapsed, "--json", str(tmp_path / "lapsed.json")],
+                          capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert json.loads((tmp_path / "lapsed.json").read_text())["outcome"] == "caller_gone", back.stderr

@@ -27,7 +27,8 @@ PARSER = Parser(
         Opt("--renew", kind=FLAG, help="only renew the run's lease (no output, no waiting)"),
         Opt("--json", metavar="FILE", help="write the result as JSON to FILE (- for stdout), as `slotq run`"),
         Opt("-q", "--quiet", kind=FLAG, help="no status lines on stderr but the last"),
-        *host_options("the run is on HOST, reached", "one host: the one the run was started on"),
+        *host_options("the run is on HOST, reached", "one host: the one the run was started on (several: a run "
+                      "late-bound over them, whose process is kept here)"),
     ],
 )
 
@@ -36,8 +37,7 @@ def main(args: list[str]) -> int:
     from slotq.spec import RunSpec
 
     run_id, opts = run_id_and_options(PARSER, args)
-    if opts.host and "," in opts.host:
-        raise PARSER.error("--host: name the one host the run was started on")
+    _kept_here_if_several(opts)
     if opts.renew and not opts.host:
         from slotq.cli.hostkeep import attach
 
@@ -68,12 +68,20 @@ def attach_transport(opts: Namespace, run_id: str) -> "Transport":
     --host) for `slotq attach`'s options (and the MCP server's attach_run)."""
     from slotq.transports.kept import KeptTransport, attach_args, over_ssh
 
+    _kept_here_if_several(opts)
     if not opts.host:
         return KeptTransport.attach(run_id, attach_for=opts.attach_for, from_start=opts.from_start)
     from slotq.cli.args import ssh_transport
 
     return over_ssh(ssh_transport(opts, opts.host, sync="none"), attach_args(run_id, opts.attach_for,
                                                                            opts.from_start))
+
+
+def _kept_here_if_several(opts: Namespace) -> None:
+    """A run kept over several hosts (`run --host A,B --detach`) is kept
+    here: its process holds the reservations (client/standin.py)."""
+    if opts.host and "," in opts.host:
+        opts.host = None
 
 
 def _renew_over_ssh(opts: Namespace, run_id: str) -> int:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from slotq.cli.args import FLAG, Namespace, Opt, Parser, host_options, use_slurm
 from slotq.errors import UsageError
+from slotq.host.kept import late_bound_hosts
 
 if TYPE_CHECKING:
     from slotq.host.control import CancelReply
@@ -24,7 +25,7 @@ PARSER = Parser(
                 "stopped (TERM, grace, KILL). Its caller ends `cancelled` (exit 130) with a message naming "
                 "who cancelled it. Run ids are shown by `slotq status`. Another user's run is refused.",
     epilog="exit codes: 0 all cancelled, 1 a run could not be reached (or its socket is another user's), "
-           "2 bad arguments, 66 no such live run, 77 refused (another user's run)\n",
+           "64 bad arguments, 66 no such live run, 77 refused (another user's run)\n",
     options=[
         Opt("--label", metavar="PATTERN", help="cancel the runs whose label matches PATTERN (shell-style: * ?)"),
         Opt("--mine", kind=FLAG, help="cancel all of your runs on this host"),
@@ -38,7 +39,7 @@ PARSER = Parser(
 
 
 def main(args: list[str]) -> int:
-    opts, ids = PARSER.parse(args)
+    opts, ids = _ids_and_options(args)
     if not ids and not opts.label and not opts.mine:
         raise PARSER.error("name the runs to cancel: RUN_ID..., --label PATTERN or --mine")
     from slotq.spec import is_run_id
@@ -47,6 +48,8 @@ def main(args: list[str]) -> int:
         if not is_run_id(run_id):
             raise UsageError(f"{run_id!r} is not a run id (see `slotq status`)")
     slurm = use_slurm(opts)
+    if opts.host and "," in opts.host and ids and all(_kept_here(i) for i in ids):
+        opts.host = None  # late-bound over those hosts, and kept here: its process holds the places
     if opts.host:
         return _remote(opts, args)
     if slurm:
@@ -63,6 +66,10 @@ def main(args: list[str]) -> int:
 
     code = 0
     for run_id in targets:
+        reach = late_bound_hosts(run_id)
+        if reach is not None:  # kept here, late-bound over several hosts (`run --host A,B --detach`)
+            code = _on_its_hosts(run_id, reach) or code
+            continue
         try:
             reply = _send(run_id, owners.get(run_id))
         except _NotListening as e:
@@ -216,31 +223,72 @@ def _matching(label: str | None, mine: bool) -> list[str]:
 
 def _remote(opts: Namespace, args: list[str]) -> int:
     """The same on each host named: `slotq cancel` run there over ssh."""
+    local = _strip_host_options(args)
+    code = 0
+    for host in [h for h in opts.host.split(",") if h]:
+        rc, out, err = _on_host(host, opts.ssh_config, opts.ssh_option, opts.remote_slotq, local)
+        sys.stdout.buffer.write(out)
+        for line in err.splitlines():
+            _say(line)
+        code = code or rc
+    return code
+
+
+def _ids_and_options(args: list[str]) -> tuple[Namespace, list[str]]:
+    """RUN_ID... first or last, options around them (`cancel ID --host H`,
+    as the MCP server's cancel_run says it)."""
+    lead = next((i for i, a in enumerate(args) if a.startswith("-")), len(args))
+    opts, rest = PARSER.parse(args[lead:])
+    return opts, args[:lead] + rest
+
+
+def _kept_here(run_id: str) -> bool:
+    return late_bound_hosts(run_id) is not None
+
+
+def _on_host(host: str, config: str | None, options: list[str] | None, remote_slotq: str,
+             args: list[str]) -> tuple[int, bytes, str]:
+    """`slotq cancel ARGS` on `host` over ssh: (exit code, stdout, its
+    stderr's lines naming the host); a host that cannot be reached says
+    so (exit 121, unavailable)."""
     import shlex
 
     from slotq.errors import HostUnavailable
     from slotq.transports.ssh import SshHost
 
-    local = _strip_host_options(args)
-    code = 0
-    for host in [h for h in opts.host.split(",") if h]:
-        remote = SshHost(host, config=opts.ssh_config, options=opts.ssh_option, remote_slotq=opts.remote_slotq)
-        try:
-            remote.ensure_master()
-            rc, out, err = remote.call(f"cancel {shlex.join(local)}", 60, f"host {host} did not answer within 60s")
-        except HostUnavailable as e:  # the other hosts' runs are still cancelled
-            _say(f"slotq cancel: error: {e}")
-            code = code or HostUnavailable.exit_code
-            continue
-        sys.stdout.buffer.write(out)
-        for line in err.decode(errors="replace").splitlines():
-            _say(line.replace("slotq cancel:", f"slotq cancel ({host}):", 1))
-        if rc == 255:
-            _say(f"slotq cancel: error: cannot reach host {host}")
-            code = code or HostUnavailable.exit_code
-        elif rc:
-            code = code or rc
-    return code
+    remote = SshHost(host, config=config, options=options, remote_slotq=remote_slotq)
+    try:
+        remote.ensure_master()
+        rc, out, err = remote.call(f"cancel {shlex.join(args)}", 60, f"host {host} did not answer within 60s")
+    except HostUnavailable as e:  # the other hosts' runs are still cancelled
+        return HostUnavailable.exit_code, b"", f"slotq cancel: error: {e}"
+    if rc == 255:
+        return HostUnavailable.exit_code, out, f"slotq cancel: error: cannot reach host {host}"
+    said = err.decode(errors="replace").splitlines()
+    return rc, out, "\n".join(line.replace("slotq cancel:", f"slotq cancel ({host}):", 1) for line in said)
+
+
+def _on_its_hosts(run_id: str, reach: dict[str, object]) -> int:
+    """A run kept here, late-bound over several hosts: cancelled where it
+    is -- in each host's line while it waits, on the host whose slot it
+    took since (the others then have nothing of it: not said)."""
+    from slotq.records import to_json
+    from slotq.transports.kept import Reach
+
+    try:
+        r = Reach.parse(to_json(reach))
+    except ValueError as e:
+        _say(f"slotq cancel: error: run {run_id}: its hosts cannot be read back ({e})")
+        return 1
+    answers = {h: _on_host(h, r.ssh_config, r.ssh_options, r.remote_slotq, [run_id]) for h in r.hosts}
+    done = [h for h, (rc, _, err) in answers.items() if rc == 0 and f"cancelled run {run_id}" in err]
+    if done:
+        _say(f"slotq cancel: cancelled run {run_id} (late-bound: on {', '.join(done)})")
+        return 0
+    for rc, _, err in answers.values():
+        for line in err.splitlines():
+            _say(line)
+    return next((rc for rc, _, _ in answers.values() if rc), 0)
 
 
 def _slurm(ids: list[str], label: str | None, mine: bool) -> int:

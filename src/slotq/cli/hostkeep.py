@@ -6,7 +6,8 @@ starts the run's own process (a new session: it outlives this one and the
 caller; client/standin.py) and then attaches to it, as `host attach` does:
 the stream on stdout until the run ends, `--attach-for` passes, or (with
 `--detach`) the run has its place. The run's process carries the run here,
-or (`--slurm`) is the caller of its Slurm job.
+or is the caller of its Slurm job (`--slurm`) or of its reservations on
+several hosts (`--hosts`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,12 @@ from slotq.errors import UsageError
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from slotq.spec import RunSpec
+
+def _reach(text: str) -> dict[str, object]:
+    from slotq.transports.kept import Reach
+
+    return Reach.parse(text).to_dict()
+
 
 KEEP = Parser(
     prog="slotq host keep", usage="slotq host keep --request-stdin [options]",
@@ -37,9 +44,13 @@ KEEP = Parser(
                                             "tree transfer) before the run is kept; anything else: nothing is"),
         Opt("--waits-by-caller", kind=FLAG, help="the caller's machine records the run's wait (a remote "
                                                  "caller: this host's wait ledger is not its)"),
+        Opt("--hosts", metavar="JSON", convert=_reach,
+            help="late-bound over these hosts, reached over ssh from here (transports/kept.Reach): the run's "
+                 "process here holds a reservation on each"),
         *slurm_options(),
     ],
 )
+
 
 ATTACH = Parser(
     prog="slotq host attach", usage="slotq host attach RUN_ID [options]", command="optional",
@@ -69,7 +80,7 @@ def keep(args: list[str]) -> int:
              "log_max": opts.log_max or kept.KEPT_MAX_BYTES, "idle": opts.idle, "credit_dir": opts.credit_dir,
              "queued_since": spec.submitted or time.time(), "kill_grace": spec.kill_grace,
              "ledger": not opts.waits_by_caller,
-             "slurm": list(opts.slurm_option or []) if opts.slurm else None}
+             "slurm": list(opts.slurm_option or []) if opts.slurm else None, "hosts": opts.hosts}
     kept.write_file(os.path.join(path, "request"), kept.to_json_line(terms))
     kept.renew(path)
     _start(path, spec, terms)

@@ -261,22 +261,24 @@ def kept_call(opts: Namespace, command: list[str], cwd: str | None = None) -> tu
     if problem is not None:
         raise CannotStart(spec, problem)
     spec.submitted = time.time()
-    terms = keep_args(opts.lease, opts.log_max, opts.idle, os.path.realpath(opts.credit_dir or str(spec.cwd)),
-                      opts.attach_for, opts.detach, slurm_options=list(opts.slurm_option or []) if slurm else None)
-    transport: Transport = KeptTransport(terms, send_request=True)
+    hosts: list[str] = []
     if opts.host:
-        if "," in opts.host and opts.spread != 1:
-            raise UsageError("a kept run (--detach, --attach-for) waits on one host, not late-bound over "
-                             "several: give one --host, or --spread 1 to pick one")
         if opts.sync == "rsync":
             from slotq.transports.ssh import check_work_tree
 
             check_work_tree(str(spec.cwd))
-        from slotq.transports.ssh import SshTransport
+        hosts = _chosen_hosts(opts)
+    reach = None
+    if len(hosts) > 1:  # its process here holds a reservation on each (client/standin.py)
+        from slotq.transports.kept import Reach
 
-        remote = _remote(opts)
-        assert isinstance(remote, SshTransport)  # one host (above)
-        transport = over_ssh(remote, terms)
+        reach = Reach(hosts, opts.ssh_config, list(opts.ssh_option or []), opts.remote_slotq, opts.sync)
+    terms = keep_args(opts.lease, opts.log_max, opts.idle, os.path.realpath(opts.credit_dir or str(spec.cwd)),
+                      opts.attach_for, opts.detach, slurm_options=list(opts.slurm_option or []) if slurm else None,
+                      hosts=reach)
+    transport: Transport = KeptTransport(terms, send_request=True)
+    if len(hosts) == 1:
+        transport = over_ssh(ssh_transport(opts, hosts[0], sync=opts.sync), terms)
     return spec, transport
 
 
@@ -370,15 +372,20 @@ def _cancelled_while_choosing(opts: Namespace, spec: "RunSpec", signum: int) -> 
 def _remote(opts: Namespace) -> "Transport":
     """The transport to --host: one host; several, late-bound over the
     --spread best of them (transports/bound.py), or one chosen now."""
-    hosts = opts.host.split(",")  # names checked as the options were read (args.host_names)
-    spread = len(hosts) if opts.spread is None else opts.spread
-    if len(hosts) > 1 and spread < len(hosts):
-        hosts = _best_hosts(opts, hosts, spread)
+    hosts = _chosen_hosts(opts)
     if len(hosts) == 1:
         return ssh_transport(opts, hosts[0], sync=opts.sync)
     from slotq.transports.bound import LateBound
 
     return LateBound([ssh_transport(opts, h, sync=opts.sync) for h in hosts])
+
+
+def _chosen_hosts(opts: Namespace) -> list[str]:
+    """The hosts of --host a run takes a place on: the --spread best of
+    them (all by default)."""
+    hosts = opts.host.split(",")  # names checked as the options were read (args.host_names)
+    spread = len(hosts) if opts.spread is None else opts.spread
+    return _best_hosts(opts, hosts, spread) if len(hosts) > 1 and spread < len(hosts) else hosts
 
 
 def _best_hosts(opts: Namespace, hosts: list[str], n: int) -> list[str]:

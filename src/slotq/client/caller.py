@@ -455,6 +455,10 @@ class _Call:
         if self.o.kept:  # its host side records the wait (unless it is remote: below)
             if name == protocol.SLOT:
                 self.result.phases["slot"] = float(ev["at"])  # type: ignore[arg-type]
+                if isinstance(ev.get("host"), str) and not self.transport.remote:  # late-bound: the winner
+                    from ..records import printable
+
+                    self.result.host = printable(str(ev["host"]), 255)
                 self.result.queue_s = kept_wait(self.result, self.clock.wall())
                 if self.transport.waits_by_caller:
                     self._recordkept_wait()

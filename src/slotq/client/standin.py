@@ -180,9 +180,10 @@ def _watch(path: str) -> Watcher | None:
 
 
 def run_kept(path: str, spec: RunSpec, terms: dict[str, object]) -> None:
-    """The kept run's process: the run's carrier -- this host's runner, or
-    (terms["slurm"]: its srun options) the srun of its Slurm job -- and the
-    stand-in reading its stream; returns when both are done."""
+    """The kept run's process: the run's carrier -- this host's runner,
+    (terms["slurm"]: its srun options) the srun of its Slurm job, or
+    (terms["hosts"]) its reservations on several hosts -- and the stand-in
+    reading its stream; returns when both are done."""
     from ..config import HostConfig, state_dir_from_env
 
     state_dir = state_dir_from_env()
@@ -191,9 +192,11 @@ def run_kept(path: str, spec: RunSpec, terms: dict[str, object]) -> None:
     spec.kept = float(lease) if isinstance(lease, (int, float)) else kept.LEASE_S
     log_max = terms.get("log_max")
     log = kept.KeptLog(path, int(log_max) if isinstance(log_max, int) else kept.KEPT_MAX_BYTES)
-    slurm = terms.get("slurm")
+    slurm, reach = terms.get("slurm"), terms.get("hosts")
     if isinstance(slurm, list):
         _in_slurm(path, spec, terms, log, config, [str(o) for o in slurm])
+    elif isinstance(reach, dict):
+        _late_bound(path, spec, terms, log, reach)
     else:
         _here(path, spec, terms, log, config, state_dir)
 
@@ -214,6 +217,54 @@ def _in_slurm(path: str, spec: RunSpec, terms: dict[str, object], log: kept.Kept
         transport.wait()
         os.close(ctl_w)
         os.close(ev_r)
+
+
+def _late_bound(path: str, spec: RunSpec, terms: dict[str, object], log: kept.KeptLog,
+                reach: dict[str, object]) -> None:
+    """The caller of a run late-bound over several hosts: their ssh
+    sessions and the relay (a thread, transports/bound.py), as `slotq run
+    --host A,B,C` has them; the stand-in, here, reads what the relay sends.
+    Should this process die, every ssh session closes and each host
+    withdraws its reservation, as for any caller's."""
+    from ..errors import HostUnavailable
+    from ..records import to_json
+    from ..transports.bound import LateBound
+    from ..transports.kept import Reach
+
+    bound = None
+    try:
+        # Checked again as it is read back: the request file is ours, but a file.
+        bound = LateBound(Reach.parse(to_json(reach)).transports())
+        bound.prepare(spec)
+        ctl_w, ev_r = bound.start(spec)
+    except (HostUnavailable, ValueError) as e:  # no host could be used: the run ends so, in its log
+        ctl_w, ev_r = _ended(str(e), bound.host if bound is not None else "several hosts")
+    try:
+        StandIn(path, log, ctl_w, terms, Clock(), spec.run_id, bound.host if bound else "several hosts").run(ev_r)
+    finally:
+        if bound is not None:
+            bound.wait()
+        os.close(ctl_w)
+        os.close(ev_r)
+
+
+def _ended(message: str, host: str) -> tuple[int, int]:
+    """A stream that says the run could not be had (hello, then the
+    error), and a channel nobody reads (a word said there fails, unheard:
+    StandIn._say)."""
+    import time
+
+    from ..records import to_json
+
+    ev_r, ev_w = os.pipe()
+    ctl_r, ctl_w = os.pipe()
+    hello = {"event": protocol.HELLO, "at": time.time(), "protocol": protocol.PROTOCOL_VERSION, "host": host}
+    error = {"event": protocol.ERROR, "at": time.time(), "kind": "unavailable", "message": message}
+    os.write(ev_w, protocol.MAGIC + b"".join(protocol.frame(protocol.EVENT, to_json(ev).encode())
+                                             for ev in (hello, error)))
+    os.close(ev_w)
+    os.close(ctl_r)
+    return ctl_w, ev_r
 
 
 def _here(path: str, spec: RunSpec, terms: dict[str, object], log: kept.KeptLog, config: HostConfig,

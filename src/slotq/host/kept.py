@@ -118,6 +118,22 @@ def slurm_lease(run_id: str) -> float | None:
     return float(lease) if isinstance(lease, (int, float)) and not isinstance(lease, bool) else LEASE_S
 
 
+def late_bound_hosts(run_id: str) -> dict[str, object] | None:
+    """How to reach the hosts of our live kept run `run_id` if it is
+    late-bound over several (kept with `--hosts`; its process is on this
+    machine): transports.kept.Reach's fields; else None."""
+    from ..errors import SlotqError
+
+    try:
+        path = open_run_dir(run_id)
+        terms = read_request(path)
+        if not isinstance(terms.get("hosts"), dict) or not held(os.path.join(path, "alive")):
+            return None
+    except (KeptError, OSError, ValueError, SlotqError):
+        return None
+    return terms["hosts"]  # type: ignore[return-value]
+
+
 def lock_file(path: str, how: int) -> int | None:
     """`path` (made if missing) flock'ed `how` without waiting: its fd, or
     None if someone holds it the other way."""

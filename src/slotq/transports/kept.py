@@ -17,7 +17,11 @@ run id).
 
 In Slurm (`--slurm`) the run's process is kept here, on the machine that
 submits: it holds the srun of the job as a caller would (client/standin.py),
-so attach, the lease and cancel work as for a run of this machine.
+so attach, the lease and cancel work as for a run of this machine. So it is
+for a run late-bound over several hosts (`--host A,B,C`): its process here
+holds a reservation on each (transports/bound.py) as a caller would; the
+lease covers them all, and should the process go, every host withdraws its
+reservation.
 """
 
 from __future__ import annotations
@@ -37,10 +41,16 @@ if TYPE_CHECKING:
 
 
 def keep_args(lease: float | None, log_max: int | None, idle: float | None, credit_dir: str | None,
-              attach_for: float | None, detach: bool, slurm_options: list[str] | None = None) -> list[str]:
+              attach_for: float | None, detach: bool, slurm_options: list[str] | None = None,
+              hosts: Reach | None = None) -> list[str]:
     """`slotq host keep`'s arguments; `slurm_options` (a list, maybe
-    empty): the run is a Slurm job, with these srun options."""
+    empty): the run is a Slurm job, with these srun options; `hosts`:
+    the run is late-bound over these hosts."""
     args = ["keep", "--request-stdin"]
+    if hosts is not None:
+        from ..records import to_json
+
+        args += ["--hosts", to_json(hosts.to_dict())]
     for name, value in (("--lease", lease), ("--log-max", log_max), ("--idle", idle),
                         ("--credit-dir", credit_dir), ("--attach-for", attach_for)):
         if value is not None:
@@ -48,6 +58,57 @@ def keep_args(lease: float | None, log_max: int | None, idle: float | None, cred
     if slurm_options is not None:
         args += ["--slurm", *(f"--slurm-option={o}" for o in slurm_options)]
     return args + (["--detach"] if detach else [])
+
+
+MAX_REACH = 16384  # bytes of `--hosts`: the hosts and how ssh reaches them
+
+
+class Reach:
+    """How a kept run's process reaches the hosts it is late-bound over:
+    `--hosts` of `slotq host keep` (as JSON), kept in the run's request."""
+
+    def __init__(self, hosts: list[str], ssh_config: str | None, ssh_options: list[str], remote_slotq: str,
+                 sync: str) -> None:
+        self.hosts = hosts
+        self.ssh_config = ssh_config
+        self.ssh_options = ssh_options
+        self.remote_slotq = remote_slotq
+        self.sync = sync
+
+    def to_dict(self) -> dict[str, object]:
+        return {"hosts": self.hosts, "ssh_config": self.ssh_config, "ssh_options": self.ssh_options,
+                "remote_slotq": self.remote_slotq, "sync": self.sync}
+
+    @classmethod
+    def parse(cls, text: str) -> Reach:
+        """Read back: ValueError, naming what is wrong, for anything but
+        what to_dict makes (two hosts or more, names ssh would not read as
+        options, strings where strings go)."""
+        from ..records import from_json
+
+        if len(text) > MAX_REACH:
+            raise ValueError(f"longer than {MAX_REACH} bytes")
+        d = from_json(text, 3)
+        if not isinstance(d, dict) or set(d) != {"hosts", "ssh_config", "ssh_options", "remote_slotq", "sync"}:
+            raise ValueError("not the hosts of a late-bound run")
+        hosts, options, config, remote, sync = (d["hosts"], d["ssh_options"], d["ssh_config"], d["remote_slotq"],
+                                                d["sync"])
+        if not isinstance(hosts, list) or not 2 <= len(hosts) <= 64 or \
+                not all(isinstance(h, str) and h and not h.startswith("-") for h in hosts):
+            raise ValueError("'hosts': two to 64 host names")
+        if not isinstance(options, list) or not all(isinstance(o, str) for o in options):
+            raise ValueError("'ssh_options': a list of strings")
+        if not (config is None or isinstance(config, str)) or not isinstance(remote, str) or not remote.strip():
+            raise ValueError("'ssh_config' and 'remote_slotq': strings")
+        if sync not in ("rsync", "none"):
+            raise ValueError("'sync': rsync or none")
+        return cls(hosts, config, options, remote, str(sync))
+
+    def transports(self) -> list[SshTransport]:
+        from .ssh import SshTransport
+
+        return [SshTransport(h, config=self.ssh_config, options=self.ssh_options, remote_slotq=self.remote_slotq,
+                             sync=self.sync) for h in self.hosts]
 
 
 def attach_args(run_id: str, attach_for: float | None, from_start: bool) -> list[str]:
