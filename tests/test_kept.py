@@ -363,3 +363,23 @@ def test_history_and_the_report_mark_a_kept_run_with_its_lease(state_dir: Path, 
 
     rows: Any = build([records["kept"], records["plain"]], host="h", since=0, until=time.time())["runs"]
     assert [row[9] for row in rows] == [420, None]
+
+
+@pytest.mark.timeout(10)
+def test_the_hosts_of_a_late_bound_kept_run_are_read_back_only_as_written() -> None:
+    from slotq.transports.kept import MAX_REACH, Reach
+
+    reach = Reach(["ci1", "ci2"], None, ["Port=22"], "slotq", "rsync")
+    back = Reach.parse(json.dumps(reach.to_dict()))
+    assert back.to_dict() == reach.to_dict()
+    for bad, why in (({**reach.to_dict(), "hosts": ["ci1"]}, "two to 64"),
+                     ({**reach.to_dict(), "hosts": ["ci1", "-oProxyCommand=x"]}, "two to 64"),
+                     ({**reach.to_dict(), "ssh_options": "Port=22"}, "ssh_options"),
+                     ({**reach.to_dict(), "sync": "scp"}, "sync"),
+                     ({**reach.to_dict(), "extra": 1}, "not the hosts")):
+        with pytest.raises(ValueError, match=why):
+            Reach.parse(json.dumps(bad))
+    with pytest.raises(ValueError, match="longer than"):
+        Reach.parse(" " * (MAX_REACH + 1))
+    with pytest.raises(ValueError):
+        Reach.parse("[" * 100 + "]" * 100)  # too deep: refused, not a RecursionError

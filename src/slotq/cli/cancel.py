@@ -272,11 +272,10 @@ def _on_its_hosts(run_id: str, reach: dict[str, object]) -> int:
     """A run kept here, late-bound over several hosts: cancelled where it
     is -- in each host's line while it waits, on the host whose slot it
     took since (the others then have nothing of it: not said)."""
-    from slotq.records import to_json
     from slotq.transports.kept import Reach
 
     try:
-        r = Reach.parse(to_json(reach))
+        r = Reach.from_dict(reach)
     except ValueError as e:
         _say(f"slotq cancel: error: run {run_id}: its hosts cannot be read back ({e})")
         return 1

@@ -227,14 +227,13 @@ def _late_bound(path: str, spec: RunSpec, terms: dict[str, object], log: kept.Ke
     Should this process die, every ssh session closes and each host
     withdraws its reservation, as for any caller's."""
     from ..errors import HostUnavailable
-    from ..records import to_json
     from ..transports.bound import LateBound
     from ..transports.kept import Reach
 
     bound = None
     try:
         # Checked again as it is read back: the request file is ours, but a file.
-        bound = LateBound(Reach.parse(to_json(reach)).transports())
+        bound = LateBound(Reach.from_dict(reach).transports())
         bound.prepare(spec)
         ctl_w, ev_r = bound.start(spec)
     except (HostUnavailable, ValueError) as e:  # no host could be used: the run ends so, in its log

@@ -81,14 +81,20 @@ class Reach:
 
     @classmethod
     def parse(cls, text: str) -> Reach:
-        """Read back: ValueError, naming what is wrong, for anything but
-        what to_dict makes (two hosts or more, names ssh would not read as
-        options, strings where strings go)."""
+        """From `--hosts`: ValueError, naming what is wrong, for text past
+        MAX_REACH or anything from_dict refuses."""
         from ..records import from_json
 
         if len(text) > MAX_REACH:
             raise ValueError(f"longer than {MAX_REACH} bytes")
-        d = from_json(text, 3)
+        return cls.from_dict(from_json(text, 3))
+
+    @classmethod
+    def from_dict(cls, d: object) -> Reach:
+        """Read back (from `--hosts`, or a kept run's request): ValueError,
+        naming what is wrong, for anything but what to_dict makes (two
+        hosts or more, names ssh would not read as options, strings where
+        strings go)."""
         if not isinstance(d, dict) or set(d) != {"hosts", "ssh_config", "ssh_options", "remote_slotq", "sync"}:
             raise ValueError("not the hosts of a late-bound run")
         hosts, options, config, remote, sync = (d["hosts"], d["ssh_options"], d["ssh_config"], d["remote_slotq"],
