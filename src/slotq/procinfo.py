@@ -12,6 +12,12 @@ import os
 
 from .records import is_pid
 
+# How slotq knows its own processes: a run's command has its run id in this
+# environment variable (host/keeper.py puts it there), and a keeper names
+# itself KEEPER_NAME (its comm: set by itself, so only by its own user).
+MARKER = "SLOTQ_RUN_ID"
+KEEPER_NAME = b"slotq-keeper"
+
 
 def stat_fields(pid: int | str) -> list[bytes] | None:
     try:

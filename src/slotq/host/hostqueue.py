@@ -30,7 +30,7 @@ import time
 
 from ..config import HostConfig
 from ..errors import AdmissionRefused, StateDirError
-from .orphans import MARKER, nested_in
+from ..procinfo import MARKER
 from .slot import SlotLease, SlotProbe
 from .ticket import Ticket, ahead_entries, list_tickets, live_tickets, pool_dir, probe, take_ticket
 
@@ -78,6 +78,7 @@ def _nested(state_dir: str, pool: str, count: int) -> str | None:
     if not run_id:
         return None
     from ..records import printable
+    from .orphans import nested_in
     from .slot import slot_name
 
     inside = nested_in(state_dir, pool, count, run_id)

@@ -16,7 +16,7 @@ from ..clock import Clock
 from ..config import HostConfig
 from ..outcome import Outcome
 from ..spec import RunSpec
-from . import orphans, verdict
+from . import verdict
 from .callerlink import CallerLink
 from .child import Child, ChildEnd, pump
 from .hostqueue import Waiter
@@ -65,7 +65,9 @@ class HostRun:
         """At the head of the line: end the orphaned commands that hold our
         pool's slots, if they are ours (orphans.heal_slots; another user's
         are left alone, and named by status and our reports)."""
-        return orphans.heal_slots(self.state_dir, pool, count, self.grace, self.healed,
+        from .orphans import heal_slots
+
+        return heal_slots(self.state_dir, pool, count, self.grace, self.healed,
                                   f"the next in line (run {self.spec.run_id})", table)
 
     def end_lost(self, child: Child) -> None:
@@ -76,7 +78,9 @@ class HostRun:
         # The session only if we saw its leader alive: a pid is not reused
         # while it names a session, but one seen never may be another's.
         session = cmd if child.cmd_start is not None else None
-        ended = orphans.end_lost(session, child.cmd_start, self.spec.run_id, self.grace)
+        from .orphans import end_lost
+
+        ended = end_lost(session, child.cmd_start, self.spec.run_id, self.grace)
         who = f"the command's supervisor (slotq keeper, pid {child.keeper_pid}) was killed"
         if child.started is not None or ended:
             what = f"pid {cmd}" if cmd else "its processes"

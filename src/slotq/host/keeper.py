@@ -30,7 +30,6 @@ from ..errors import SlotqError
 from ..records import to_json
 from . import libc
 from .child import ChildEnd
-from .orphans import KEEPER_NAME
 from .slot import open_slot_file, still_at_path, write_record
 from .terminate import terminate_group, yield_cpu
 from .ticket import wait_turn
@@ -45,7 +44,7 @@ PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 # How the runner asks a keeper to stop (and how it learns its runner is gone).
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGHUP}
-MARKER = b"SLOTQ_RUN_ID"  # in the command's environment: how its processes are found
+MARKER = os.fsencode(procinfo.MARKER)  # in the command's environment: how its processes are found
 # Reset to default in the command: Python ignores SIGPIPE (and we SIGINT).
 _DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGXFSZ, signal.SIGQUIT)
 
@@ -422,7 +421,7 @@ def _name_self() -> None:
     except OSError:
         return
     try:
-        os.write(fd, KEEPER_NAME)
+        os.write(fd, procinfo.KEEPER_NAME)
     except OSError:
         pass
     finally:

@@ -25,7 +25,6 @@ from ..config import HostConfig
 from ..errors import SlotqError
 from ..spec import RunSpec
 from .hostqueue import Waiter
-from .orphans import MARKER
 from .process import Books, Command, KeeperPlan, Standby, Streams, spawn
 from .slot import SlotLease, slot_name
 
@@ -203,7 +202,7 @@ def start_now(spec: RunSpec, config: HostConfig, state_dir: str, ticket: Ticket)
     not there, an error -- the runner then goes its usual way, and says
     what is wrong. A ticket ahead or a slot taken: an Early without a
     lease, whose waiter the runner waits with."""
-    if spec.prepare or os.environ.get(MARKER) or (spec.cwd is not None and not os.path.isdir(spec.cwd)):
+    if spec.prepare or os.environ.get(procinfo.MARKER) or (spec.cwd is not None and not os.path.isdir(spec.cwd)):
         return None
     # (Without the marker, a Waiter given a ticket of its pool cannot refuse it.)
     waiter = Waiter(state_dir, config, ticket.pool, ticket.info, defer_leave=True, ticket=ticket)

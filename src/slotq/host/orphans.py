@@ -42,12 +42,10 @@ from __future__ import annotations
 import os
 import time
 
-from ..procinfo import alive, start_ticks, stat_fields, uid_of
+from ..procinfo import KEEPER_NAME, alive, start_ticks, stat_fields, uid_of
 from ..records import is_pid
 from ..spec import is_run_id
 
-MARKER = "SLOTQ_RUN_ID"
-KEEPER_NAME = b"slotq-keeper"  # a keeper's comm (process.py): set by itself, so only by its own user
 MAX_ANCESTORS = 256
 
 
