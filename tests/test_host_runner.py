@@ -40,6 +40,7 @@ def test_host_run_speaks_the_framed_stream(state_dir: Path, tmp_path: Path) -> N
     frames = decode(raw)
     events = [p for k, p in frames if k == protocol.EVENT]
     names = [e["event"] for e in events]  # type: ignore[index]
+    print(names, events)
     assert names == ["hello", "slot", "started", "exited"]
     assert events[0]["protocol"] == protocol.PROTOCOL_VERSION  # type: ignore[index]
     exited = events[-1]
@@ -72,6 +73,33 @@ def test_host_run_withdraws_its_ticket_when_stdin_closes(state_dir: Path, tmp_pa
     assert holder.stdin is not None
     holder.stdin.close()
     holder.wait(timeout=5)
+
+
+@pytest.mark.timeout(30)
+def test_a_pass_that_came_with_the_request_releases_the_slot_at_once(state_dir: Path, tmp_path: Path) -> None:
+    # A late-bound caller that took a slot elsewhere says `pass` to the other
+    # hosts at once -- often before a host's runner has started and read its
+    # request, so both come in one read. The runner must hear it then: no
+    # more bytes come (the caller's channel stays open while its command
+    # runs elsewhere), and the slot it offers would stay held until the end.
+    spec = RunSpec(["sh", "-c", f"touch {tmp_path / 'ran'}"], cls="shared", budget=30, cwd=str(tmp_path))
+    spec.bind = ["slotq-elsewhere"]
+    proc = subprocess.Popen(slotq_cmd() + ["host", "run", "--request-stdin"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, cwd=tmp_path)
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(spec.to_request() + b"pass\n")
+    proc.stdin.flush()
+    try:
+        assert proc.wait(timeout=10) == 0  # stdin still open: it ended on the word it had
+        events = [p for k, p in decode(proc.stdout.read()) if k == protocol.EVENT]
+    finally:
+        proc.stdin.close()
+        proc.kill()
+        proc.wait()
+    assert [e["event"] for e in events] == ["hello", "offered"]  # type: ignore[index]
+    assert not (tmp_path / "ran").exists()
+    assert read_slot(str(state_dir), "shared", 0)[1] is None  # nobody holds it
+    assert [p for _, p in list_tickets(pool_dir(str(state_dir), "shared")) if probe(p)] == []
 
 
 @pytest.mark.timeout(30)

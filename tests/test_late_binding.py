@@ -155,6 +155,30 @@ def test_a_host_whose_connection_ends_while_the_run_waits_is_left_out(hosts: Hos
 
 
 @pytest.mark.timeout(120)
+def test_every_host_free_the_run_takes_one_and_the_others_are_free_while_it_runs(hosts: Hosts, runs: Start) -> None:
+    # All three slots free at once: each host offers its slot within
+    # milliseconds, often before a slower runner has read its request (the
+    # `pass` then comes with it). A reservation never holds a slot it does not
+    # use for longer than a hand-over: the two others are free while it runs.
+    gate = hosts.gate("bound")
+    run = runs(*hosts.args(*HOSTS), "--", "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.01; done", name="bound")
+    wait_for(lambda: "gave the first slot" in run.err, timeout=30, what="a slot taken")
+    won = next(h for h in HOSTS if f"host {h} gave the first slot" in run.err)
+
+    def others_free() -> bool:
+        return all(not (p := hosts.shared(h))["slots"][0]["held"] and p["waiting"] == [] for h in HOSTS if h != won)
+
+    try:
+        wait_for(others_free, timeout=5, what="the other hosts' slots free, their lines empty")
+        assert hosts.shared(won)["slots"][0].get("phase") == "running"
+    finally:
+        Path(gate).touch()
+        code = run.wait(timeout=60)
+        Path(gate).unlink()
+    assert code == 0, run.err
+
+
+@pytest.mark.timeout(120)
 def test_a_caller_killed_with_three_reservations_has_them_all_withdrawn(
         hosts: Hosts, runs: Start, tmp_path: Path) -> None:
     for h in HOSTS:

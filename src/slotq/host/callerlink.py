@@ -48,6 +48,11 @@ class CallerLink:
         self._in_open = True
         self._ctl_buf = ctl_buffer  # caller-channel bytes read before we started
         self._sig_r, self._sig_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        if b"\n" in ctl_buffer:
+            # Words that came with the request (a late-bound caller's `pass`
+            # can arrive before this runner has started): nothing more may
+            # come on in_fd, so the first select must wake for them.
+            os.write(self._sig_w, b"\0")
         self._signalled = False
         self._wakeup_set = False
         self._control: ControlSocket | None = None
@@ -142,7 +147,7 @@ class CallerLink:
                 return Outcome.CANCELLED
         if self.in_fd in ready and self._in_open:
             return self._read_ctl()
-        return None
+        return self._words()
 
     def _read_ctl(self) -> Outcome | None:
         try:
@@ -153,6 +158,11 @@ class CallerLink:
             self._in_open = False
             return Outcome.CALLER_GONE
         self._ctl_buf += chunk
+        return self._words()
+
+    def _words(self) -> Outcome | None:
+        """The caller's whole lines read so far, in order: an outcome as soon
+        as one ends the run (the rest stay for the next check)."""
         while b"\n" in self._ctl_buf:
             line, self._ctl_buf = self._ctl_buf.split(b"\n", 1)
             words = line.decode(errors="replace").split()
