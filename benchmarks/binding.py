@@ -14,11 +14,18 @@ transfer the others do not.
   late 2    --host a,b,c,d --spread 2   in the 2 lines with the shortest expected wait
   ideal     --host a, a pool of 4 slots one central line
 
-Per policy: mean and p95 of the callers' waits (`waited_s`), slot
-utilisation (run time over slots x span), and the checks: every caller
-passed, no two commands at once on a one-slot host (at most 4 on the
-ideal one), no command ran twice. Targets: late's mean wait <= 1.1x and
-p95 <= 1.25x the ideal's.
+Per policy: mean and p95 of the callers' waits (`waited_s`), the mean
+time from a caller's arrival to its command's start (as seen here: its
+start-up and asking the hosts too), slot utilisation (run time over slots
+x span), the hand-overs (each time a command ended while a caller waited:
+the time until that host's next command started), and the checks: every
+caller passed, no two commands at once on a one-slot host (at most 4 on
+the ideal one), no command ran twice. Targets: late's mean wait <= 1.1x
+and p95 <= 1.25x the ideal's.
+
+`benchmarks/binding.py [CALLERS [POLICIES [OUT.json]]]` runs it alone
+(e.g. `60 late,ideal`), OUT.json with every caller's arrival, start, wait
+and host.
 """
 
 from __future__ import annotations
@@ -82,7 +89,7 @@ def one(policy: str, calls: list[tuple[float, float]], cfg: str, work: Path, env
         subprocess.run([SLOTQ, "run", "-q", "--host", h, *args[2:], "--", "true"], cwd=work, env=env,
                        check=True, timeout=60, stdin=subprocess.DEVNULL, capture_output=True)
     results: list[dict[str, object] | None] = [None] * len(calls)
-    t0 = time.monotonic()
+    t0, wall0 = time.monotonic(), time.time()
 
     def caller(i: int, arrival: float, seconds: float) -> None:
         time.sleep(max(0.0, t0 + arrival - time.monotonic()))
@@ -102,14 +109,15 @@ def one(policy: str, calls: list[tuple[float, float]], cfg: str, work: Path, env
     for t in threads:
         t.join()
     try:
-        return _judge(policy, results, log.read_text(), slots)
+        return _judge(policy, results, log.read_text(), slots, [wall0 + a for a, _ in calls])
     finally:
         for h in hosts:
             subprocess.run(["ssh", "-F", cfg, h, f'rm -rf {state} "$HOME/lb-bench-{tag}.toml"'], timeout=30,
                            stdin=subprocess.DEVNULL, capture_output=True)
 
 
-def _judge(policy: str, results: list[dict[str, object] | None], log: str, slots: int) -> dict[str, object]:
+def _judge(policy: str, results: list[dict[str, object] | None], log: str, slots: int, arrived: list[float]
+           ) -> dict[str, object]:
     waits = [float(w) for r in results if r and isinstance(w := r.get("waited_s"), (int, float))]
     failed = [r for r in results if not r or r.get("exit") != 0]
     starts: dict[str, list[tuple[float, str]]] = {}  # host -> (time, "s"/"e")
@@ -128,17 +136,55 @@ def _judge(policy: str, results: list[dict[str, object] | None], log: str, slots
     times = [t for events in starts.values() for t, _ in events]
     span = max(times) - min(times) if times else 0.0
     busy_s = sum(t if m == "e" else -t for events in starts.values() for t, m in events)
+    gaps = _handover_gaps(log, arrived)
+    began = _starts(log)
+    delays = [began[i] - a for i, a in enumerate(arrived) if i in began]
     return {
         "callers": len(results), "failed": len(failed), "twice": sum(1 for n in ran.values() if n > 1),
         "most_at_once_per_host": most, "allowed_per_host": slots if policy == "ideal" else 1,
         "mean_wait_s": round(statistics.fmean(waits), 3) if waits else None,
+        "mean_start_delay_s": round(statistics.fmean(delays), 3) if delays else None,  # arrival to start, as seen here
         "p95_wait_s": round(statistics.quantiles(waits, n=20)[18], 3) if len(waits) >= 2 else None,
         "utilisation": round(busy_s / (4 * span), 3) if span else None,
+        "handover_median_ms": round(statistics.median(gaps) * 1000, 1) if gaps else None,
+        "handover_mean_ms": round(statistics.fmean(gaps) * 1000, 1) if gaps else None,
+        "handovers": len(gaps),
         "failures": [f.get("stderr") if f else "no result" for f in failed][:3],
+        "calls": [{"arrived": round(a, 3), "started": began.get(i), "waited_s": r.get("waited_s") if r else None,
+                   "host": r.get("host") if r else None} for i, (a, r) in enumerate(zip(arrived, results))],
     }
 
 
-def run(callers: int = 60, seed: int = 49) -> dict[str, object]:
+def _starts(log: str) -> dict[int, float]:
+    """caller number -> when its command started (wall clock)."""
+    out = {}
+    for line in log.splitlines():
+        mark, token, _, at = line.split()
+        if mark == "s":
+            out[int(token.rpartition("-")[2])] = float(at)
+    return out
+
+
+def _handover_gaps(log: str, arrived: list[float]) -> list[float]:
+    """Each time a command ended on a host while a caller was waiting: the
+    seconds until the host's next command started -- the slot's idle time
+    a late-bound caller's offer and answer add to the hand-over."""
+    started = _starts(log)
+    per_host: dict[str, list[tuple[float, str]]] = {}
+    for line in log.splitlines():
+        mark, _, host, at = line.split()
+        per_host.setdefault(host, []).append((float(at), mark))
+    gaps = []
+    for events in per_host.values():
+        events.sort()
+        for (t_end, m1), (t_next, m2) in zip(events, events[1:]):
+            waiting = any(a <= t_end < started.get(i, math.inf) for i, a in enumerate(arrived))
+            if m1 == "e" and m2 == "s" and waiting:
+                gaps.append(t_next - t_end)
+    return gaps
+
+
+def run(callers: int = 60, seed: int = 49, policies: tuple[str, ...] = tuple(POLICIES)) -> dict[str, object]:
     calls = stream(callers, seed)
     out: dict[str, object] = {"callers": callers, "seed": seed, "policies": {}}
     with sshd() as cfg:
@@ -149,7 +195,7 @@ def run(callers: int = 60, seed: int = 49) -> dict[str, object]:
         env = dict(os.environ, XDG_RUNTIME_DIR=str(runtime), SLOTQ_LEDGER=str(work / "ledger.sqlite"),
                    XDG_CONFIG_HOME=str(work / "config"))
         try:
-            for policy in POLICIES:
+            for policy in policies:
                 out["policies"][policy] = one(policy, calls, cfg, work, env)  # type: ignore[index]
         finally:
             for sock in (runtime / "slotq-ssh").glob("*") if (runtime / "slotq-ssh").is_dir() else []:
@@ -182,12 +228,15 @@ def format_binding(r: dict[str, object]) -> list[str]:
     ideal = p["ideal"]
     lines = [f"several hosts as one line: {r['callers']} callers (seed {r['seed']}), 4 one-slot hosts over ssh, "
              "log-normal run times (median 2 s, sigma 1), arrivals at 80 % of capacity",
-             "| policy | mean wait | p95 wait | vs one pool (mean, p95) | utilisation | failed | twice |",
-             "|---|---|---|---|---|---|---|"]
+             "| policy | mean wait | p95 wait | vs one pool (mean, p95) | arrival to start, mean | utilisation | "
+             "hand-over median, mean (n) | failed | twice |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, v in p.items():
         ratio = ", ".join(f"{float(v[k]) / float(ideal[k]):.2f}x" if v.get(k) and ideal.get(k) else "-"  # type: ignore[arg-type]
                           for k in ("mean_wait_s", "p95_wait_s"))
-        lines.append(f"| {name} | {v['mean_wait_s']} s | {v['p95_wait_s']} s | {ratio} | {v['utilisation']} | "
+        lines.append(f"| {name} | {v['mean_wait_s']} s | {v['p95_wait_s']} s | {ratio} | {v['mean_start_delay_s']} s | "
+                     f"{v['utilisation']} | "
+                     f"{v['handover_median_ms']} ms, {v['handover_mean_ms']} ms ({v['handovers']}) | "
                      f"{v['failed']} | {v['twice']} |")
     return lines
 
@@ -195,7 +244,10 @@ def format_binding(r: dict[str, object]) -> list[str]:
 if __name__ == "__main__":
     import sys
 
-    report = run(int(sys.argv[1]) if len(sys.argv) > 1 else 60)
+    report = run(int(sys.argv[1]) if len(sys.argv) > 1 else 60,
+                 policies=tuple(sys.argv[2].split(",")) if len(sys.argv) > 2 else tuple(POLICIES))
+    if len(sys.argv) > 3:
+        Path(sys.argv[3]).write_text(json.dumps(report, indent=1))
     print("\n".join(format_binding(report)))
     for name, ok, detail in targets(report):
         print(f"- {'PASS' if ok else 'MISS'} {name}: {detail}")
