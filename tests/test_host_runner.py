@@ -17,6 +17,7 @@ from conftest import group_alive, slotq_cmd, wait_for
 from slotq import protocol
 from slotq.clock import Clock
 from slotq.config import HostConfig
+from slotq.history import recent
 from slotq.host.runner import HostRunner
 from slotq.spec import RunSpec
 from slotq.host.slot import read_slot
@@ -76,7 +77,9 @@ def test_host_run_withdraws_its_ticket_when_stdin_closes(state_dir: Path, tmp_pa
 
 
 @pytest.mark.timeout(30)
-def test_a_pass_that_came_with_the_request_releases_the_slot_at_once(state_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("then_closed", [False, True], ids=["channel-open", "channel-closed"])
+def test_a_pass_that_came_with_the_request_releases_the_slot_at_once(state_dir: Path, tmp_path: Path,
+                                                                     then_closed: bool) -> None:
     # A late-bound caller that took a slot elsewhere says `pass` to the other
     # hosts at once -- often before a host's runner has started and read its
     # request, so both come in one read. The runner must hear it then: no
@@ -89,6 +92,8 @@ def test_a_pass_that_came_with_the_request_releases_the_slot_at_once(state_dir: 
     assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.write(spec.to_request() + b"pass\n")
     proc.stdin.flush()
+    if then_closed:
+        proc.stdin.close()  # its command ended elsewhere already: the pass still counts, not a caller gone
     try:
         assert proc.wait(timeout=10) == 0  # stdin still open: it ended on the word it had
         events = [p for k, p in decode(proc.stdout.read()) if k == protocol.EVENT]
@@ -100,6 +105,7 @@ def test_a_pass_that_came_with_the_request_releases_the_slot_at_once(state_dir: 
     assert not (tmp_path / "ran").exists()
     assert read_slot(str(state_dir), "shared", 0)[1] is None  # nobody holds it
     assert [p for _, p in list_tickets(pool_dir(str(state_dir), "shared")) if probe(p)] == []
+    assert [r for r in recent(str(state_dir), 10) if r.get("run_id") == spec.run_id] == []  # a reservation's pass leaves none
 
 
 @pytest.mark.timeout(30)

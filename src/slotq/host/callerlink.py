@@ -156,7 +156,8 @@ class CallerLink:
             chunk = b""
         if not chunk:
             self._in_open = False
-            return Outcome.CALLER_GONE
+            said = self._words()  # what it said before it went (a late-bound caller's `pass`) counts first
+            return said if said is not None else Outcome.CALLER_GONE
         self._ctl_buf += chunk
         return self._words()
 
