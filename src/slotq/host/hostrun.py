@@ -61,15 +61,6 @@ class HostRun:
         if self.waiter is not None:
             self.waiter.close()
 
-    def heal(self, pool: str, count: int, table: dict[tuple[int, int], list[int]] | None = None) -> list[str]:
-        """At the head of the line: end the orphaned commands that hold our
-        pool's slots, if they are ours (orphans.heal_slots; another user's
-        are left alone, and named by status and our reports)."""
-        from .orphans import heal_slots
-
-        return heal_slots(self.state_dir, pool, count, self.grace, self.healed,
-                                  f"the next in line (run {self.spec.run_id})", table)
-
     def end_lost(self, child: Child) -> None:
         """Our keeper was killed: end the command's processes ourselves (TERM,
         grace, KILL; also those that left its group) -- they are not our

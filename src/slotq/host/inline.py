@@ -19,6 +19,7 @@ from . import verdict
 from .child import Child, ChildEnd
 from .hostqueue import Waiter
 from .hostrun import HostRun
+from .orphans import heal_slots
 from .process import preload_for_start
 from .slot import SlotLease
 from .ticket import Ticket, run_info
@@ -181,7 +182,7 @@ class LineWait:
 
         run = self.run
         fields, self.typical = lineview.report(
-            run.state_dir, pool, waiter, run.clock.wall(), lambda table: run.heal(pool, waiter.slot_count, table),
+            run.state_dir, pool, waiter, run.clock.wall(), lambda table: self._heal(pool, waiter.slot_count, table),
             self.typical, with_eta)
         run.link.event(protocol.QUEUED, waited_s=round(waited, 3), **fields, **self._place(waiter))
 
@@ -255,8 +256,18 @@ class LineWait:
             self.next_report = clock.monotonic() + self.run.spec.report_every  # quiet, now the head
         if lease is None and waiter.is_head and clock.monotonic() >= self.next_heal:
             self.next_heal = clock.monotonic() + 1.0
-            self.run.heal(pool, waiter.slot_count)
+            self._heal(pool, waiter.slot_count)
         return lease
+
+    def _heal(self, pool: str, count: int, table: dict[tuple[int, int], list[int]] | None = None) -> list[str]:
+        """At the head of the line: end the orphaned commands that hold our
+        pool's slots, if they are ours (orphans.heal_slots; another user's
+        are left alone, and named by status and our reports). Its module
+        loads with the wait (this one), not when the run reaches the head:
+        that is the moment of a hand-over."""
+        run = self.run
+        return heal_slots(run.state_dir, pool, count, run.grace, run.healed,
+                          f"the next in line (run {run.spec.run_id})", table)
 
     def _pass_time(self, seconds: float) -> None:
         """Someone holds the ticket counter: wait a moment, still listening
