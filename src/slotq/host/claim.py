@@ -28,10 +28,11 @@ running. The lock table is dear: a read of /proc/locks takes the
 kernel's file_rwsem for writing, which every flock(2) on the machine
 then waits for. With every waiter looking each second, 50 idle waiters
 used 0.23 s of CPU in 20 s and a line of a thousand had 10.4 ms between
-hand-overs (6.5x flock's); checked this way, 0.014 s and 3.4 ms (1.56x). A waiter waits for the ticket right ahead of it
-and is not woken as the line moves up: one that comes to stand behind a
-head that stopped claiming (a slotq stopped there) finds it within its
-last period, LOOK_MOST at most, plus the window. A chain of planted
+hand-overs (6.5x flock's); checked this way, 0.014 s and 3.4 ms (1.56x).
+A waiter waits for the ticket right ahead of it and is not woken as the
+line moves up: one that comes to stand behind a head that stopped
+claiming (a slotq stopped there) finds it within its last period,
+LOOK_MOST at most, plus the window. A chain of planted
 tickets is passed over one by one, each judged from a look a second.
 
 One user's waiting runs share what they found: a run that passes a head

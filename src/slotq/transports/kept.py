@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import sys
 
+from ..spec import MAX_BIND
 from .base import Transport
 
 TYPE_CHECKING = False
@@ -99,9 +100,9 @@ class Reach:
             raise ValueError("not the hosts of a late-bound run")
         hosts, options, config, remote, sync = (d["hosts"], d["ssh_options"], d["ssh_config"], d["remote_slotq"],
                                                 d["sync"])
-        if not isinstance(hosts, list) or not 2 <= len(hosts) <= 64 or \
+        if not isinstance(hosts, list) or not 2 <= len(hosts) <= MAX_BIND or \
                 not all(isinstance(h, str) and h and not h.startswith("-") for h in hosts):
-            raise ValueError("'hosts': two to 64 host names")
+            raise ValueError(f"'hosts': two to {MAX_BIND} host names")
         if not isinstance(options, list) or not all(isinstance(o, str) for o in options):
             raise ValueError("'ssh_options': a list of strings")
         if not (config is None or isinstance(config, str)) or not isinstance(remote, str) or not remote.strip():
