@@ -7,6 +7,8 @@ spreads evenly), and reports medians and ratios against flock(1).
 
     benchmarks/run                 # installs the anchors, runs everything
     benchmarks/run --quick         # fewer repetitions, no N=500 or 1000, one chaos run, two lines of waiters
+    SLOTQ_BENCH_SLOTQ=/other/checkout/.venv/bin/slotq benchmarks/run --only handoff
+                                   # another build measured by this harness (an A/B of two commits)
 
 Scenarios (see docs/performance.md, "Benchmarks"):
   handoff     one holder has the only slot; N waiters queued behind it; each
@@ -14,7 +16,9 @@ Scenarios (see docs/performance.md, "Benchmarks"):
               median time between successive starts. Nine repetitions for
               N <= 50 (one latency sample each), three for N = 500 and 1000.
               The holder lets go once the line is in place and the machine
-              quiet (settle), and a second later.
+              quiet (settle), and a second later. cpu = the whole machine's
+              busy CPU from the release to the last start, per hand-over: on
+              C cores a long line's gap cannot stay under cpu / C.
   idle        50 waiters behind a holder for 20 s: CPU seconds they burn.
   order       20 callers arriving 20 ms apart: start-order inversions, and
               overlaps (each command stamps its start and its end: two in

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from tools import PYTHON, SLOTQ, Slotq, Tool, Tsp, proc_cpu, settle
+from tools import PYTHON, SLOTQ, Slotq, Tool, Tsp, busy_s, proc_cpu, settle
 
 REPO_SRC = Path(__file__).resolve().parent.parent / "src"
 
@@ -71,12 +71,18 @@ def handoff(tool: Tool, n: int) -> dict[str, float]:
     if tool.quiet_line:
         settle()  # the line in place and quiet,
     time.sleep(1.0)  # then the holder keeps the slot about a second more
+    busy0 = busy_s()
     gate.touch()
     wait_started(tool, starts, n, 600, f"{n} {tool.name} waiters started")
+    # What the whole machine spent per hand-over, from the release to the
+    # last start (the tool, the commands, the bookkeeping of runs that
+    # ended): on C cores the successive gap cannot stay under this / C.
+    cpu_ms = (busy_s() - busy0) * 1000 / n
     t_end = int(end.read_text())
     ts = sorted(int(line.split()[0]) for line in lines(starts))
     gaps = [(b - a) / 1e6 for a, b in zip(ts, ts[1:])]
-    return {"latency_ms": (ts[0] - t_end) / 1e6, "gap_ms": statistics.median(gaps) if gaps else float("nan")}
+    return {"latency_ms": (ts[0] - t_end) / 1e6, "gap_ms": statistics.median(gaps) if gaps else float("nan"),
+            "cpu_ms": cpu_ms}
 
 
 def idle(tool: Tool, n: int = 50, window: float = 20.0) -> dict[str, float]:

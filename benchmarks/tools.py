@@ -14,7 +14,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = REPO / ".venv" / "bin"
-SLOTQ = str(VENV_BIN / "slotq")
+# Another build's launcher to measure in place of this checkout's (an A/B of
+# two commits in the same hour: docs/performance.md). Its tickets must be
+# readable by this checkout's slotq.host.ticket (Slotq.queued).
+SLOTQ = os.environ.get("SLOTQ_BENCH_SLOTQ") or str(VENV_BIN / "slotq")
 PYTHON = str(VENV_BIN / "python")
 
 
@@ -41,7 +44,7 @@ def proc_cpu_ticks(pid: int) -> float:
         return 0.0
 
 
-def _busy_s() -> float:
+def busy_s() -> float:
     """CPU seconds the whole machine has spent busy since boot (user, nice,
     system, irq, softirq: not idle, iowait or another guest's steal)."""
     with open("/proc/stat") as f:
@@ -61,10 +64,10 @@ def settle(cap: float = 10.0, window: float = 0.3, busy: float = 0.1) -> float:
     real line forms over minutes). `sem`'s waiters poll for as long as they
     wait: a line of them is never quiet (Tool.quiet_line)."""
     t0 = time.monotonic()
-    prev = _busy_s()
+    prev = busy_s()
     while True:
         time.sleep(window)
-        now = _busy_s()
+        now = busy_s()
         if now - prev <= busy * window or time.monotonic() - t0 >= cap:
             return time.monotonic() - t0
         prev = now
