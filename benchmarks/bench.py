@@ -16,9 +16,10 @@ Scenarios (see docs/performance.md, "Benchmarks"):
               median time between successive starts. Nine repetitions for
               N <= 50 (one latency sample each), three for N = 500 and 1000.
               The holder lets go once the line is in place and the machine
-              quiet (settle), and a second later. cpu = the whole machine's
-              busy CPU from the release to the last start, per hand-over: on
-              C cores a long line's gap cannot stay under cpu / C.
+              quiet (settle), and a second later. cpu_ms = the whole
+              machine's busy CPU from the release to the last start, per
+              hand-over: on C cores a long line's gap cannot stay under
+              cpu_ms / C.
   idle        50 waiters behind a holder for 20 s: CPU seconds they burn.
   order       20 callers arriving 20 ms apart: start-order inversions, and
               overlaps (each command stamps its start and its end: two in

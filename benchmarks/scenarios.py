@@ -76,7 +76,8 @@ def handoff(tool: Tool, n: int) -> dict[str, float]:
     wait_started(tool, starts, n, 600, f"{n} {tool.name} waiters started")
     # What the whole machine spent per hand-over, from the release to the
     # last start (the tool, the commands, the bookkeeping of runs that
-    # ended): on C cores the successive gap cannot stay under this / C.
+    # ended; in a short line also the last runs' ends, after the last
+    # start): on C cores a long line's gap cannot stay under this / C.
     cpu_ms = (busy_s() - busy0) * 1000 / n
     t_end = int(end.read_text())
     ts = sorted(int(line.split()[0]) for line in lines(starts))

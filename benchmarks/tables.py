@@ -71,13 +71,12 @@ def check_targets(results: dict[str, dict[str, dict[str, object]]]) -> list[str]
             target(f"handoff p50 at N={n} within {limit}x flock ({what})", ok,
                    f"slotq {fmt(s, 'ms')} ms vs flock {fmt(f, 'ms')} ms"
                    + (f" ({s / f:.2f}x)" if s is not None and f else ""))
-    for n in (50, 1000):
-        s, f = val(f"handoff N={n}", "slotq", "cpu_ms"), val(f"handoff N={n}", "flock", "cpu_ms")
-        if s is not None and f is not None:
-            cores = os.cpu_count() or 1
-            lines_.append(f"  (N={n}: the machine's CPU per hand-over, the commands' own included, slotq {s:.1f} ms, "
-                          f"flock {f:.1f} ms; on {cores} cores a long line's gap cannot stay under "
-                          f"{s / cores:.1f} ms for slotq)")
+    s, f = val("handoff N=1000", "slotq", "cpu_ms"), val("handoff N=1000", "flock", "cpu_ms")
+    if s is not None and f is not None:
+        cores = os.cpu_count() or 1
+        lines_.append(f"  (N=1000: the machine's CPU per hand-over, the commands' own included, slotq {s:.1f} ms, "
+                      f"flock {f:.1f} ms; on {cores} cores a line this long needs about "
+                      f"{s / cores:.1f} ms between slotq's hand-overs)")
     c = val("idle 50 waiters / 20 s", "slotq", "cpu_s")
     target("idle CPU of 50 waiters over 20 s <= 0.02 s", None if c is None else c <= 0.02, f"slotq {fmt(c, 'cpu_s')} s")
     inv = val("order 20 callers", "slotq", "inversions_max")
