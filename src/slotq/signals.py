@@ -11,6 +11,10 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import TypeVar
+
+    T = TypeVar("T")
     from signal import (SIG_BLOCK, SIG_DFL, SIG_IGN, SIG_SETMASK, SIG_UNBLOCK, SIGALRM, SIGCHLD, SIGCONT, SIGHUP,
                         SIGINT, SIGKILL, SIGPIPE, SIGQUIT, SIGSTOP, SIGTERM, SIGXFSZ, ITIMER_REAL, pthread_sigmask,
                         getsignal, set_wakeup_fd, setitimer, sigwaitinfo, signal)
@@ -27,7 +31,7 @@ else:
 __all__ = ["SIG_BLOCK", "SIG_DFL", "SIG_IGN", "SIG_SETMASK", "SIG_UNBLOCK", "SIGALRM", "SIGCHLD", "SIGCONT",
            "SIGHUP", "SIGINT", "SIGKILL", "SIGPIPE", "SIGQUIT", "SIGSTOP", "SIGTERM", "SIGXFSZ", "ITIMER_REAL",
            "pthread_sigmask", "set_wakeup_fd", "setitimer", "sigwaitinfo", "signal", "getsignal", "catch_stops", "hold_stops",
-           "early", "stop_name", "stop_word", "word_name"]
+           "early", "stop_name", "stop_word", "word_name", "start_thread"]
 
 
 def catch_stops(handler: object) -> dict[int, object]:
@@ -42,6 +46,7 @@ def catch_stops(handler: object) -> dict[int, object]:
     return old
 
 
+_STOPS = {SIGINT, SIGTERM, SIGHUP}
 _STOP_NAMES: dict[int, str] = {SIGINT: "Ctrl-C", SIGTERM: "SIGTERM", SIGHUP: "SIGHUP"}
 
 
@@ -82,3 +87,23 @@ def hold_stops() -> dict[int, object]:
 
 def _note(signum: int, frame: object) -> None:
     early.append(signum)
+
+
+def start_thread(start: Callable[..., T], *args: object) -> T:
+    """`start(*args)` -- a thread's start: `_thread.start_new_thread(...)`,
+    `Thread.start` -- with the stop signals blocked, so the thread is born
+    with them blocked (it inherits our mask) and keeps them so.
+
+    The kernel gives a signal sent to the process to any thread that does
+    not block it, but Python runs its handler only in the main thread, at
+    its next bytecode. A SIGTERM taken by a helper thread while the main
+    thread sleeps in select() with no timeout is never handled: a caller
+    waiting in line ignored its harness's stop for ever (CI, 2026-12-06,
+    1 run in 30 under load). Blocked in every other thread, a stop goes to
+    the main thread and ends its select() (EINTR), or waits pending while
+    the main thread blocks it too (transports/away.py's exec)."""
+    held = pthread_sigmask(SIG_BLOCK, _STOPS)
+    try:
+        return start(*args)
+    finally:
+        pthread_sigmask(SIG_SETMASK, held)

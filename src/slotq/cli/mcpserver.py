@@ -19,6 +19,7 @@ from slotq.cli import mcptools as t
 from slotq.cli.mcptools import Settings, ToolError
 from slotq.durations import format_duration
 from slotq.errors import SlotqError, UsageError
+from slotq.signals import start_thread
 
 INSTRUCTIONS = (
     "slotq runs verification commands (tests, type checks) on a shared test machine, one at a time per slot, "
@@ -248,7 +249,7 @@ def _cancel_later(run_id: str, host: str | None) -> None:
     from slotq.client.kept import cancel
 
     thread = threading.Thread(target=cancel, args=(run_id, *_host_args(host)))
-    thread.start()
+    start_thread(thread.start)
     _LATER.append(thread)
 
 

@@ -28,6 +28,7 @@ import signal
 from .. import protocol
 from ..clock import INF, Clock
 from ..host import kept
+from ..signals import start_thread
 from .watchdogs import Watchdogs
 
 TYPE_CHECKING = False
@@ -285,7 +286,7 @@ def _here(path: str, spec: RunSpec, terms: dict[str, object], log: kept.KeptLog,
         finally:
             done.release()
 
-    _thread.start_new_thread(read, ())
+    start_thread(_thread.start_new_thread, read, ())
     runner = HostRunner(spec, state_dir=state_dir, config=config, in_fd=ctl_r, out_fd=out_w)
     try:
         runner.run()

@@ -169,7 +169,7 @@ class Child:
         if pid == 0:
             import _thread
 
-            _thread.start_new_thread(_reap_one, (self.keeper_pid,))
+            signal.start_thread(_thread.start_new_thread, _reap_one, (self.keeper_pid,))
 
 
 def _reap_one(pid: int) -> None:

@@ -15,6 +15,8 @@ import fcntl
 import os
 import threading
 
+from ..signals import start_thread
+
 
 class LockWatch:
     """One blocked flock in a thread; `wake_w` gets a byte when it is granted."""
@@ -32,7 +34,7 @@ class LockWatch:
         self._taken = False
         self._lock = threading.Lock()
         self._wake_w = wake_w
-        threading.Thread(target=self._wait, name=f"slotq-lockwait {path}", daemon=True).start()
+        start_thread(threading.Thread(target=self._wait, name=f"slotq-lockwait {path}", daemon=True).start)
 
     def _wait(self) -> None:
         try:

@@ -158,7 +158,8 @@ def spawn(plan: KeeperPlan) -> Child:
     runner_pid = os.getpid()
     # A stop request must reach the keeper's own handler, never the
     # runner's that a fork inherits: blocked here, it stays pending in the
-    # keeper until its handlers are set (or goes to another of our threads).
+    # keeper until its handlers are set. (A runner in a thread of the
+    # caller has them blocked for good: signals.start_thread.)
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         pid = os.fork()

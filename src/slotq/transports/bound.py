@@ -32,6 +32,7 @@ import time
 from .. import protocol
 from ..errors import HostUnavailable, ProtocolError, WorkTreeError
 from ..records import to_json
+from ..signals import start_thread
 from .base import Transport
 
 TYPE_CHECKING = False
@@ -110,7 +111,7 @@ class LateBound(Transport):
         relay = Relay(self, spec, ctl_r, ev_w)
         thread = threading.Thread(target=relay.run, name="slotq-late-binding", daemon=True)
         self._thread = thread
-        thread.start()
+        start_thread(thread.start)
         return ctl_w, ev_r
 
     def bind(self, winner: SshTransport) -> None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import sys
 
+from ..signals import start_thread
 from ..spec import MAX_BIND
 from .base import Transport
 
@@ -209,7 +210,7 @@ class KeptTransport(Transport):
                 os.close(to_r)
                 done.release()
 
-        _thread.start_new_thread(attacher, ())
+        start_thread(_thread.start_new_thread, attacher, ())
         return to_w, from_r
 
     def kill(self) -> None:

@@ -187,7 +187,7 @@ class LocalTransport(Transport):
             done.acquire()
             ticket, self._ticket = self._ticket, None
             early, self._early = self._early, None
-            _thread.start_new_thread(self._host_side, (spec, ctl_r, ev_w, done, ticket, early))
+            signal.start_thread(_thread.start_new_thread, self._host_side, (spec, ctl_r, ev_w, done, ticket, early))
             return ctl_w, ev_r
         pid = os.fork()
         if pid == 0:

@@ -148,7 +148,7 @@ class SlurmTransport(Transport):
             failure = None
         self._thread = threading.Thread(target=self._relay, args=(spec, ctl_r, ev_w, failure),
                                         name="slotq-slurm-relay", daemon=True)
-        self._thread.start()
+        signal.start_thread(self._thread.start)
         return ctl_w, ev_r
 
     def kill(self) -> None:
