@@ -31,7 +31,10 @@ else:
 __all__ = ["SIG_BLOCK", "SIG_DFL", "SIG_IGN", "SIG_SETMASK", "SIG_UNBLOCK", "SIGALRM", "SIGCHLD", "SIGCONT",
            "SIGHUP", "SIGINT", "SIGKILL", "SIGPIPE", "SIGQUIT", "SIGSTOP", "SIGTERM", "SIGXFSZ", "ITIMER_REAL",
            "pthread_sigmask", "set_wakeup_fd", "setitimer", "sigwaitinfo", "signal", "getsignal", "catch_stops", "hold_stops",
-           "early", "stop_name", "stop_word", "word_name", "start_thread"]
+           "early", "stop_name", "stop_word", "word_name", "start_thread", "STOPS"]
+
+
+STOPS = frozenset({SIGINT, SIGTERM, SIGHUP})  # the stop signals: Ctrl-C, a polite kill, the terminal gone
 
 
 def catch_stops(handler: object) -> dict[int, object]:
@@ -40,13 +43,12 @@ def catch_stops(handler: object) -> dict[int, object]:
     ignores SIGHUP and a shell's background jobs ignore SIGINT, and both
     mean "do not stop this". The handlers replaced, to put back."""
     old: dict[int, object] = {}
-    for sig in (SIGINT, SIGTERM, SIGHUP):
+    for sig in STOPS:
         if getsignal(sig) != SIG_IGN:
             old[sig] = signal(sig, handler)  # type: ignore[arg-type]
     return old
 
 
-_STOPS = {SIGINT, SIGTERM, SIGHUP}
 _STOP_NAMES: dict[int, str] = {SIGINT: "Ctrl-C", SIGTERM: "SIGTERM", SIGHUP: "SIGHUP"}
 
 
@@ -102,7 +104,7 @@ def start_thread(start: Callable[..., T], *args: object) -> T:
     1 run in 30 under load). Blocked in every other thread, a stop goes to
     the main thread and ends its select() (EINTR), or waits pending while
     the main thread blocks it too (transports/away.py's exec)."""
-    held = pthread_sigmask(SIG_BLOCK, _STOPS)
+    held = pthread_sigmask(SIG_BLOCK, STOPS)
     try:
         return start(*args)
     finally:

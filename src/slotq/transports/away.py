@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 
 ENV = "SLOTQ_AWAY"  # the come-back's ticket (JSON), set by the exec, read once
 ENV_STOP = "SLOTQ_AWAY_STOP"  # the signal the sh caught: TERM, INT, HUP, or USR1 (slotq cancel's wake-up)
-_STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 # The sh's script: descriptor {ahead} is the ticket to wait for, {own} our
 # own ticket (closed in flock: a `kill -9` of the sh alone must free our
@@ -95,7 +94,7 @@ def go(ticket: Ticket, ahead_fd: int, look: float, gone: dict[str, str], *, stop
     flock = program("flock")
     if flock is None:
         return "no flock(1)"
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, set(_STOPS))
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, signal.STOPS)
     watcher = -1
     try:
         if _came(stopped):

@@ -15,11 +15,6 @@ import time
 
 from .. import signals as signal
 
-# The stop signals, whose handler raises while a remote run gets under way
-# (client/caller.py).
-_STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
 # The programs started here and not yet waited for (end_all: a stop signal
 # while threads wait for them).
 _running: set["Proc"] = set()
@@ -49,7 +44,7 @@ class Proc:
         # and our note of it: that program would be left running (an ssh
         # left connecting). The stop signals wait from before the spawn
         # until it is noted; the program starts with our mask as it was.
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.STOPS)
         try:
             devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
             try:
