@@ -89,14 +89,13 @@ def offer(link: CallerLink, state_dir: str, waiter: Waiter, max_wait_left: float
     import select
 
     from .. import protocol
-    from .. import signals as signal
 
     ahead_fd = plan(state_dir, waiter.pool, waiter.ticket.path)
     if ahead_fd is None:
         return None
-    # The stop signals go to the caller's thread only: there they are
-    # either handled (a cancel, and `stay`) or held across its exec.
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+    # The stop signals go to the caller's main thread only (this thread was
+    # started with them blocked: signals.start_thread): there they are either
+    # handled (a cancel, and `stay`) or held across its exec.
     try:
         # `busy`: what this thread selects on until the exec, which the
         # caller must leave alone (transports/away.digits_for).
@@ -108,7 +107,6 @@ def offer(link: CallerLink, state_dir: str, waiter: Waiter, max_wait_left: float
             if ended is not None:
                 return ended
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
         os.close(ahead_fd)
     return None
 
