@@ -24,8 +24,9 @@ def test_the_launcher_scripts_install_writes_starts_slotq_without_site(state_dir
     # `site` is about 1.5 ms of every run and slotq needs nothing it adds.
     launcher = tmp_path / "slotq"
     subprocess.run([sys.executable, str(ROOT / "scripts" / "write_launcher.py"), str(ROOT / "bin" / "slotq"),
-                    str(launcher)], check=True, timeout=20)
+                    str(launcher), str(tmp_path / "run.bundle")], check=True, timeout=20)
     assert launcher.read_text().splitlines()[0] == f"#!{os.path.abspath(sys.executable)} -S"
+    assert f"BUNDLE = {str(tmp_path / 'run.bundle')!r}" in launcher.read_text().splitlines()
     # The command's parent is the run's keeper, a fork of the slotq process:
     # its command line is the one slotq was started with.
     out = subprocess.run([str(launcher), "run", "-q", "--", "sh", "-c", "tr '\\0' ' ' < /proc/$PPID/cmdline"],
