@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import select
@@ -210,6 +211,59 @@ def test_a_dead_ticket_buried_by_a_keeper_told_to_stop_keeps_its_history_line(tm
     lines = history_written(tmp_path)
     assert [line["run_id"] for line in lines] == ["r-victim"]
     assert lines[0]["outcome"] == "caller_gone"
+
+
+def test_a_status_look_leaves_a_ticket_being_made_alone(tmp_path: Path) -> None:
+    # A ticket's temp is unlocked from its creation to its creator's flock:
+    # a look at the line (`slotq status`, a host survey) in that moment
+    # removed it, and the caller failed ("state directory ... is not
+    # usable: No such file or directory", benchmarks/binding.py, 12-06).
+    from slotq.host.ticket import STALE_TEMP_S, remove_stale_temps
+
+    pdir = tmp_path / "tickets" / "shared"
+    pdir.mkdir(parents=True)
+    being_made, left = pdir / ".0000000000000001.123.ab.tmp", pdir / ".0000000000000002.124.cd.tmp"
+    held = pdir / ".0000000000000003.125.ef.tmp"
+    for p in (being_made, left, held):
+        p.write_text("")
+    now = time.time()
+    for p in (left, held):
+        os.utime(p, (now - STALE_TEMP_S - 1, now - STALE_TEMP_S - 1))
+    fd = os.open(held, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        remove_stale_temps(str(pdir), now)
+        assert sorted(p.name for p in pdir.iterdir()) == [being_made.name, held.name]  # the dead one is gone
+    finally:
+        os.close(fd)
+
+
+def test_a_ticket_whose_temp_vanished_before_its_lock_is_named_anew(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # An older slotq's status, in a shared line, may still remove a temp
+    # in the moment before its creator locks it: the caller takes the next
+    # name, rather than failing.
+    from slotq.host import ticket
+    from slotq.statefile import share_created as real
+
+    removed: list[str] = []
+
+    def share_then_lose(fd: int, path: str, *, writable: bool = True) -> None:
+        real(fd, path, writable=writable)
+        temps = [n for n in os.listdir(path) if n.endswith(".tmp")]  # (the first call shares the counter)
+        if temps and not removed:
+            os.unlink(os.path.join(path, temps[0]))
+            removed.append(temps[0])
+
+    monkeypatch.setattr("slotq.host.ticket.share_created", share_then_lose)
+    t = ticket.take_ticket(str(tmp_path), "shared", {"run_id": "r-1"})
+    try:
+        assert removed and removed[0].startswith(".0000000000000001.")
+        assert [os.path.basename(p) for _, p in list_tickets(pool_dir(str(tmp_path), "shared"))] == [
+            os.path.basename(t.path)]
+        assert probe(t.path) is True
+    finally:
+        os.close(t.fd)
 
 
 def test_later_tickets_never_overtake_earlier_live_ones(tmp_path: Path) -> None:

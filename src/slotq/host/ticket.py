@@ -54,6 +54,7 @@ FORGED_SLACK_NS = 1_000_000_000
 SEQ_LOCK_LIMIT = 2.0
 SEQ_LOCK_LOOKS = 10  # at the least, however long the limit took (~50 looks in 2 s)
 MAX_SEQ = 10**18
+STALE_TEMP_S = 60.0  # a ticket's temp older than this and unlocked: its creator died before naming it
 
 
 def pool_dir(state_dir: str, pool: str) -> str:
@@ -153,29 +154,10 @@ def take_ticket(state_dir: str, pool: str, info: dict[str, object],
             if seq >= MAX_SEQ:
                 raise StateDirError(f"ticket numbers in {pdir} are exhausted: ticket {os.path.basename(top_path)} "
                                     f"is held by {_holder_of(top_path)}", pdir)
-            final = os.path.join(pdir, f"{seq:016d}{TICKET_SUFFIX}")
-            tmp = os.path.join(pdir, f".{seq:016d}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-            # Writable by its owner only: nobody else can touch it (and its ctime).
-            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-            # In a shared line, readable by everyone in it, whatever our umask
-            # (077 would hide the run's label and pid from their status).
-            share_created(fd, pdir, writable=False)
-            # Locked before it gets its visible name, so nobody can see an
-            # unlocked live ticket and remove it.
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             full = dict(info, seq=seq, pool=pool)
-            os.write(fd, to_json(full).encode())
-            try:
-                os.link(tmp, final)  # never replaces a name that is there
-                named = True
-            except FileExistsError:
-                named = False  # planted, or taken just now (no counter lock): the next free number
-            finally:
-                os.unlink(tmp)
-            if named:
+            fd = _name_ticket(pdir, seq, full)
+            if fd >= 0:
                 break
-            os.close(fd)
-            fd = -1
             taken = {n for n, _ in _names(pdir)}
             seq += 1
             while seq in taken:  # a run of planted names is passed in one listing, not one try each
@@ -185,10 +167,45 @@ def take_ticket(state_dir: str, pool: str, info: dict[str, object],
         # Fixed width, written in place: never a truncated, empty counter.
         os.pwrite(seq_fd, b"%020d\n" % seq, 0)
     except OSError as e:
-        raise StateDirError(f"state directory {state_dir} is not usable: {e.strerror}", state_dir) from None
+        raise StateDirError(
+            f"state directory {state_dir} is not usable: {e.strerror} ({e.filename or state_dir})", state_dir
+        ) from None
     finally:
         os.close(seq_fd)
-    return Ticket(final, fd, seq, pool, full)
+    return Ticket(os.path.join(pdir, f"{seq:016d}{TICKET_SUFFIX}"), fd, seq, pool, full)
+
+
+def _name_ticket(pdir: str, seq: int, info: dict[str, object]) -> int:
+    """Our ticket, saying `info`, as number `seq` of the line in `pdir`:
+    its descriptor, locked; -1 if that name could not be ours."""
+    final = os.path.join(pdir, f"{seq:016d}{TICKET_SUFFIX}")
+    tmp = os.path.join(pdir, f".{seq:016d}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    # Writable by its owner only: nobody else can touch it (and its ctime).
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    named = False
+    try:
+        # In a shared line, readable by everyone in it, whatever our umask
+        # (077 would hide the run's label and pid from their status).
+        share_created(fd, pdir, writable=False)
+        # Locked before it gets its visible name, so nobody can see an
+        # unlocked live ticket and remove it.
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.write(fd, to_json(info).encode())
+        try:
+            os.link(tmp, final)  # never replaces a name that is there
+            named = True
+        except FileExistsError:
+            pass  # planted, or taken just now (no counter lock): the next free number
+        except FileNotFoundError:
+            pass  # our temp, removed before we locked it (remove_stale_temps of an older slotq): anew
+    finally:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        if not named:
+            os.close(fd)
+    return fd if named else -1
 
 
 class _Busy(Exception):
@@ -582,12 +599,23 @@ def live_tickets(pdir: str, locked: set[tuple[int, int]] | None) -> list[tuple[i
     return [(e.seq, e.path) for e in scan(pdir) if (e.dev, e.ino) in locked]
 
 
-def remove_stale_temps(pdir: str) -> None:
-    """Remove `.tmp` tickets whose creator died before naming them."""
+def remove_stale_temps(pdir: str, now: float | None = None) -> None:
+    """Remove `.tmp` tickets whose creator died before naming them. A
+    temp is unlocked from its creation to its creator's flock (`take`):
+    one younger than STALE_TEMP_S is left alone, or a `slotq status` at
+    that moment would remove a live caller's ticket under it (the caller
+    then failed: "state directory ... is not usable", benchmarks/, 12-06)."""
     try:
         names = os.listdir(pdir)
     except FileNotFoundError:
         return
+    now = time.time() if now is None else now
     for name in names:
         if name.startswith(".") and name.endswith(".tmp"):
-            probe(os.path.join(pdir, name))
+            path = os.path.join(pdir, name)
+            try:
+                young = now - os.lstat(path).st_mtime < STALE_TEMP_S
+            except OSError:
+                continue
+            if not young:
+                probe(path)
