@@ -91,9 +91,14 @@ def write(path: str, names: tuple[str, ...] = RUN_MODULES) -> int:
     index = {name: (*entry[:4], start + entry[4], entry[5]) for name, entry in index.items()}
     head = marshal.dumps((_header(), index))  # the same length: only the offsets' values changed
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(len(head).to_bytes(8, "little") + head + b"".join(codes))
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(len(head).to_bytes(8, "little") + head + b"".join(codes))
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
     return len(index)
 
 
