@@ -2,9 +2,10 @@
 launcher (bin/slotq) reads at start-up.
 
 Imported the usual way, each module costs its finder's stats, an open, a
-read and a check of its .pyc: about 60 us, some 2.5 ms of the 25 ms of CPU
-a whole local `slotq run -- true` costs (docs/performance.md, "Per
-call"). Read from the bundle, each costs a stat and an unmarshal.
+read and a check of its .pyc; read from the bundle, a stat, a pread and
+an unmarshal. For the 40-50 modules of a run that is 1.6-1.8 ms of the
+22-24 ms of CPU a whole local `slotq run -q -- true` costs, and 12-14 %
+more runs a second in a burst (docs/performance.md, "Per call").
 
 `write` (scripts/write_launcher.py, at install) compiles RUN_MODULES from
 their sources; `use` (the launcher) puts a finder for them first in
@@ -16,8 +17,8 @@ all. It lives beside the package's .pyc files and is trusted as they are:
 whoever can write it can write slotq's code.
 
 Only what `slotq run` imports is in it: the other commands import the
-usual way, and so does a module missing from RUN_MODULES (tests/
-test_bundle.py fails then, naming it).
+usual way, and so does a module missing from RUN_MODULES
+(tests/test_bundle.py fails then, naming it).
 """
 
 from __future__ import annotations
