@@ -34,7 +34,7 @@ def _from_files(verbose: str) -> set[str]:
     found = re.findall(r"^# code object from '?(\S+?)'?$", verbose, re.M)
     out = set()
     for path in found:
-        p = Path(path.replace("__pycache__/", "").replace(".cpython-311.pyc", ".py"))
+        p = Path(path.replace("__pycache__/", "").replace(f".{sys.implementation.cache_tag}.pyc", ".py"))
         if SRC in p.parents:
             out.add(".".join(p.relative_to(SRC).with_suffix("").parts).removesuffix(".__init__"))
     return out
