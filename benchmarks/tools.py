@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = REPO / ".venv" / "bin"
 # Another build's launcher to measure in place of this checkout's (an A/B of
 # two commits in the same hour: docs/performance.md). Its tickets must be
-# readable by this checkout's slotq.host.ticket (Slotq.queued).
+# readable by this checkout's slotq.host.line (Slotq.queued).
 SLOTQ = os.environ.get("SLOTQ_BENCH_SLOTQ") or str(VENV_BIN / "slotq")
 PYTHON = str(VENV_BIN / "python")
 
@@ -224,7 +224,7 @@ class Slotq(Tool):
 
     def queued(self) -> int:
         sys.path.insert(0, str(REPO / "src"))
-        from slotq.host.ticket import list_tickets, pool_dir, probe
+        from slotq.host.line import list_tickets, pool_dir, probe
 
         return sum(1 for _, p in list_tickets(pool_dir(str(self.state), "shared")) if probe(p))
 
@@ -232,7 +232,7 @@ class Slotq(Tool):
         """The labels of the runs in the shared line, in line order (the
         host's ticket numbers): the order slotq promises to start them in."""
         sys.path.insert(0, str(REPO / "src"))
-        from slotq.host.ticket import list_tickets, pool_dir, read_info
+        from slotq.host.line import list_tickets, pool_dir, read_info
 
         return [str((read_info(p) or {}).get("label")) for _, p in list_tickets(pool_dir(str(self.state), "shared"))]
 

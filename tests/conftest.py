@@ -353,7 +353,7 @@ Start = Callable[..., "Run"]
 
 
 def live_tickets(state_dir: Path, pool: str = "shared") -> list[str]:
-    from slotq.host.ticket import list_tickets, pool_dir, probe
+    from slotq.host.line import list_tickets, pool_dir, probe
 
     return [p for _, p in list_tickets(pool_dir(str(state_dir), pool)) if probe(p)]
 

@@ -70,7 +70,7 @@ def pss_kb(pid: int) -> int:
 
 
 def ticket_info(state_dir: Path, pid: int) -> dict[str, Any]:
-    from slotq.host.ticket import list_tickets, pool_dir, read_info
+    from slotq.host.line import list_tickets, pool_dir, read_info
 
     for _, path in list_tickets(pool_dir(str(state_dir), "shared")):
         info = read_info(path) or {}

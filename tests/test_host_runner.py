@@ -21,7 +21,7 @@ from slotq.history import recent
 from slotq.host.runner import HostRunner
 from slotq.spec import RunSpec
 from slotq.host.slot import read_slot
-from slotq.host.ticket import list_tickets, pool_dir, probe
+from slotq.host.line import list_tickets, pool_dir, probe
 
 
 def decode(raw: bytes) -> list[tuple[bytes, object]]:

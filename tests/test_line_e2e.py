@@ -19,7 +19,7 @@ from conftest import (Start, blocked_in_flock, children, fd_targets, first_waite
                       one_waiting_ahead, run_in_thread, slotq_cmd, spool_ops, start_holder, wait_for)
 from slotq.client.caller import run
 from slotq.errors import UsageError
-from slotq.host.ticket import list_tickets, pool_dir, probe
+from slotq.host.line import list_tickets, pool_dir, probe
 from slotq.spec import RunSpec
 from slotq.transports.local import LocalTransport
 
@@ -147,13 +147,13 @@ def test_a_run_started_at_once_whose_keeper_cannot_fork_has_its_runner_try_again
 @pytest.mark.timeout(30)
 def test_a_run_found_in_line_before_its_runner_loads_lists_the_line_once(
         state_dir: Path, runs: Start, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from slotq.host import hostqueue, ticket
+    from slotq.host import hostqueue, line
 
     gate, log = tmp_path / "gate", tmp_path / "log"
     start_holder(runs, state_dir, gate)
     line_up(runs, state_dir, [f"echo ahead >> {log}"])
     listings: list[str] = []
-    real_ahead_entries = ticket.ahead_entries
+    real_ahead_entries = line.ahead_entries
 
     def ahead_entries(pdir: str, path: str) -> list[tuple[str, int, int, int]]:
         listings.append(path)

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import Start, live_tickets, start_holder, wait_for
 from slotq.host import lineview
-from slotq.host.ticket import list_tickets, pool_dir
+from slotq.host.line import list_tickets, pool_dir
 
 SLOTS: list[dict[str, object]] = [{"slot": "shared#0", "held": True, "label": "lint", "user": "alice",
                                    "held_s": 2.0, "phase": "running"}]

@@ -18,7 +18,7 @@ from conftest import blocked_in_flock, history_written, take_slot, wait_for
 from slotq.config import HostConfig
 from slotq.host.hostqueue import Waiter
 from slotq.host.slot import SlotProbe, read_slot
-from slotq.host.ticket import list_tickets, pool_dir, probe
+from slotq.host.line import list_tickets, pool_dir, probe
 
 CFG = HostConfig()
 
@@ -166,7 +166,7 @@ def test_waiting_on_inotify_and_prctl_do_not_load_ctypes(tmp_path: Path) -> None
 
 BURY_UNDER_A_STOP = """
 import json, os, signal, sys
-from slotq.host import ticket
+from slotq.host import line, ticket
 from slotq.statefile import open_state
 
 state = sys.argv[1]
@@ -190,7 +190,7 @@ def unlink_then_stop(path, *a, **k):
 
 os.unlink = unlink_then_stop
 try:
-    ticket.bury(t.path, fd)
+    line.bury(t.path, fd)
 except Stop:
     print("stopped after")
 else:
@@ -211,59 +211,6 @@ def test_a_dead_ticket_buried_by_a_keeper_told_to_stop_keeps_its_history_line(tm
     lines = history_written(tmp_path)
     assert [line["run_id"] for line in lines] == ["r-victim"]
     assert lines[0]["outcome"] == "caller_gone"
-
-
-def test_a_status_look_leaves_a_ticket_being_made_alone(tmp_path: Path) -> None:
-    # A ticket's temp is unlocked from its creation to its creator's flock:
-    # a look at the line (`slotq status`, a host survey) in that moment
-    # removed it, and the caller failed ("state directory ... is not
-    # usable: No such file or directory", benchmarks/binding.py, 12-06).
-    from slotq.host.ticket import STALE_TEMP_S, remove_stale_temps
-
-    pdir = tmp_path / "tickets" / "shared"
-    pdir.mkdir(parents=True)
-    being_made, left = pdir / ".0000000000000001.123.ab.tmp", pdir / ".0000000000000002.124.cd.tmp"
-    held = pdir / ".0000000000000003.125.ef.tmp"
-    for p in (being_made, left, held):
-        p.write_text("")
-    now = time.time()
-    for p in (left, held):
-        os.utime(p, (now - STALE_TEMP_S - 1, now - STALE_TEMP_S - 1))
-    fd = os.open(held, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        remove_stale_temps(str(pdir), now)
-        assert sorted(p.name for p in pdir.iterdir()) == [being_made.name, held.name]  # the dead one is gone
-    finally:
-        os.close(fd)
-
-
-def test_a_ticket_whose_temp_vanished_before_its_lock_is_named_anew(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    # An older slotq's status, in a shared line, may still remove a temp
-    # in the moment before its creator locks it: the caller takes the next
-    # name, rather than failing.
-    from slotq.host import ticket
-    from slotq.statefile import share_created as real
-
-    removed: list[str] = []
-
-    def share_then_lose(fd: int, path: str, *, writable: bool = True) -> None:
-        real(fd, path, writable=writable)
-        temps = [n for n in os.listdir(path) if n.endswith(".tmp")]  # (the first call shares the counter)
-        if temps and not removed:
-            os.unlink(os.path.join(path, temps[0]))
-            removed.append(temps[0])
-
-    monkeypatch.setattr("slotq.host.ticket.share_created", share_then_lose)
-    t = ticket.take_ticket(str(tmp_path), "shared", {"run_id": "r-1"})
-    try:
-        assert removed and removed[0].startswith(".0000000000000001.")
-        assert [os.path.basename(p) for _, p in list_tickets(pool_dir(str(tmp_path), "shared"))] == [
-            os.path.basename(t.path)]
-        assert probe(t.path) is True
-    finally:
-        os.close(t.fd)
 
 
 def test_later_tickets_never_overtake_earlier_live_ones(tmp_path: Path) -> None:
@@ -454,7 +401,7 @@ def test_wait_turn_waits_in_the_kernel_for_the_live_ticket_ahead_and_skips_dead_
     dead.kill()
     dead.wait()
     mine = Waiter(str(tmp_path), CFG, "shared", {})
-    code = ("import sys\nfrom slotq.host.ticket import wait_turn\n"
+    code = ("import sys\nfrom slotq.host.line import wait_turn\n"
             f"wait_turn({mine.ticket.path!r}, {mine.ticket.seq})\nprint('turn', flush=True)\n")
     waiter = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
@@ -481,7 +428,7 @@ def test_wait_turn_far_back_in_line_does_not_open_every_ticket_that_went(tmp_pat
     # not after an open (failing) for each of the 99 gone: on every
     # hand-over of a long line, that was milliseconds of CPU.
     from slotq import statefile
-    from slotq.host import ticket
+    from slotq.host import line
 
     ahead = [Waiter(str(tmp_path), CFG, "shared", {}) for _ in range(100)]
     mine = Waiter(str(tmp_path), CFG, "shared", {})
@@ -492,11 +439,11 @@ def test_wait_turn_far_back_in_line_does_not_open_every_ticket_that_went(tmp_pat
         opened.append(path)
         return real_open(path, flags, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(ticket, "open_state", counting)
+    monkeypatch.setattr(line, "open_state", counting)
     done = threading.Event()
 
     def turn() -> None:
-        ticket.wait_turn(mine.ticket.path, mine.ticket.seq)
+        line.wait_turn(mine.ticket.path, mine.ticket.seq)
         done.set()
 
     threading.Thread(target=turn, daemon=True).start()
@@ -513,90 +460,6 @@ def test_wait_turn_far_back_in_line_does_not_open_every_ticket_that_went(tmp_pat
             w.withdraw()
 
 
-@pytest.mark.timeout(30)
-def test_the_ticket_counter_wait_goes_on_without_the_lock_only_when_nobody_takes_tickets(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # A crowd (a thousand callers started at once on two cores) keeps the
-    # counter moving: waiting longer than the limit is then no reason to
-    # go on without the lock. A holder that sits on it, the counter still, is.
-    import fcntl
-
-    from slotq.host import ticket
-
-    monkeypatch.setattr(ticket, "SEQ_LOCK_LIMIT", 0.3)
-    seq = tmp_path / "seq"
-    seq.write_text("%020d\n" % 0)
-    holder = os.open(seq, os.O_RDWR)
-    fcntl.flock(holder, fcntl.LOCK_EX)
-    stop = threading.Event()
-
-    def crowd() -> None:  # tickets taken all the time, the lock never free to us
-        n = 0
-        while not stop.wait(0.05):
-            n += 1
-            os.pwrite(holder, b"%020d\n" % n, 0)
-
-    t = threading.Thread(target=crowd)
-    t.start()
-    mine = os.open(seq, os.O_RDWR)
-    try:
-        def crowd_done() -> None:
-            stop.set()
-            fcntl.flock(holder, fcntl.LOCK_UN)
-
-        threading.Timer(1.5, crowd_done).start()
-        t0 = time.monotonic()
-        assert ticket._lock_seq(mine, str(seq), None)  # 5x the limit, and it is ours
-        assert time.monotonic() - t0 >= 1.4
-        fcntl.flock(mine, fcntl.LOCK_UN)
-        t.join()
-        fcntl.flock(holder, fcntl.LOCK_EX)  # now a holder that sits still
-        t0 = time.monotonic()
-        assert ticket._lock_seq(mine, str(seq), None) is False  # not ours: the run goes on without it
-        assert time.monotonic() - t0 >= 0.3
-    finally:
-        stop.set()
-        os.close(mine)
-        os.close(holder)
-
-
-@pytest.mark.timeout(30)
-def test_a_machine_that_stood_still_is_not_a_stuck_ticket_counter(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    # A paused VM: the clock jumps past the limit between two looks. That
-    # is not a holder sitting on the counter (seen once in a benchmark run
-    # on a stalled machine: one of 1000 callers refused at the counter).
-    import fcntl
-    import types
-
-    from slotq.host import ticket
-
-    seq = tmp_path / "seq"
-    seq.write_text("%020d\n" % 0)
-    holder = os.open(seq, os.O_RDWR)
-    fcntl.flock(holder, fcntl.LOCK_EX)
-    jump = [0.0]
-    monkeypatch.setattr(ticket, "time", types.SimpleNamespace(monotonic=lambda: time.monotonic() + jump[0],
-                                                              sleep=time.sleep))
-    looks: list[float] = []
-
-    def wait(seconds: float) -> None:
-        looks.append(seconds)
-        if len(looks) == 1:
-            jump[0] = ticket.SEQ_LOCK_LIMIT + 1  # the machine stood still here
-        if len(looks) == 5:
-            fcntl.flock(holder, fcntl.LOCK_UN)  # the honest holder's microseconds end
-        # No real pause: the clock above says how long the looks took.
-
-    mine = os.open(seq, os.O_RDWR)
-    try:
-        ticket._lock_seq(mine, str(seq), wait)  # ours, not an error
-        assert len(looks) == 5
-    finally:
-        os.close(mine)
-        os.close(holder)
-
-
 @pytest.mark.timeout(20)
 def test_wait_turn_takes_a_ticket_ahead_that_became_a_link_for_no_ticket(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
@@ -604,14 +467,14 @@ def test_wait_turn_takes_a_ticket_ahead_that_became_a_link_for_no_ticket(tmp_pat
     # listing and our open (the tickets directory is shared). A link is
     # nobody's place, as in probe(): our turn is not held up, and the keeper
     # waiting here does not fail (its run would end `unavailable`).
-    from slotq.host import ticket
+    from slotq.host import line
 
     mine = Waiter(str(tmp_path), CFG, "shared", {})
     link = os.path.join(os.path.dirname(mine.ticket.path), "0000000000000000.t")
     os.symlink(mine.ticket.path, link)
-    monkeypatch.setattr(ticket, "ahead_entries", lambda pdir, path: [(link, 0, 0, 0)])
+    monkeypatch.setattr(line, "ahead_entries", lambda pdir, path: [(link, 0, 0, 0)])
     try:
-        ticket.wait_turn(mine.ticket.path, mine.ticket.seq)
+        line.wait_turn(mine.ticket.path, mine.ticket.seq)
         assert os.path.islink(link)  # not ours to remove
     finally:
         mine.withdraw()

@@ -258,7 +258,7 @@ def test_any_json_value_in_a_ticket_or_holder_record_is_survived(tmp_path: Path,
     from slotq.config import HostConfig
     from slotq.host import orphans
     from slotq.host.slot import read_slot
-    from slotq.host.ticket import pool_dir, probe
+    from slotq.host.line import pool_dir, probe
 
     monkeypatch.delenv("SLOTQ_CONFIG", raising=False)
     state = str(tmp_path)

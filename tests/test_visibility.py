@@ -468,7 +468,7 @@ def test_the_first_status_line_names_the_run_id_which_run_id_can_set(state_dir: 
 
 
 def ticket_run_id(state_dir: Path) -> str:
-    from slotq.host.ticket import read_info
+    from slotq.host.line import read_info
 
     (path,) = live_tickets(state_dir)
     return str((read_info(path) or {}).get("run_id"))

@@ -158,7 +158,7 @@ def query(state_dir: str, config: HostConfig, **filters: object) -> tuple[list[d
 
     from slotq.errors import StateDirError
     from slotq.history.index import Index
-    from slotq.host.ticket import bury_dead
+    from slotq.host.line import bury_dead
 
     bury_dead(state_dir, config.pools)
     try:

@@ -243,7 +243,7 @@ def away_gone() -> int:
 
     WaitRecorder(run_id=str(what["run_id"]), workdir=str(what["workdir"]), host=str(what["host"]),
                  path=str(what["ledger"]), warn=lambda line: None).closer("queue")(now)
-    from slotq.host.ticket import bury
+    from slotq.host.line import bury
 
     bury(str(what["path"]), int(what["fd"]))
     return 0

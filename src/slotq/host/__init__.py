@@ -6,7 +6,8 @@
     hostrun.py       what the steps share, and the run's end (finish)
     callerlink.py  the runner's link to its caller (stream out, channel in, signals, cancel)
     hostqueue.py   one caller's wait in line (tickets, watches, the head's attempts)
-    ticket.py      tickets: the sequence, liveness by kernel lock, line order
+    ticket.py      a ticket taken: the sequence, its name, admission; leaving the line
+    line.py        the line as its ticket files show it: order, live or dead, a turn waited for
     claim.py       the claim window: passing over a head that leaves a free slot untaken
     admission.py   who may wait: the host's [admission] limits
     slot.py        slot lock files and holder records

@@ -57,7 +57,7 @@ def program(name: str) -> str | None:
 def plan(state_dir: str, pool: str, ticket_path: str) -> int | None:
     """Should the run holding `ticket_path` go away? A descriptor of the
     ticket to wait for (AWAY_AHEAD + 1 places ahead), else None."""
-    from .ticket import ahead_of
+    from .line import ahead_of
 
     ahead = ahead_of(os.path.dirname(ticket_path), ticket_path)
     if len(ahead) <= AWAY_AHEAD or program("flock") is None:

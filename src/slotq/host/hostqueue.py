@@ -1,7 +1,7 @@
 """The host queue: tickets in line, slots to lease, and the wait between.
 
-Daemonless and crash-safe; see ticket.py and slot.py for the two kinds of
-lock file. A `Waiter` is one caller's wait, driven by its owner's loop:
+Daemonless and crash-safe; see line.py (and ticket.py) and slot.py for the
+two kinds of lock file. A `Waiter` is one caller's wait, driven by its owner's loop:
 
     waiter = Waiter(state_dir, config, pool, info)
     while (lease := waiter.attempt()) is None:
@@ -32,7 +32,8 @@ from ..config import HostConfig
 from ..errors import AdmissionRefused, StateDirError
 from ..procinfo import MARKER
 from .slot import SlotLease, SlotProbe
-from .ticket import Ticket, ahead_entries, list_tickets, live_tickets, pool_dir, probe, take_ticket
+from .ticket import Ticket, take_ticket
+from .line import ahead_entries, list_tickets, live_tickets, pool_dir, probe
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

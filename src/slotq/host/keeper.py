@@ -32,7 +32,7 @@ from . import libc
 from .child import ChildEnd
 from .slot import open_slot_file, still_at_path, write_record
 from .terminate import terminate_group, yield_cpu
-from .ticket import wait_turn
+from .line import wait_turn
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
