@@ -69,7 +69,8 @@ def write(path: str, names: tuple[str, ...] = RUN_MODULES) -> int:
 
     The file: the index's length (8 bytes), the index (marshal: the header
     and, for each module, its source's path, size and mtime, and where its
-    code is), then each module's code (marshal)."""
+    code is, counted from the index's end), then each module's code
+    (marshal)."""
     import importlib.util
 
     index: dict[str, tuple[str, bool, int, int, int, int]] = {}
@@ -88,9 +89,6 @@ def write(path: str, names: tuple[str, ...] = RUN_MODULES) -> int:
         codes.append(code)
         offset += len(code)
     head = marshal.dumps((_header(), index))
-    start = 8 + len(head)
-    index = {name: (*entry[:4], start + entry[4], entry[5]) for name, entry in index.items()}
-    head = marshal.dumps((_header(), index))  # the same length: only the offsets' values changed
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         with open(tmp, "wb") as f:
@@ -121,7 +119,7 @@ def use(path: str) -> bool:
     if header != _header() or not isinstance(index, dict):
         os.close(fd)
         return False
-    sys.meta_path.insert(0, _Finder(fd, index))
+    sys.meta_path.insert(0, _Finder(fd, 8 + length, index))
     return True
 
 
@@ -146,8 +144,9 @@ class _Finder:
     bundle's modules, a waiting one 50), and keeps the bundle open for
     that (close-on-exec: no command inherits it)."""
 
-    def __init__(self, fd: int, index: dict[str, tuple[str, bool, int, int, int, int]]) -> None:
+    def __init__(self, fd: int, codes_at: int, index: dict[str, tuple[str, bool, int, int, int, int]]) -> None:
         self._fd = fd
+        self._codes_at = codes_at  # where the modules' code begins in the file
         self._index = index
         self._code: dict[str, bytes] = {}
 
@@ -163,7 +162,7 @@ class _Finder:
             st = os.stat(origin)
             if (st.st_mtime_ns, st.st_size) != (mtime_ns, size) or not 0 < length <= MAX_BYTES:
                 return None  # its source changed: the usual import compiles it
-            code = os.pread(self._fd, length, offset)
+            code = os.pread(self._fd, length, self._codes_at + offset)
         except (OSError, TypeError, ValueError):
             return None
         if len(code) != length:
