@@ -18,10 +18,10 @@ from slotq import protocol
 from slotq.clock import Clock
 from slotq.config import HostConfig
 from slotq.history import recent
-from slotq.host.runner import HostRunner
-from slotq.spec import RunSpec
-from slotq.host.slot import read_slot
 from slotq.host.line import list_tickets, pool_dir, probe
+from slotq.host.runner import HostRunner
+from slotq.host.slot import read_slot
+from slotq.spec import RunSpec
 
 
 def decode(raw: bytes) -> list[tuple[bytes, object]]:

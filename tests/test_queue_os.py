@@ -17,8 +17,8 @@ import pytest
 from conftest import blocked_in_flock, history_written, take_slot, wait_for
 from slotq.config import HostConfig
 from slotq.host.hostqueue import Waiter
-from slotq.host.slot import SlotProbe, read_slot
 from slotq.host.line import list_tickets, pool_dir, probe
+from slotq.host.slot import SlotProbe, read_slot
 
 CFG = HostConfig()
 

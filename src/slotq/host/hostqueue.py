@@ -31,9 +31,9 @@ import time
 from ..config import HostConfig
 from ..errors import AdmissionRefused, StateDirError
 from ..procinfo import MARKER
+from .line import ahead_entries, list_tickets, live_tickets, pool_dir, probe
 from .slot import SlotLease, SlotProbe
 from .ticket import Ticket, take_ticket
-from .line import ahead_entries, list_tickets, live_tickets, pool_dir, probe
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

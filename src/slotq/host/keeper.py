@@ -30,9 +30,9 @@ from ..errors import SlotqError
 from ..records import to_json
 from . import libc
 from .child import ChildEnd
+from .line import wait_turn
 from .slot import open_slot_file, still_at_path, write_record
 from .terminate import terminate_group, yield_cpu
-from .line import wait_turn
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

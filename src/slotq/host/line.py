@@ -269,7 +269,7 @@ def bury(path: str, fd: int) -> None:
             phases={"submitted": since if isinstance(since, (int, float)) else None,  # clean: a number or None
                     "ended": time.time()})
     state_dir = os.path.dirname(os.path.dirname(os.path.dirname(path)))
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, signal.STOPS)
     try:
         try:
             os.unlink(path)

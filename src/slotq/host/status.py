@@ -13,9 +13,9 @@ from ..records import printable
 from ..statefile import StateFileError, kind, open_state
 from . import orphans
 from .claim import CLAIM_WINDOW
+from .line import ignored, list_tickets, pool_dir, probe, read_info, remove_stale_temps, scan
 from .proclocks import describe_holders, holder_pids, owners
 from .slot import read_slot, slot_name, slot_path
-from .line import ignored, list_tickets, pool_dir, probe, read_info, remove_stale_temps, scan
 
 Table = dict[tuple[int, int], list[int]]
 

@@ -302,8 +302,8 @@ def back(state_dir: str) -> Back | None:
         end_watcher(int(what["watcher"]))
     import fcntl
 
-    from ..host.ticket import Ticket
     from ..host.line import MAX_INFO, pool_dir
+    from ..host.ticket import Ticket
 
     try:
         st = os.fstat(fd)
