@@ -1,7 +1,8 @@
 """The host queue: tickets in line, slots to lease, and the wait between.
 
-Daemonless and crash-safe; see line.py (and ticket.py) and slot.py for the
-two kinds of lock file. A `Waiter` is one caller's wait, driven by its owner's loop:
+Daemonless and crash-safe; the two kinds of lock file are tickets
+(ticket.py takes one, line.py reads the line) and slots (slot.py). A
+`Waiter` is one caller's wait, driven by its owner's loop:
 
     waiter = Waiter(state_dir, config, pool, info)
     while (lease := waiter.attempt()) is None:

@@ -308,10 +308,11 @@ def live_tickets(pdir: str, locked: set[tuple[int, int]] | None) -> list[tuple[i
 
 def remove_stale_temps(pdir: str, now: float | None = None) -> None:
     """Remove `.tmp` tickets whose creator died before naming them. A
-    temp is unlocked from its creation to its creator's flock (`take`):
-    one younger than STALE_TEMP_S is left alone, or a `slotq status` at
-    that moment would remove a live caller's ticket under it (the caller
-    then failed: "state directory ... is not usable", benchmarks/, 12-06)."""
+    temp is unlocked from its creation to its creator's flock (ticket.py,
+    `_name_ticket`): one younger than STALE_TEMP_S is left alone, or a
+    `slotq status` at that moment would remove a live caller's ticket
+    under it (the caller then failed: "state directory ... is not
+    usable", benchmarks/, 12-06)."""
     try:
         names = os.listdir(pdir)
     except FileNotFoundError:
