@@ -155,7 +155,7 @@ def test_a_run_found_in_line_before_its_runner_loads_lists_the_line_once(
     listings: list[str] = []
     real_ahead_entries = line.ahead_entries
 
-    def ahead_entries(pdir: str, path: str) -> list[tuple[str, int, int, int]]:
+    def ahead_entries(pdir: str, path: str) -> list[line.Entry]:
         listings.append(path)
         return real_ahead_entries(pdir, path)
 

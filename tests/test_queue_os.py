@@ -472,7 +472,7 @@ def test_wait_turn_takes_a_ticket_ahead_that_became_a_link_for_no_ticket(tmp_pat
     mine = Waiter(str(tmp_path), CFG, "shared", {})
     link = os.path.join(os.path.dirname(mine.ticket.path), "0000000000000000.t")
     os.symlink(mine.ticket.path, link)
-    monkeypatch.setattr(line, "ahead_entries", lambda pdir, path: [(link, 0, 0, 0)])
+    monkeypatch.setattr(line, "ahead_entries", lambda pdir, path: [line.Entry(0, link, 0, 0, 0, 0)])
     try:
         line.wait_turn(mine.ticket.path, mine.ticket.seq)
         assert os.path.islink(link)  # not ours to remove

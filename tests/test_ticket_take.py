@@ -59,7 +59,7 @@ def test_a_ticket_whose_temp_vanished_before_its_lock_is_named_anew(tmp_path: Pa
     monkeypatch.setattr("slotq.host.ticket.share_created", share_then_lose)
     t = ticket.take_ticket(str(tmp_path), "shared", {"run_id": "r-1"})
     try:
-        assert removed and removed[0].startswith(".0000000000000001.")
+        assert removed and removed[0].startswith(".") and removed[0].endswith(".tmp")
         assert [os.path.basename(p) for _, p in list_tickets(pool_dir(str(tmp_path), "shared"))] == [
             os.path.basename(t.path)]
         assert probe(t.path) is True
@@ -147,3 +147,34 @@ def test_a_machine_that_stood_still_is_not_a_stuck_ticket_counter(tmp_path: Path
     finally:
         os.close(mine)
         os.close(holder)
+
+
+def test_a_run_of_planted_names_at_the_present_microsecond_is_passed_in_one_listing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    from slotq.host import ticket
+
+    now_us = 1_800_000_000_000_000
+    monkeypatch.setattr(ticket, "time", types.SimpleNamespace(time_ns=lambda: now_us * 1000,
+                                                              monotonic=time.monotonic, sleep=time.sleep))
+    pdir = tmp_path / "tickets" / "shared"
+    pdir.mkdir(parents=True)
+    for i in range(now_us, now_us + 500):
+        (pdir / f"{i:016d}.t").touch()  # planted: nobody holds them
+    listings: list[str] = []
+    real = ticket.ticket_names  # type: ignore[attr-defined]
+
+    def names(path: str) -> list[tuple[int, str]]:
+        listings.append(path)
+        return real(path)
+
+    monkeypatch.setattr(ticket, "ticket_names", names)
+    t = ticket.take_ticket(str(tmp_path), "shared", {"run_id": "r-1"})
+    try:
+        # (The dead names it looked at above the present are removed as it
+        # goes: ours. Another member's stay, and are passed all the same.)
+        assert now_us < t.seq <= now_us + 500 and os.path.basename(t.path) == f"{t.seq:016d}.t"
+        assert len(listings) == 2  # the highest live one, and the one listing of the names taken
+    finally:
+        os.close(t.fd)

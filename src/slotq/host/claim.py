@@ -1,96 +1,134 @@
-"""Passing over a head of the line that does not take a free slot.
+"""Passing over tickets at the head of the line that do not take a free slot.
 
 FIFO holds among live callers that *claim*: a real slotq at the head of
 its line takes a free slot within milliseconds (its keeper is granted the
 slot's lock by the kernel, its runner is woken by inotify). A process that
 holds a ticket's lock and does nothing -- a ticket made by hand, a slotq
 stopped with SIGSTOP -- would otherwise keep everyone behind it waiting with
-the slot free, for ever.
+the slot free, for ever. A claim is the one thing such a holder cannot fake
+without serving the line; so the line is judged by claims, and every waiter
+judges, not only the one right behind the head (that one may be the same
+member's second ticket, which never judges).
 
-So every waiter behind looks now and then at the kernel's lock table:
-which ticket ahead of its own is the earliest live one (the head), and
-whether a slot of the pool is free. A head seen leaving a slot free at
-every look for `CLAIM_WINDOW` seconds, its lock holders using no CPU, is
-passed over: this waiter no longer waits for it (nor do the others, who
-looked too). Its ticket is not touched: its place is kept, and if it
-claims a slot later it gets one like any head. A head whose holders use
-CPU (a slotq still loading on a crowded machine) is given `BUSY_WINDOW`.
+The judgement, one waiter's, over an *episode* (a stretch of its looks
+that each found a slot of the pool free; a look that finds every slot
+held ends it):
+- the first head -- the earliest live ticket ahead of ours not passed
+  over -- is passed over once it has left the slot free for
+  `CLAIM_WINDOW` with its lock holders idle (`BUSY_WINDOW` while they use
+  CPU: a slotq still loading on a crowded machine);
+- then every ticket of the same owner (the kernel's owner of the ticket
+  file) that has stood in line since the episode began is passed over
+  `OWNER_GRACE` after that owner's first pass, all at once: a chain of any
+  number of one member's tickets costs the line one window, not one each.
+  An honest run of that user right behind its stalled ticket looks each
+  second and so claims within the grace;
+- a ticket of another owner that becomes the head through our passing (an
+  heir) gets `HEIR_WINDOW`: an honest heir further back notices the free
+  slot within `LOOK_MOST` of us and needs the window and the grace itself,
+  so it claims before we would pass it over;
+- a ticket whose lock is held only by processes of another user than the
+  ticket file's owner is nobody's place (a dead waiter's ticket locked by
+  someone else): passed over at once.
+A ticket passed over is not touched: its place is kept, and if it claims
+a slot later it gets one like any head.
 
 How often (`every`, `check`): a waiter checks each second (`LOOK_EVERY`)
 while at most one live ticket is ahead of it, and for BUSY_WINDOW after a
-look found a slot free behind a head (a window to see through, even if
-the slot is taken now and then); with k live tickets ahead, every k*k
+look found a slot free behind a head; with k live tickets ahead, every k*k
 seconds, at most every `LOOK_MOST`. A check counts the place anew (a
-probe of the closest tickets ahead: the line moves up while we wait; a
-name planted in the line is nobody's place) and looks -- reads the
-kernel's lock table -- only right behind the head or with a window
-running. The lock table is dear: a read of /proc/locks takes the
-kernel's file_rwsem for writing, which every flock(2) on the machine
-then waits for. With every waiter looking each second, 50 idle waiters
-used 0.23 s of CPU in 20 s and a line of a thousand had 10.4 ms between
-hand-overs (6.5x flock's); checked this way, 0.014 s and 3.4 ms (1.56x).
-A waiter waits for the ticket right ahead of it and is not woken as the
-line moves up: one that comes to stand behind a head that stopped
-claiming (a slotq stopped there) finds it within its last period,
-LOOK_MOST at most, plus the window. A chain of planted
-tickets is passed over one by one, each judged from a look a second.
+probe of the closest tickets ahead) and tries the slots' locks for a
+moment (`_free_now`: a shared lock, let go at once; a free slot's head is
+woken again by a close for writing); only when a slot is free, or right
+behind the head, does it *look*: read the kernel's lock table. The lock
+table is dear: a read of /proc/locks takes the kernel's file_rwsem for
+writing, which every flock(2) on the machine then waits for. With every
+waiter looking each second, 50 idle waiters used 0.23 s of CPU in 20 s and
+a line of a thousand had 10.4 ms between hand-overs (6.5x flock's).
 
 One user's waiting runs share what they found: a run that passes a head
-over adds it to its user's own file (`.passed.<pool>.<uid>` in the state
-dir: device, inode and change time of each ticket, trusted only as this
-user's regular file that nobody else can write), and a run of that user
-that joins the line later passes those tickets over from its first look,
-rather than each run waiting out the window anew behind the same ticket.
+over adds it to its user's own file (`shared_path`: in the user's private
+state, out of every member's reach -- a name in the shared state dir can
+be taken first by another member), and a run of that user that joins the
+line later passes those tickets over from its first look.
 
 Nothing here is read from a file another user could write: the lock table,
-the slot files' inodes, /proc/PID/stat of the lock holders, our own file.
+the ticket and slot files' inodes and owners, /proc/PID of the lock
+holders, our own file.
 """
 
 from __future__ import annotations
 
 import os
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .line import Entry
+
 CLAIM_WINDOW = 5.0  # seconds an idle head may leave a slot free
 BUSY_WINDOW = 30.0  # ... and one whose lock holders are busy (loading)
+OWNER_GRACE = 3.0  # the head's owner's other tickets, once one of theirs was passed over
 LOOK_EVERY = 1.0  # how often the waiter right behind the head looks
-LOOK_MOST = 30.0  # ... and the longest a waiter far back goes without a look
-PLACE_MOST = 6  # live tickets ahead counted: LOOK_EVERY * 6 * 6 > LOOK_MOST
-MAX_SHARED = 64  # tickets remembered in a user's .passed file
+LOOK_MOST = 10.0  # ... and the longest a waiter far back goes without a check
+HEIR_WINDOW = LOOK_MOST + CLAIM_WINDOW + OWNER_GRACE + 2.0  # a head of another owner, after a pass
+PLACE_MOST = 4  # live tickets ahead counted: LOOK_EVERY * 4 * 4 > LOOK_MOST
+MAX_SHARED = 64  # tickets remembered in a user's file of passed ones
 
 
-def shared_path(pdir: str) -> str:
+def shared_path(pdir: str) -> str | None:
     """This user's file of passed-over tickets for the pool whose tickets
-    are in `pdir` (<state dir>/tickets/<pool>)."""
-    return os.path.join(os.path.dirname(os.path.dirname(pdir)), f".passed.{os.path.basename(pdir)}.{os.getuid()}")
+    are in `pdir` (<state dir>/tickets/<pool>), in the user's private state
+    (None if that cannot be named)."""
+    import hashlib
+
+    from ..config import xdg_state_home
+
+    state_dir = os.path.dirname(os.path.dirname(pdir))
+    try:
+        key = hashlib.sha256(os.path.realpath(state_dir).encode()).hexdigest()[:16]
+        return os.path.join(xdg_state_home(), "slotq", "passed", f"{key}.{os.path.basename(pdir)}")
+    except (OSError, ValueError):
+        return None
+
+
+class _Episode:
+    """What one waiter saw since its looks began to find a slot free."""
+
+    __slots__ = ("seen", "struck", "passes", "head", "head_since", "idle_since", "cpu")
+
+    def __init__(self) -> None:
+        self.seen: dict[str, float] = {}  # ticket -> first look that saw it live ahead, a slot free
+        self.struck: dict[int, float] = {}  # owner -> when we first passed over a ticket of theirs
+        self.passes = 0
+        self.head: str | None = None
+        self.head_since = 0.0
+        self.idle_since = 0.0  # the first head's holders last seen using CPU
+        self.cpu: int | None = None
 
 
 class Claims:
-    """One waiter's view of whether the head of its line claims.
+    """One waiter's view of whether the tickets ahead of it claim.
 
-    `ahead`: (path, device, inode, change time) of the tickets ahead of
-    ours, in line order (no ticket is ever created ahead of ours).
+    `ahead`: the tickets ahead of ours, in line order (line.Entry: path,
+    identity, change time, owner; no ticket is ever created ahead of ours).
     `slot_paths`: the pool's slot files. `shared`: this user's file of
     tickets passed over (shared_path), or None."""
 
-    def __init__(self, ahead: list[tuple[str, int, int, int]], slot_paths: list[str],
-                 shared: str | None = None) -> None:
+    def __init__(self, ahead: list[Entry], slot_paths: list[str], shared: str | None = None) -> None:
         self.ahead = ahead
         self.slot_paths = slot_paths
         self.shared = shared
         self.passed: set[str] = set()
         known = self._known()
-        for path, *ident in ahead:
-            if tuple(ident) in known:
-                self.passed.add(path)
-        self._head: str | None = None
+        for e in ahead:
+            if (e.dev, e.ino, e.ctime_ns) in known:
+                self.passed.add(e.path)
         self._look_until = 0.0  # look each second until then (a slot seen free behind a head)
-        self._since = 0.0  # the head first seen leaving a slot free
-        self._idle_since = 0.0  # ... and its holders last seen using CPU
-        self._cpu: int | None = None
+        self._episode: _Episode | None = None
 
     def look(self, now: float, table: dict[tuple[int, int], list[int]] | None = None) -> str | None:
         """One look (`table`: proclocks.owners(), read if not given). The
-        path of a ticket passed over at this look, else None."""
+        path of the last ticket passed over at this look, else None."""
         if table is None:
             from .proclocks import owners, raw
 
@@ -98,30 +136,48 @@ class Claims:
             if data is None:
                 return None  # the kernel does not say: nobody is passed over
             if not any(f":{ino} ".encode() not in data for ino in self._slot_inodes()):
-                self._head = None  # every slot held (the usual look: a search, no parse)
+                self._episode = None  # every slot held (the usual look: a search, no parse)
                 return None
             table = owners(data)
             if table is None:
                 return None
-        head = next(((path, (dev, ino)) for path, dev, ino, _ in self.ahead
-                     if path not in self.passed and (dev, ino) in table), None)
-        if head is None or not self._slot_free(table):
-            self._head = None
+        if not self._slot_free(table):
+            self._episode = None
             return None
         self._look_until = now + BUSY_WINDOW
-        path, key = head
-        cpu = _cpu_ticks(table[key])
-        if path != self._head:
-            self._head, self._since, self._idle_since, self._cpu = path, now, now, cpu
-            return None
-        if cpu != self._cpu:
-            self._idle_since, self._cpu = now, cpu
-        if now - self._idle_since < CLAIM_WINDOW and now - self._since < BUSY_WINDOW:
-            return None
-        self.passed.add(path)
-        self._head = None
-        self._share()
-        return path
+        ep = self._episode = self._episode or _Episode()
+        live = [e for e in self.ahead if e.path not in self.passed and (e.dev, e.ino) in table]
+        for e in live:
+            ep.seen.setdefault(e.path, now)
+        passed = None
+        uids: dict[int, int | None] = {}
+        for e in live:
+            holders = table[(e.dev, e.ino)]
+            if _owners_hold(e.uid, holders, uids) and not self._overdue(e, holders, now, ep):
+                break
+            self.passed.add(e.path)
+            ep.struck.setdefault(e.uid, now)
+            ep.passes += 1
+            ep.head = None
+            passed = e.path
+        if passed is not None:
+            self._share()
+        return passed
+
+    def _overdue(self, e: Entry, holders: list[int], now: float, ep: _Episode) -> bool:
+        """Has the head `e` had its time to claim (see the module's doc)?"""
+        if e.uid in ep.struck:
+            return now - max(ep.seen[e.path], ep.struck[e.uid]) >= OWNER_GRACE
+        if ep.head != e.path:
+            ep.head, ep.head_since, ep.idle_since = e.path, now, now
+            ep.cpu = _cpu_ticks(holders) if ep.passes == 0 else None
+            return False
+        if ep.passes:
+            return now - ep.head_since >= HEIR_WINDOW
+        cpu = _cpu_ticks(holders)
+        if cpu != ep.cpu:
+            ep.idle_since, ep.cpu = now, cpu
+        return now - ep.idle_since >= CLAIM_WINDOW or now - ep.head_since >= BUSY_WINDOW
 
     def every(self, now: float, place: int | None = None) -> float:
         """Seconds to our next check (see the module's docstring), from our
@@ -133,11 +189,12 @@ class Claims:
 
     def check(self, now: float) -> tuple[str | None, float]:
         """A waiter's check, when `every` says: our place counted anew (a
-        probe or a few), and a look only right behind the head or while
-        a head's window runs. (The path of a ticket passed over, else
-        None; seconds to the next check.)"""
+        probe or a few), and a look right behind the head, while a window
+        runs, or when a slot is free now. (The path of a ticket passed
+        over, else None; seconds to the next check.)"""
         place = self._place()
-        passed = self.look(now) if place <= 1 or now < self._look_until else None
+        looks = place <= 1 or now < self._look_until or self._free_now()
+        passed = self.look(now) if looks else None
         return passed, self.every(now, place)
 
     def _place(self) -> int:
@@ -148,19 +205,45 @@ class Claims:
         (the kernel's file_rwsem, for writing), and a line of 500 arming
         its waits that way took a minute to form."""
         place, gone = 0, set()
-        for path, *_ in reversed(self.ahead):
-            if path in self.passed:
+        for e in reversed(self.ahead):
+            if e.path in self.passed:
                 continue
-            live = _live(path)
+            live = _live(e.path)
             if live is None:
-                gone.add(path)
+                gone.add(e.path)
             elif live:
                 place += 1
                 if place == PLACE_MOST:
                     break
         if gone:
-            self.ahead = [e for e in self.ahead if e[0] not in gone]
+            self.ahead = [e for e in self.ahead if e.path not in gone]
         return place
+
+    def _free_now(self) -> bool:
+        """Is a slot of the pool free now? Tried by taking its lock, shared,
+        for a moment: no read of the lock table. A head that tried the slot
+        just then and failed is woken again by a close for writing (its
+        watch: slot.py), which only a free slot gets."""
+        import fcntl
+
+        from .slot import poke
+
+        for p in self.slot_paths:
+            try:
+                fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError:
+                return True  # not made yet: free
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            except OSError:
+                return False
+            finally:
+                os.close(fd)
+            poke(p)
+            return True
+        return False
 
     def wait_for(self, fd: int, path: str) -> bool:
         """Wait in flock(2) for the ticket at `path` (open on `fd`) to go,
@@ -221,11 +304,15 @@ class Claims:
         """Add the tickets we passed over to our user's file (best effort)."""
         if self.shared is None:
             return
-        from ..statefile import write_private
+        from ..statefile import make_private_dirs, write_private
 
-        ours = [tuple(ident) for path, *ident in self.ahead if path in self.passed]
+        ours = [(e.dev, e.ino, e.ctime_ns) for e in self.ahead if e.path in self.passed]
         known = [k for k in self._known() if k not in ours]
         lines = [b"%d %d %d" % k for k in [*known, *ours][-MAX_SHARED:]]
+        try:
+            make_private_dirs(os.path.dirname(self.shared))
+        except OSError:
+            return
         write_private(self.shared, b"\n".join(lines) + b"\n")
 
     def _slot_inodes(self) -> list[int]:
@@ -252,9 +339,24 @@ class _Look(Exception):
     """Time for a look at the head of the line (SIGALRM, in wait_for)."""
 
 
+def _owners_hold(owner: int, pids: list[int], uids: dict[int, int | None]) -> bool:
+    """Does the ticket's owner hold its lock? False only if the kernel
+    names every holder, and none is the owner's (`uids`: a cache)."""
+    from ..procinfo import uid_of
+
+    known = False
+    for pid in pids:
+        if pid not in uids:
+            uids[pid] = uid_of(pid)
+        if uids[pid] == owner:
+            return True
+        known = known or uids[pid] is not None
+    return not known
+
+
 def _live(path: str) -> bool | None:
     """Is someone's lock on the ticket at `path`? None if it is gone. (A
-    dead one is left to whoever waits on it: ticket.wait_turn buries.)"""
+    dead one is left to whoever waits on it: line.wait_turn buries.)"""
     import fcntl
 
     try:

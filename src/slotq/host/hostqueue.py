@@ -298,7 +298,7 @@ class Waiter:
             # a probe or two, not a directory listing).
             pdir = pool_dir(self.state_dir, self.pool)
             entries = ahead_entries(pdir, self.ticket.path)
-            self._earlier = [e[0] for e in entries]
+            self._earlier = [e.path for e in entries]
             if entries:  # (the head at once never loads claim.py)
                 from .claim import Claims, shared_path
 

@@ -15,7 +15,9 @@ naming their ticket removed.
 A ticket renamed to a lower number is found out by the kernel's change
 time (ctime), which a rename sets and nobody but root can set back: a
 ticket created more than `FORGED_SLACK_NS` after a ticket with a higher
-number is placed at the back of the line (status shows it). Ticket files
+number is placed at the back of the line (status shows it); so is one
+whose number lies more than `FUTURE_SLACK_US` beyond its change time
+(numbers are microseconds: ticket.py). Ticket files
 are writable by their owner only, so nobody can touch another's ticket to
 change its ctime. Every file is opened through statefile.open_state (no
 links, no FIFOs).
@@ -42,6 +44,11 @@ MAX_INFO = 65536
 # before the rename (the kernel's ctime is coarse; a wall-clock step back
 # smaller than this never reorders honest tickets).
 FORGED_SLACK_NS = 1_000_000_000
+# A ticket's number is the microsecond it was taken (ticket.py), or a little
+# more in a burst or after the clock stepped back; one numbered further than
+# this beyond its making was numbered by hand: placed at the back, and it
+# moves no number.
+FUTURE_SLACK_US = 3600 * 1_000_000
 STALE_TEMP_S = 60.0  # a ticket's temp older than this and unlocked: its creator died before naming it
 
 
@@ -123,7 +130,9 @@ def _in_line_order(entries: list[Entry]) -> list[Entry]:
     entries.sort(key=lambda e: e.seq)
     earliest_after = None
     for e in reversed(entries):
-        if earliest_after is not None and e.ctime_ns > earliest_after + FORGED_SLACK_NS:
+        if e.seq > e.ctime_ns // 1000 + FUTURE_SLACK_US:
+            e.forged = True  # numbered far beyond its making: by hand (a name anyone may choose)
+        elif earliest_after is not None and e.ctime_ns > earliest_after + FORGED_SLACK_NS:
             e.forged = True  # created after tickets with higher numbers: renamed
         elif earliest_after is None or e.ctime_ns < earliest_after:
             earliest_after = e.ctime_ns
@@ -140,17 +149,16 @@ def list_tickets(pdir: str) -> list[tuple[int, str]]:
 
 def ahead_of(pdir: str, path: str) -> list[str]:
     """Paths of the tickets ahead of the one at `path` in its line."""
-    return [e[0] for e in ahead_entries(pdir, path)]
+    return [e.path for e in ahead_entries(pdir, path)]
 
 
-def ahead_entries(pdir: str, path: str) -> list[tuple[str, int, int, int]]:
-    """(path, device, inode, change time) of the tickets ahead of the one
-    at `path`."""
-    out: list[tuple[str, int, int, int]] = []
+def ahead_entries(pdir: str, path: str) -> list[Entry]:
+    """The tickets ahead of the one at `path`, in line order."""
+    out: list[Entry] = []
     for e in scan(pdir):
         if e.path == path:
             return out
-        out.append((e.path, e.dev, e.ino, e.ctime_ns))
+        out.append(e)
     return out
 
 
@@ -199,7 +207,7 @@ def wait_turn(path: str, seq: int, slot_paths: list[str] | None = None) -> None:
     back in a long line, on every hand-over."""
     pdir = os.path.dirname(path)
     entries = ahead_entries(pdir, path)
-    ahead = [e[0] for e in entries]
+    ahead = [e.path for e in entries]
     names = {os.path.basename(p) for p in ahead}  # now, while waiting costs nothing
     claims = None
     if slot_paths:

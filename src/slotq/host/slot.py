@@ -186,6 +186,17 @@ def open_slot_file(path: str) -> int:
     return fd
 
 
+def poke(path: str) -> None:
+    """Wake the head of the line watching a slot file: a close of a
+    descriptor opened for writing (IN_CLOSE_WRITE), as a release makes.
+    For whoever tried the slot's lock for a moment (a head that tried it
+    just then found it taken, and would wait for the next event)."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC))
+    except OSError:
+        pass
+
+
 def still_at_path(fd: int, path: str) -> bool:
     """Is the file open on `fd` still the one at `path`?"""
     try:

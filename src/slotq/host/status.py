@@ -205,7 +205,7 @@ def snapshot(state_dir: str, config: HostConfig, now: float, history_n: int = 10
 
 def problems(state_dir: str, config: HostConfig, pools: list[dict[str, object]], table: Table | None) -> list[str]:
     """What is wrong with the state dir, in one line each: a ticket counter
-    held or rewritten, tickets out of order, odd files, and a directory
+    held, tickets out of order, odd files, and a directory
     several users share that `slotq host init` did not set up."""
     out: list[str] = []
     seq = os.path.join(state_dir, "seq")
@@ -220,17 +220,6 @@ def problems(state_dir: str, config: HostConfig, pools: list[dict[str, object]],
         if who:
             out.append(f"the ticket counter {seq} is locked by {who}: new runs cannot join the line while "
                        "it is held (honest runs hold it for microseconds)")
-        try:
-            fd, _ = open_state(seq, os.O_RDONLY)
-        except (OSError, StateFileError):
-            raw = b""
-        else:
-            raw = os.pread(fd, 32, 0).strip()
-            os.close(fd)
-        highest = max((int(w["seq"]) for p in pools for w in p["waiting"]), default=0)  # type: ignore[attr-defined]
-        if raw.isdigit() and int(raw) < highest:
-            out.append(f"the ticket counter {seq} says {int(raw)}, below ticket {highest} in line: it was "
-                       "rewritten (new tickets are numbered above the line anyway)")
     hist = os.path.join(state_dir, "history.jsonl")
     try:
         hst = os.lstat(hist)

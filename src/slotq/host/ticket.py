@@ -3,13 +3,16 @@ its name, the host's admission limits) and leaving the line. The line as
 the ticket files show it -- its order, live and dead tickets, a turn
 waited for -- is line.py's.
 
-Sequence numbers come from one counter per host, taken under a lock that is
+A ticket's number is the microsecond it was taken (or the next free one
+above every live ticket in line), taken under the counter's lock, which is
 held until the ticket is visible under its final name, so tickets appear in
-sequence order and a later caller can never be listed ahead of an earlier one.
+number order and a later caller can never be listed ahead of an earlier
+one. The counter file (`seq`) is the lock, and says the last number for an
+older slotq sharing the state dir; what anyone writes into it moves no
+number.
 
 Order cannot be changed from outside:
-- A new number is above every ticket already in the pool's line, whatever
-  the counter file says (someone may have rewritten or truncated it).
+- A new number is above every live ticket already in the pool's line.
 - A ticket is given its name with link(2), which never replaces a name that
   exists (a planted one): the next number is tried instead.
 - A ticket renamed to a lower number is placed at the back of the line
@@ -26,7 +29,7 @@ import time
 from ..errors import AdmissionRefused, StateDirError
 from ..records import to_json
 from ..statefile import make_dirs, open_state, refuse_unsafe_sharing, share_created
-from .line import TICKET_SUFFIX, list_tickets, live_tickets, pool_dir, probe, ticket_names
+from .line import FUTURE_SLACK_US, TICKET_SUFFIX, list_tickets, live_tickets, pool_dir, probe, ticket_names
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -40,6 +43,9 @@ if TYPE_CHECKING:
 # sleep inf`): the run joins the line without it (status names the holder).
 SEQ_LOCK_LIMIT = 2.0
 SEQ_LOCK_LOOKS = 10  # at the least, however long the limit took (~50 looks in 2 s)
+# ... and however the counter moves meanwhile (anyone can write it, to look
+# like a line that moves), never longer than this in all.
+SEQ_LOCK_MOST = 10.0
 MAX_SEQ = 10**18
 
 
@@ -123,19 +129,17 @@ def take_ticket(state_dir: str, pool: str, info: dict[str, object],
         _lock_seq(seq_fd, seq_path, wait)  # (or not: held by hand; link(2) below keeps names apart)
         if limits != (None, None):
             _admit(state_dir, pool, *limits, slots)
-        raw = os.pread(seq_fd, 32, 0).strip()
-        counter = int(raw) if raw.isdigit() and len(raw) <= 20 else 0
-        if counter >= MAX_SEQ:
-            counter = 0  # garbage: the tickets in line decide
-        # Never below a ticket in line: a rewritten counter cannot put us
-        # ahead of anyone. Nor moved by a name alone (a planted file).
-        highest, top_path = _highest_live(pdir, counter)
-        seq = max(counter, highest) + 1
+        # The number is the microsecond the ticket is taken: nothing anyone
+        # can write (the counter, a planted name) moves it or runs it out.
+        # Never below a live ticket in line, so that a later caller never
+        # stands ahead of an earlier one (a clock stepped back); a name
+        # numbered far beyond its making is placed last and ignored here.
+        now_us = time.time_ns() // 1000
+        seq = max(now_us, _highest_live(pdir, now_us) + 1)
         fd = -1
         for _ in range(100):
             if seq >= MAX_SEQ:
-                raise StateDirError(f"ticket numbers in {pdir} are exhausted: ticket {os.path.basename(top_path)} "
-                                    f"is held by {_holder_of(top_path)}", pdir)
+                raise StateDirError(f"cannot number a ticket in {pdir}: the clock says {now_us} us", pdir)
             full = dict(info, seq=seq, pool=pool)
             fd = _name_ticket(pdir, seq, full)
             if fd >= 0:
@@ -146,7 +150,8 @@ def take_ticket(state_dir: str, pool: str, info: dict[str, object],
                 seq += 1
         if fd < 0:
             raise StateDirError(f"cannot name a ticket in {pdir}: every name tried was taken", pdir)
-        # Fixed width, written in place: never a truncated, empty counter.
+        # Fixed width, written in place: an older slotq sharing the state dir
+        # numbers its tickets from it (and it shows the line moving: _lock_seq).
         os.pwrite(seq_fd, b"%020d\n" % seq, 0)
     except OSError as e:
         raise StateDirError(
@@ -162,16 +167,19 @@ def _name_ticket(pdir: str, seq: int, info: dict[str, object]) -> int:
     its descriptor, locked; -1 if that name could not be ours."""
     final = os.path.join(pdir, f"{seq:016d}{TICKET_SUFFIX}")
     tmp = os.path.join(pdir, f".{seq:016d}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-    # Writable by its owner only: nobody else can touch it (and its ctime).
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    # Made readable by its owner only, and locked before anyone else may
+    # open it: a member who took a lock on it first (they watch the
+    # directory) made our flock fail, and the run with it.
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     named = False
     try:
-        # In a shared line, readable by everyone in it, whatever our umask
-        # (077 would hide the run's label and pid from their status).
-        share_created(fd, pdir, writable=False)
         # Locked before it gets its visible name, so nobody can see an
         # unlocked live ticket and remove it.
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        # In a shared line, readable by everyone in it, whatever our umask
+        # (077 would hide the run's label and pid from their status).
+        # Writable by its owner only: nobody else can touch it (and its ctime).
+        share_created(fd, pdir, writable=False)
         os.write(fd, to_json(info).encode())
         try:
             os.link(tmp, final)  # never replaces a name that is there
@@ -180,6 +188,8 @@ def _name_ticket(pdir: str, seq: int, info: dict[str, object]) -> int:
             pass  # planted, or taken just now (no counter lock): the next free number
         except FileNotFoundError:
             pass  # our temp, removed before we locked it (remove_stale_temps of an older slotq): anew
+    except BlockingIOError:
+        pass  # locked by someone else all the same (root): the next name
     finally:
         try:
             os.unlink(tmp)
@@ -238,7 +248,7 @@ def _lock_seq(fd: int, path: str, wait: Callable[[float], None] | None) -> bool:
         return True
     except BlockingIOError:
         pass
-    start = time.monotonic()
+    start = began = time.monotonic()
     counter = os.pread(fd, 32, 0)
     delay = 0.0005
     looks = 0
@@ -257,47 +267,32 @@ def _lock_seq(fd: int, path: str, wait: Callable[[float], None] | None) -> bool:
             counter, start, looks = now, time.monotonic(), 0  # tickets were taken meanwhile: the line moves
         if time.monotonic() - start >= SEQ_LOCK_LIMIT and looks >= SEQ_LOCK_LOOKS:
             return False
+        if time.monotonic() - began >= SEQ_LOCK_MOST and looks >= SEQ_LOCK_LOOKS:
+            return False
         delay = min(delay * 2, 0.05)
 
 
-# Names above the counter looked at before the counter is trusted as it is.
+# Names above the present microsecond looked at, at most.
 MAX_JUMP_LOOKS = 64
 
 
-def _highest_live(pdir: str, counter: int) -> tuple[int, str]:
-    """The highest number of a live ticket in a pool's line (0 for none),
-    and its path. A name alone does not count: a file planted under a
-    ticket name that nobody holds (`touch 999999999999999999.t`) would
-    otherwise move every later number, or exhaust them, for good -- and in
-    a sticky dir only its owner can remove it. Honest tickets are numbered
-    at or below the counter, written with each: names above it are each
-    looked at (probe), at most MAX_JUMP_LOOKS of them."""
-    names = ticket_names(pdir)
-    top = max(names, default=(0, ""))
-    if top[0] <= counter:  # the usual case: one pass, no sort
-        return top[0], os.path.join(pdir, top[1]) if top[1] else ""
-    looks = 0
-    for seq, name in sorted(names, reverse=True):
-        path = os.path.join(pdir, name)
-        if seq <= counter:
-            return seq, path
+def _highest_live(pdir: str, now_us: int) -> int:
+    """The highest number of a live ticket in a pool's line above `now_us`
+    (0 for none): honest tickets are numbered at or below the microsecond
+    they were taken, or a little above in a burst. A name alone does not
+    count: a file planted under a ticket name that nobody holds (`touch
+    999999999999999999.t`) would otherwise move every later number, or
+    exhaust them, for good -- and in a sticky dir only its owner can remove
+    it. Names above `now_us` are each looked at (probe), at most
+    MAX_JUMP_LOOKS of them; names beyond FUTURE_SLACK_US are placed last
+    in line (line.py) and move nothing."""
+    names = [(seq, name) for seq, name in ticket_names(pdir) if now_us < seq <= now_us + FUTURE_SLACK_US]
+    for looks, (seq, name) in enumerate(sorted(names, reverse=True)):
         if looks >= MAX_JUMP_LOOKS:
             break
-        looks += 1
-        if probe(path):
-            return seq, path
-    return 0, ""
-
-
-def _holder_of(path: str) -> str:
-    """Who holds the lock of the file at `path`, from the kernel."""
-    from .proclocks import describe_holders
-
-    try:
-        st = os.stat(path)
-    except OSError:
-        return "nobody now"
-    return describe_holders(st.st_dev, st.st_ino) or "a process slotq cannot see"
+        if probe(os.path.join(pdir, name)):
+            return seq
+    return 0
 
 
 def _admit(state_dir: str, pool: str, max_waiting: int | None, per_user: int | None, slots: int) -> None:
