@@ -97,3 +97,226 @@ def test_row2_no_value_written_into_the_counter_exhausts_or_jumps_the_numbers(wo
     assert first < after <= now_us, (first, after, now_us)
     landing = _run_json(w, w.a, "--class", "landing", "--", "true")["ticket"]
     assert after < landing <= time.time_ns() // 1000
+
+
+# ---------------------------------------------------------------- row 13: a lock on a ticket being made
+
+# B watches the line's directory and takes a shared lock on each ticket's
+# temp the moment it appears, before its maker can lock it.
+GRAB_TEMPS = """\
+import ctypes, fcntl, os, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+pdir = sys.argv[1]
+ino = libc.inotify_init1(0)
+assert libc.inotify_add_watch(ino, pdir.encode(), 0x100) >= 0  # IN_CREATE
+print('ready', flush=True)
+held = []
+while True:
+    buf = os.read(ino, 65536)
+    off = 0
+    while off < len(buf):
+        wd, mask, cookie, n = struct.unpack_from('iIII', buf, off)
+        name = buf[off + 16:off + 16 + n].rstrip(b'\\0').decode()
+        off += 16 + n
+        if name.endswith('.tmp'):
+            try:
+                fd = os.open(os.path.join(pdir, name), os.O_RDONLY)
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                held.append(fd)
+            except OSError:
+                pass
+            del held[:-50]
+"""
+
+
+BURN = ("import os, sys\nparent = os.getpid()\nfor _ in range(2):\n    if os.fork() == 0:\n"
+        "        while os.getppid() == parent:\n            pass\n        os._exit(0)\n"
+        "print('ready', flush=True)\nsys.stdin.read()\n")
+
+
+@pytest.mark.timeout(120)
+def test_row13_a_member_locking_tickets_being_made_fails_no_run(world: World) -> None:
+    w = world
+    pdir = w.state / "tickets" / "shared"
+    assert w.run(w.a, "run", "-q", "--", "true").returncode == 0  # the line's directory made
+    # The machine kept busy by B as well (two cores), so that A's runs are
+    # preempted now and then in the moment the race needs.
+    with w.by_hand(w.b, GRAB_TEMPS, str(pdir)), w.by_hand(w.b, BURN):
+        codes = [w.run(w.a, "run", "-q", "--", "true").returncode for _ in range(20)]
+    assert codes == [0] * 20  # before: most of them 73, "state directory ... is not usable"
+
+
+# ---------------------------------------------------------------- row 18: dead tickets locked by another
+
+LOCK_FILES = ("import fcntl, os, sys\nfds = []\nfor p in sys.argv[1:]:\n    fds.append(os.open(p, os.O_RDONLY))\n"
+              "    fcntl.flock(fds[-1], fcntl.LOCK_SH)\nprint('ready', flush=True)\nsys.stdin.read()\n")
+
+
+def _kill_user(w: World, user: str) -> None:
+    import signal
+
+    uid = w.uid(user)
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if os.stat(f"/proc/{name}").st_uid == uid:
+                    os.kill(int(name), signal.SIGKILL)
+            except OSError:
+                pass
+
+
+@pytest.mark.timeout(120)
+def test_row18_a_dead_runs_tickets_locked_by_another_member_are_nobodys_place(world: World) -> None:
+    w = world
+    (w.state / "host.toml").write_text("[admission]\nmax_waiting_per_user = 2\n")
+    gate = w.root / "gate"
+    holder = w.popen(w.b, "run", "-q", "--", "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done")
+    wait_for(lambda: any(s["held"] for s in _pool(w)["slots"]), what="B's run holding the slot")
+    for _ in range(2):
+        w.popen(w.a, "run", "-q", "--", "true")
+    wait_for(lambda: len(_pool(w)["waiting"]) == 2, what="A's two runs in line")
+    tickets = sorted(str(p) for p in (w.state / "tickets" / "shared").glob("*.t"))
+    _kill_user(w, w.a)  # client and keeper: SIGKILL, nobody behind them to notice
+    with w.by_hand(w.b, LOCK_FILES, *tickets):
+        waiting = _pool(w)["waiting"]
+        assert not [x for x in waiting if x.get("user") == w.a], waiting  # before: listed as A's
+        mine = w.popen(w.a, "run", "-q", "--json", str(w.home(w.a) / "r.json"), "--", "true",
+                       stderr=subprocess.PIPE)
+        wait_for(lambda: mine.poll() is not None or any(x.get("user") == w.a for x in _pool(w)["waiting"]),
+                 what="A's new run in line")
+        assert mine.poll() is None  # before: not_admitted (117), "you already have 2 run(s) waiting"
+        gate.touch()
+        assert holder.wait(timeout=30) == 0
+        assert mine.wait(timeout=30) == 0  # nor did B's locks on them hold A's run back
+
+
+# ---------------------------------------------------------------- row 15: admission, the counter held
+
+HOLD_FILE = ("import fcntl, os, sys\nfd = os.open(sys.argv[1], os.O_RDONLY)\nfcntl.flock(fd, fcntl.LOCK_EX)\n"
+             "print('ready', flush=True)\nsys.stdin.read()\n")
+
+
+def _pids_of(w: World, user: str, needle: str) -> list[int]:
+    uid, out = w.uid(user), []
+    for name in os.listdir("/proc"):
+        try:
+            if name.isdigit() and os.stat(f"/proc/{name}").st_uid == uid:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    if needle.encode() in f.read():
+                        out.append(int(name))
+        except OSError:
+            pass
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_row15_runs_let_go_at_once_while_the_counter_is_held_are_still_held_to_the_limit(world: World) -> None:
+    import signal
+
+    w = world
+    (w.state / "host.toml").write_text("[admission]\nmax_waiting_per_user = 2\n")
+    gate = w.root / "gate"
+    holder = w.popen(w.a, "run", "-q", "--", "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done")
+    wait_for(lambda: any(s["held"] for s in _pool(w)["slots"]), what="A's run holding the slot")
+    with w.by_hand(w.b, HOLD_FILE, str(w.state / "seq")):
+        runs = [w.popen(w.b, "run", "-q", "--label", "six", "--", "true") for _ in range(6)]
+        wait_for(lambda: len(_pids_of(w, w.b, "six")) == 6, what="B's six runs started")
+        # B's runs wait for the counter's lock; B stops them (its own) past
+        # the time they give it up after, and lets them all go at once.
+        wait_for(lambda: all(_waits_in_select(p) for p in _pids_of(w, w.b, "six")), timeout=20,
+                 what="B's runs waiting for the counter")
+        time.sleep(0.5)  # sleep-ok: their ten looks at the lock (~0.2 s) done, under their 2 s
+        pids = _pids_of(w, w.b, "six")
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        time.sleep(3)  # sleep-ok: past their limit on the counter's lock, by their own clocks
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+        wait_for(lambda: len(_pool(w)["waiting"]) + sum(p.poll() is not None for p in runs) == 6, timeout=40,
+                 what="each of B's runs in line or refused")
+    waiting = len(_pool(w)["waiting"])
+    refused = [p for p in runs if p.poll() == 117]
+    assert waiting == 2 and len(refused) == 4, (waiting, [p.poll() for p in runs])  # before: more waiting
+    gate.touch()
+    assert holder.wait(timeout=30) == 0 and all(p.wait(timeout=30) in (0, 117) for p in runs)
+
+
+def _waits_in_select(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/wchan") as f:
+            return f.read() in ("do_select", "do_sys_poll", "hrtimer_nanosleep", "do_nanosleep")
+    except OSError:
+        return False
+
+
+# ---------------------------------------------------------------- row 19: a user's file of passed tickets
+
+@pytest.mark.timeout(120)
+def test_row19_a_name_taken_first_does_not_make_a_user_wait_out_every_pass_over_anew(world: World) -> None:
+    w = world
+    assert w.run(w.a, "run", "-q", "--", "true").returncode == 0  # the state dir's files made
+    squat = w.state / f".passed.shared.{w.uid(w.a)}"  # where a user's runs shared what they passed over
+    assert w.py(w.b, f"open({str(squat)!r}, 'w').close()").returncode == 0
+    with w.by_hand(w.b, HELD_TICKETS, str(w.state), "shared", "1"):
+        first = time.monotonic()
+        assert w.run(w.a, "run", "-q", "--", "true", timeout=60).returncode == 0
+        took_first = time.monotonic() - first
+        second = time.monotonic()
+        assert w.run(w.a, "run", "-q", "--", "true", timeout=60).returncode == 0
+        took_second = time.monotonic() - second
+    assert took_first > 4, took_first  # the claim window, once
+    assert took_second < 3, took_second  # before: the window again, and for every run after
+
+
+# ---------------------------------------------------------------- row 14: a run away behind a stopped one
+
+SEED_SLOW = """\
+import sys, time
+sys.path.insert(0, sys.argv[2])
+from slotq import history
+now = time.time() - 3600
+for i in range(3):
+    history.append(sys.argv[1], history.run_record(
+        run_id='seed%d' % i, label='seed', cls='shared', host='h', outcome='passed', exit_code=0, message='',
+        pool='shared', phases={'submitted': now, 'slot': now, 'started': now, 'ended': now + 60}))
+"""
+
+
+@pytest.mark.timeout(150)
+def test_row14_a_run_waiting_away_behind_a_stopped_run_comes_back_when_the_line_stands_still(world: World) -> None:
+    import signal
+
+    from shared_world import users_code
+
+    w = world
+    assert w.py(w.a, SEED_SLOW.replace("sys.argv[1]", repr(str(w.state))).replace("sys.argv[2]",
+                                                                                  repr(str(users_code())))
+                ).returncode == 0  # the pool's runs take a minute: a slow line
+    gate = w.root / "gate"
+    holder = w.popen(w.a, "run", "-q", "--", "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done")
+    wait_for(lambda: any(s["held"] for s in _pool(w)["slots"]), what="A's run holding the slot")
+    stopped = w.popen(w.b, "run", "-q", "--label", "stopped", "--", "true")
+    wait_for(lambda: len(_pool(w)["waiting"]) == 1, what="B's run in line")
+    near = []
+    for i in range(4):
+        near.append(w.popen(w.a, "run", "-q", "--", "true"))
+        wait_for(lambda: len(_pool(w)["waiting"]) == i + 2, what=f"A's run {i} in line")
+    far = w.popen(w.a, "run", "-q", "--json", str(w.home(w.a) / "far.json"), "--", "true")
+
+    def away() -> bool:
+        return any(x.get("away") for x in _pool(w)["waiting"])
+
+    wait_for(away, timeout=20, what="A's far run waiting away, on B's ticket five places ahead")
+    for pid in _pids_of(w, w.b, "stopped"):  # B's run (its caller and its keeper) stops claiming
+        os.kill(pid, signal.SIGSTOP)
+    released = time.monotonic()
+    gate.touch()
+    assert holder.wait(timeout=30) == 0 and all(p.wait(timeout=60) == 0 for p in near)
+    # Before: the far run waited away the rest of [waiting] away_look (5 min)
+    # with the slot free; now it comes back at its next look, as a waiter in
+    # line would pass B's run over.
+    assert far.wait(timeout=60) == 0
+    assert time.monotonic() - released < 45
+    assert json.loads((w.home(w.a) / "far.json").read_text())["outcome"] == "passed"
+    for pid in _pids_of(w, w.b, "stopped"):
+        os.kill(pid, signal.SIGCONT)

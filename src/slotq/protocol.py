@@ -94,7 +94,8 @@ _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     EXITED: {"outcome": (str,), "exit_code": _OPT_INT, "signal": _OPT_INT, "message": (str,), "phases": (dict,),
              "not_started": (bool,)},
     ERROR: {"kind": (str,), "message": (str,)},
-    AWAY: {"ticket": (str,), "ticket_fd": (int,), "ahead_fd": (int,), "max_wait_s": _NUM, "busy": (list,)},
+    AWAY: {"ticket": (str,), "ticket_fd": (int,), "ahead_fd": (int,), "max_wait_s": _NUM, "busy": (list,),
+           "slot": (str,)},
     DETACHED: {"run_id": (str,), "phase": (str,), "position": (int,), "ran_s": _NUM, "lease_s": _NUM},
     OFFERED: {"slot": (str,), "ticket": _OPT_INT},
 }

@@ -100,7 +100,8 @@ def offer(link: CallerLink, state_dir: str, waiter: Waiter, max_wait_left: float
         # `busy`: what this thread selects on until the exec, which the
         # caller must leave alone (transports/away.digits_for).
         link.event(protocol.AWAY, ticket=waiter.ticket.path, ticket_fd=waiter.ticket.fd, ahead_fd=ahead_fd,
-                   busy=link.fds(), **({} if max_wait_left is None else {"max_wait_s": round(max_wait_left, 3)}))
+                   busy=link.fds(), slot=waiter.slot_paths()[0],
+                   **({} if max_wait_left is None else {"max_wait_s": round(max_wait_left, 3)}))
         while not link.stayed:
             ready, _, _ = select.select(link.fds(), [], [])
             ended = link.check(ready)

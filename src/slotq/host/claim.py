@@ -61,6 +61,8 @@ from __future__ import annotations
 
 import os
 
+from .proclocks import held_by_owner
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .line import Entry
@@ -152,8 +154,8 @@ class Claims:
         passed = None
         uids: dict[int, int | None] = {}
         for e in live:
-            holders = table[(e.dev, e.ino)]
-            if _owners_hold(e.uid, holders, uids) and not self._overdue(e, holders, now, ep):
+            key = (e.dev, e.ino)
+            if held_by_owner(table, key, e.uid, uids) and not self._overdue(e, table[key], now, ep):
                 break
             self.passed.add(e.path)
             ep.struck.setdefault(e.uid, now)
@@ -337,21 +339,6 @@ class Claims:
 
 class _Look(Exception):
     """Time for a look at the head of the line (SIGALRM, in wait_for)."""
-
-
-def _owners_hold(owner: int, pids: list[int], uids: dict[int, int | None]) -> bool:
-    """Does the ticket's owner hold its lock? False only if the kernel
-    names every holder, and none is the owner's (`uids`: a cache)."""
-    from ..procinfo import uid_of
-
-    known = False
-    for pid in pids:
-        if pid not in uids:
-            uids[pid] = uid_of(pid)
-        if uids[pid] == owner:
-            return True
-        known = known or uids[pid] is not None
-    return not known
 
 
 def _live(path: str) -> bool | None:

@@ -32,7 +32,7 @@ import time
 from ..config import HostConfig
 from ..errors import AdmissionRefused, StateDirError
 from ..procinfo import MARKER
-from .line import ahead_entries, list_tickets, live_tickets, pool_dir, probe
+from .line import Table, ahead_entries, list_tickets, live_tickets, pool_dir, probe
 from .slot import SlotLease, SlotProbe
 from .ticket import Ticket, take_ticket
 
@@ -326,22 +326,22 @@ class Waiter:
                 self._watcher.unwatch(path)
         return found
 
-    def position(self, locked: set[tuple[int, int]] | None = None) -> tuple[int, int]:
+    def position(self, table: Table | None = None) -> tuple[int, int]:
         """(live tickets ahead of ours, total live tickets in the pool)."""
-        ahead, total, _ = self.line(locked)
+        ahead, total, _ = self.line(table)
         return ahead, total
 
-    def line(self, locked: set[tuple[int, int]] | None = None) -> tuple[int, int, list[int]]:
+    def line(self, table: Table | None = None) -> tuple[int, int, list[int]]:
         """(live tickets ahead of ours, total live tickets in the pool, their
-        numbers in line order). `locked`: the kernel's lock table
-        (proclocks.held()), read here if not given."""
+        numbers in line order). `table`: the kernel's lock table
+        (proclocks.owners()), read here if not given."""
         pdir = pool_dir(self.state_dir, self.pool)
         mine = self.ticket.path
-        if locked is None:
-            from .proclocks import held
+        if table is None:
+            from .proclocks import owners
 
-            locked = held()
-        live = live_tickets(pdir, locked)
+            table = owners()
+        live = live_tickets(pdir, table)
         if live is None:  # no /proc/locks: probe each ticket
             live = [(seq, path) for seq, path in list_tickets(pdir) if path == mine or probe(path)]
         paths = [path for _, path in live]

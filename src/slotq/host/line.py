@@ -306,12 +306,25 @@ def read_info(path: str) -> dict[str, object] | None:
     return clean_state(data) if isinstance(data, dict) else None
 
 
-def live_tickets(pdir: str, locked: set[tuple[int, int]] | None) -> list[tuple[int, str]] | None:
+Table = dict[tuple[int, int], list[int]]  # the kernel's lock table: (device, inode) -> pids (proclocks.owners)
+
+
+def live_tickets(pdir: str, table: Table | None) -> list[tuple[int, str]] | None:
     """(seq, path) of the live tickets in line order, read from the
-    kernel's lock table (no probing); None if `locked` is None."""
-    if locked is None:
+    kernel's lock table (no probing); None if `table` is None. A ticket
+    locked only by another user than its owner (a dead run's ticket that a
+    member locked) is none: see held_by_owner."""
+    if table is None:
         return None
-    return [(e.seq, e.path) for e in scan(pdir) if (e.dev, e.ino) in locked]
+    uids: dict[int, int | None] = {}
+    return [(e.seq, e.path) for e in scan(pdir) if held_by_owner(e, table, uids)]
+
+
+def held_by_owner(e: Entry, table: Table, uids: dict[int, int | None] | None = None) -> bool:
+    """Is the ticket `e` locked, by its owner? (proclocks.held_by_owner)"""
+    from .proclocks import held_by_owner as held
+
+    return held(table, (e.dev, e.ino), e.uid, uids)
 
 
 def remove_stale_temps(pdir: str, now: float | None = None) -> None:

@@ -69,7 +69,7 @@ def survey(state_dir: str, pool: str, waiter: Waiter, now: float,
         return ahead, total, slots, [], shared
     table = owners()
     locked = None if table is None else set(table)
-    ahead, total, live = waiter.line(locked)
+    ahead, total, live = waiter.line(table)
     notes = heal(table) if ahead == 0 else []
     if notes:  # a holder was ended: the table is stale
         table = locked = None

@@ -92,3 +92,27 @@ def _comm(pid: int) -> str:
             return printable(f.read(64).decode("utf-8", "replace").strip(), 32) or "?"
     except OSError:
         return "?"
+
+
+def held_by_owner(table: dict[tuple[int, int], list[int]], key: tuple[int, int], owner: int,
+                  uids: dict[int, int | None] | None = None) -> bool:
+    """Is the file `key` (device, inode) locked, by its owner `owner` (its
+    file's uid)? A ticket is its owner's place while their process holds
+    it; a ticket of a run that died, locked since by someone else, is
+    nobody's place (it does not count for its owner's admission, nor hold
+    anyone up). Unknown holders (gone meanwhile, or a /proc that does not
+    say) count as the owner's. `uids`: a cache of pid -> uid for one look."""
+    from ..procinfo import uid_of
+
+    pids = table.get(key)
+    if not pids:
+        return False
+    uids = {} if uids is None else uids
+    known = False
+    for pid in pids:
+        if pid not in uids:
+            uids[pid] = uid_of(pid)
+        if uids[pid] == owner:
+            return True
+        known = known or uids[pid] is not None
+    return not known

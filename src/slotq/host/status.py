@@ -14,7 +14,7 @@ from ..statefile import StateFileError, kind, open_state
 from . import orphans
 from .claim import CLAIM_WINDOW
 from .line import ignored, list_tickets, pool_dir, probe, read_info, remove_stale_temps, scan
-from .proclocks import describe_holders, holder_pids, owners
+from .proclocks import describe_holders, held_by_owner, holder_pids, owners
 from .slot import read_slot, slot_name, slot_path
 
 Table = dict[tuple[int, int], list[int]]
@@ -134,24 +134,31 @@ def _lock_holders(entry: dict[str, object], path: str, table: Table | None) -> N
         entry["lock_holders"] = describe_holders(st.st_dev, st.st_ino, table)
 
 
-def waiting(state_dir: str, pool: str, now: float,
-            locked: set[tuple[int, int]] | None = None) -> list[dict[str, object]]:
+def waiting(state_dir: str, pool: str, now: float, table: Table | None = None,
+            foreign: list[dict[str, object]] | None = None) -> list[dict[str, object]]:
     """Live tickets of `pool` in line order (dead ones are skipped). Each
-    names its user: the ticket file's owner, set by the kernel."""
+    names its user: the ticket file's owner, set by the kernel. `table`:
+    the kernel's lock table; a ticket locked there only by another user
+    than its owner is no place in line: it goes to `foreign` instead."""
     pdir = pool_dir(state_dir, pool)
     remove_stale_temps(pdir)
     out: list[dict[str, object]] = []
     entries = scan(pdir)
-    if locked is not None:
+    if table is not None:
         # Tickets whose holder died and nobody has looked at since (the last
         # in a line): removed, with their run's history line (ticket.bury).
         for e in entries:
-            if (e.dev, e.ino) not in locked:
+            if (e.dev, e.ino) not in table:
                 probe(e.path)
-        entries = [e for e in entries if (e.dev, e.ino) in locked]
+        uids: dict[int, int | None] = {}
+        live = [e for e in entries if (e.dev, e.ino) in table]
+        entries = [e for e in live if held_by_owner(table, (e.dev, e.ino), e.uid, uids)]
+        if foreign is not None:
+            foreign += [{"seq": e.seq, "user": procinfo.user_name(e.uid), "path": e.path,
+                         "held_by": describe_holders(e.dev, e.ino, table)} for e in live if e not in entries]
     for e in entries:
         info = read_info(e.path)  # read first: a dead ticket is removed by probe
-        if locked is None and not probe(e.path):
+        if table is None and not probe(e.path):
             continue
         entry: dict[str, object] = {"seq": e.seq, "user": procinfo.user_name(e.uid), "uid": e.uid,
                                     "ticket_age_s": round(max(0.0, now - e.ctime_ns / 1e9), 3)}
@@ -179,14 +186,18 @@ def snapshot(state_dir: str, config: HostConfig, now: float, history_n: int = 10
     table = owners()
     locked = None if table is None else set(table)
     warnings = list(config.warnings)
+    foreign: list[dict[str, object]] = []
     for pool, count in config.pools.items():
         pools.append({
             "pool": pool,
-            "slots": holders(state_dir, pool, count, now, locked),
-            "waiting": waiting(state_dir, pool, now, locked),
+            "slots": holders(state_dir, pool, count, now, locked, table),
+            "waiting": waiting(state_dir, pool, now, table, foreign),
             "classes": sorted(c for c, p in config.classes.items() if p == pool),
         })
     warnings += problems(state_dir, config, pools, table)
+    warnings += [f"ignored: ticket {f['seq']} of user {f['user']} ({f['path']}) is locked by {f['held_by']}, "
+                 "not by its owner (a run that died, its ticket locked since by someone else): no place in line"
+                 for f in foreign]
     from ..history.eta import RECENT, pool_etas
 
     records = history.once_each(history.recent(state_dir, max(history_n, RECENT * len(pools))))

@@ -126,7 +126,7 @@ def take_ticket(state_dir: str, pool: str, info: dict[str, object],
     if created:
         share_created(seq_fd, state_dir)  # every user takes numbers
     try:
-        _lock_seq(seq_fd, seq_path, wait)  # (or not: held by hand; link(2) below keeps names apart)
+        locked = _lock_seq(seq_fd, seq_path, wait)  # (or not: held by hand; link(2) below keeps names apart)
         if limits != (None, None):
             _admit(state_dir, pool, *limits, slots)
         # The number is the microsecond the ticket is taken: nothing anyone
@@ -159,7 +159,17 @@ def take_ticket(state_dir: str, pool: str, info: dict[str, object],
         ) from None
     finally:
         os.close(seq_fd)
-    return Ticket(os.path.join(pdir, f"{seq:016d}{TICKET_SUFFIX}"), fd, seq, pool, full)
+    ticket = Ticket(os.path.join(pdir, f"{seq:016d}{TICKET_SUFFIX}"), fd, seq, pool, full)
+    if limits != (None, None) and not locked:
+        # Counted without the counter's lock (someone held it by hand), so
+        # others may have counted at the same time: counted again, now that
+        # our ticket is in line, against the tickets ahead of it only.
+        try:
+            _admit(state_dir, pool, *limits, slots, mine=ticket.path)
+        except BaseException:
+            ticket.withdraw()
+            raise
+    return ticket
 
 
 def _name_ticket(pdir: str, seq: int, info: dict[str, object]) -> int:
@@ -295,26 +305,31 @@ def _highest_live(pdir: str, now_us: int) -> int:
     return 0
 
 
-def _admit(state_dir: str, pool: str, max_waiting: int | None, per_user: int | None, slots: int) -> None:
+def _admit(state_dir: str, pool: str, max_waiting: int | None, per_user: int | None, slots: int,
+           mine: str | None = None) -> None:
     """The host's [admission] limits (admission.py), for the line as the
     kernel shows it. A run that will not wait -- nobody in line, a slot
-    free -- is always admitted: `max_waiting = 0` means "no waiting"."""
+    free -- is always admitted: `max_waiting = 0` means "no waiting".
+    `mine`: our ticket, in line already: only the tickets ahead of it count."""
     from .admission import judge
-    from .proclocks import held
+    from .proclocks import owners
     from .slot import slot_path
 
     pdir = pool_dir(state_dir, pool)
-    locked = held()
-    live = live_tickets(pdir, locked)
+    table = owners()
+    live = live_tickets(pdir, table)
     if live is None:
-        live = [(seq, path) for seq, path in list_tickets(pdir) if probe(path)]
-    if not live and locked is not None:
+        live = [(seq, path) for seq, path in list_tickets(pdir) if path == mine or probe(path)]
+    if mine is not None:
+        paths = [path for _, path in live]
+        live = live[:paths.index(mine)] if mine in paths else live
+    if not live and table is not None:
         for i in range(slots):
             try:
                 st = os.stat(slot_path(state_dir, pool, i))
             except OSError:
                 return  # not made yet: free
-            if (st.st_dev, st.st_ino) not in locked:
+            if (st.st_dev, st.st_ino) not in table:
                 return  # free, and nobody in line: this run will not wait
     judge(pool, [path for _, path in live], max_waiting, per_user)
 

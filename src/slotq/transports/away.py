@@ -19,6 +19,7 @@ ever. A run that comes back ends its watcher first.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -36,7 +37,11 @@ ENV_STOP = "SLOTQ_AWAY_STOP"  # the signal the sh caught: TERM, INT, HUP, or USR
 # own ticket (closed in flock: a `kill -9` of the sh alone must free our
 # place; nor does flock hold the caller's stdout, whose reader must see
 # end-of-file when the caller is gone); sh names descriptors by one digit.
-# $1: flock, $2: its -w seconds or "", the rest: the run's command line. A
+# $1: flock, $2: its -w seconds, $3: how many such waits before it looks
+# anyway ([waiting] away_look, or the end of --max-wait), $4: the slot's
+# file: after each wait, a slot free while the ticket ahead stays is a line
+# that stands still (a ticket ahead that does not claim: host/claim.py):
+# back, to judge it as a waiter in line does. The rest: the run's command line. A
 # signal slotq was started with ignored (nohup's SIGHUP) cannot be trapped
 # by sh: it stays ignored. The stop signals come blocked across the exec
 # (one sent meanwhile is pending, never lost nor fatal). dash has no way to
@@ -51,8 +56,8 @@ trap 'w=TERM' TERM
 trap 'w=INT' INT
 trap 'w=HUP' HUP
 trap 'w=USR1' USR1
-f=$1 t=$2
-shift 2
+f=$1 t=$2 k=$3 q=$4
+shift 4
 n=0
 while [ $n -lt 100 ]; do
   m=
@@ -61,12 +66,15 @@ while [ $n -lt 100 ]; do
   sleep 0.01 </dev/null >/dev/null 2>&1
   n=$((n + 1))
 done
-if [ -z "$w" ]; then
-  if [ -n "$t" ]; then "$f" -s -w "$t" {ahead} {own}<&- </dev/null >/dev/null 2>&1 & p=$!
-  else "$f" -s {ahead} {own}<&- </dev/null >/dev/null 2>&1 & p=$!; fi
+while [ -z "$w" ]; do
+  "$f" -s -w "$t" {ahead} {own}<&- </dev/null >/dev/null 2>&1 & p=$!
   while :; do wait $p; s=$?; [ -n "$w" ] && break; [ $s -le 128 ] && break; done
   [ -n "$w" ] && kill $p 2>/dev/null
-fi
+  [ -n "$w" ] || [ $s -eq 0 ] && break
+  k=$((k - 1))
+  [ $k -le 0 ] && break
+  "$f" -n -s "$q" true {own}<&- </dev/null >/dev/null 2>&1 && break
+done
 exec {ahead}<&-
 trap '' USR1
 export SLOTQ_AWAY_STOP="$w"
@@ -82,11 +90,13 @@ def _launcher() -> list[str]:
 
 
 def go(ticket: Ticket, ahead_fd: int, look: float, gone: dict[str, str], *, stopped: list[int],
-       busy: list[int]) -> str:
+       busy: list[int], slot: str) -> str:
     """Exec the waiting `sh` (never returns), or say why not: a stop signal
     came first (`stopped`: the caller's list of them), or the watcher or
     the exec failed. `look`: come back after at most that many seconds
-    (to look again, or at the end of --max-wait); `gone`: what the watcher
+    (to look again, or at the end of --max-wait); before that, once the
+    pool's `slot` (its file) is free at one of the looks LOOK_MOST apart
+    (host/claim.py); `gone`: what the watcher
     needs to close the run's wait should it die away (run_id, ledger,
     workdir, host). Called in the caller's main thread; the runner thread
     has blocked the stop signals and waits for `stay` on the descriptors
@@ -106,14 +116,17 @@ def go(ticket: Ticket, ahead_fd: int, look: float, gone: dict[str, str], *, stop
         env.pop(ENV_STOP, None)
         own, ahead = digits_for(ticket.fd, ahead_fd, busy)
         env[ENV] = to_json({"fd": own, "path": ticket.path, "watcher": watcher})
-        wait = f"{max(0.0, look):.3f}"
+        from ..host.claim import LOOK_MOST
+
+        each = min(max(0.0, look), LOOK_MOST)
+        looks = max(1, math.ceil(max(0.0, look) / each)) if each > 0 else 1
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
             except (OSError, ValueError, AttributeError):
                 pass
         script = _SCRIPT.format(own=own, ahead=ahead, run_id=_plain(gone["run_id"]))
-        argv = ["sh", "-c", script, NAME, flock, wait, *_launcher(), *sys.argv[1:]]
+        argv = ["sh", "-c", script, NAME, flock, f"{each:.3f}", str(looks), slot, *_launcher(), *sys.argv[1:]]
         saved = _place({own: ticket.fd, ahead: ahead_fd})
         try:
             # The stop signals stay blocked across the exec: one sent from

@@ -156,10 +156,11 @@ class LocalTransport(Transport):
             return "not a local run of `slotq run`"
         from . import away
 
-        ticket_fd, ahead_fd, path = ev.get("ticket_fd"), ev.get("ahead_fd"), ev.get("ticket")
+        ticket_fd, ahead_fd, path, slot = ev.get("ticket_fd"), ev.get("ahead_fd"), ev.get("ticket"), ev.get("slot")
         busy = ev.get("busy", [])
         if not isinstance(ticket_fd, int) or not isinstance(ahead_fd, int) or not isinstance(path, str) \
-                or not isinstance(busy, list) or not all(isinstance(fd, int) for fd in busy):
+                or not isinstance(slot, str) or not isinstance(busy, list) \
+                or not all(isinstance(fd, int) for fd in busy):
             return "a malformed away event"
         left = ev.get("max_wait_s")
         from ..host.ticket import Ticket
@@ -169,7 +170,8 @@ class LocalTransport(Transport):
             look = min(look, float(left))  # back at the end of --max-wait, to be turned away
         gone = {"run_id": recorder.run_id, "ledger": recorder.path, "workdir": recorder.workdir,
                 "host": recorder.host}
-        return away.go(Ticket(path, ticket_fd, 0, "", {}), ahead_fd, look, gone, stopped=stops, busy=busy)
+        return away.go(Ticket(path, ticket_fd, 0, "", {}), ahead_fd, look, gone, stopped=stops, busy=busy,
+                       slot=slot)
 
     def keep_wait_end(self, make_closer: Callable[[], Callable[[float], None]]) -> None:
         """The runner's standby keeper (a fork of this process, in a session
