@@ -320,3 +320,43 @@ def test_row14_a_run_waiting_away_behind_a_stopped_run_comes_back_when_the_line_
     assert json.loads((w.home(w.a) / "far.json").read_text())["outcome"] == "passed"
     for pid in _pids_of(w, w.b, "stopped"):
         os.kill(pid, signal.SIGCONT)
+
+
+# ---------------------------------------------------------------- row 3: a member's line about my run
+
+def _forge_history(w: World, line: dict[str, Any], target: Path, old_mtime: bool = True) -> None:
+    code = (f"import json, os\np = {str(target)!r}\nwith open(p, 'a') as f:\n"
+            f"    f.write(json.dumps({line!r}) + '\\n')\n" + ("os.utime(p, (0, 0))\n" if old_mtime else ""))
+    proc = w.py(w.b, code)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("where", ["own_file_as_b", "own_file_as_a", "shared_spool"])
+def test_row3_no_line_of_a_member_turns_my_failed_run_into_a_passed_one(world: World, where: str) -> None:
+    w = world
+    failed = w.run(w.a, "run", "--json", "-", "-q", "--", "sh", "-c", "exit 3")
+    assert failed.returncode == 3, failed.stderr
+    run_id = json.loads(failed.stdout.splitlines()[-1])["run_id"]
+    mine = next(json.loads(line) for p in (w.state / "history").iterdir() if p.stat().st_uid == w.uid(w.a)
+                for line in p.read_text().splitlines() if json.loads(line).get("run_id") == run_id)
+    forged = dict(mine, outcome="passed", exit_code=0, user=w.a, message="all good")
+    forged["uid"] = w.uid(w.a) if where == "own_file_as_a" else w.uid(w.b)
+    target = w.state / "history.jsonl" if where == "shared_spool" else w.state / "history" / f"u{w.uid(w.b)}.jsonl"
+    _forge_history(w, forged, target, old_mtime=where != "shared_spool")  # (read last; B cannot date root's)
+    # A new id B plants, for A's next run to take.
+    _forge_history(w, dict(forged, run_id="abcdef012345"), target, old_mtime=where != "shared_spool")
+    attach = w.run(w.a, "attach", run_id)
+    assert attach.returncode == 3, (attach.returncode, attach.stderr)  # before: passed (exit 0)
+    assert "passed" not in attach.stderr.splitlines()[-1], attach.stderr
+    runs = [r for r in json.loads(w.run(w.a, "history", "--json").stdout) if r["run_id"] == run_id]
+    own = [r for r in runs if not r.get("recorded_by") and r["user"] == w.a]
+    assert [(r["outcome"], r["exit_code"]) for r in own] == [("failed", 3)], runs
+    others = [r for r in runs if r not in own]
+    assert all(r["user"] == w.b or r.get("recorded_by") for r in others), others  # B's word, named as such
+    status = w.run(w.a, "status", "--json")
+    recent = [r for r in json.loads(status.stdout)["history"] if r["run_id"] == run_id]
+    assert [r["outcome"] for r in recent if not r.get("recorded_by") and r["user"] == w.a] == ["failed"], recent
+    # B's line naming an id does not stop A from using it.
+    again = w.run(w.a, "run", "-q", "--run-id", "abcdef012345", "--", "true")
+    assert again.returncode == 0, again.stderr  # before: 64, "a run with that id has already run here"

@@ -112,13 +112,15 @@ def main(args: list[str]) -> int:
 
 
 def ended_run(run_id: str) -> str | None:
-    """How run `run_id` ended, from this host's history (its last
+    """How our run `run_id` ended, from this host's history (its last
     RECENT_RUNS runs, read, never written: not even the index cache);
-    None if it is not there."""
+    None if no line of ours says (history.own: another member's line
+    naming the id is not our run's, and never stops us using it)."""
     from slotq import history
     from slotq.config import state_dir_from_env
 
-    found = [r for r in history.recent(state_dir_from_env(), RECENT_RUNS) if r.get("run_id") == run_id]
+    found = [r for r in history.recent(state_dir_from_env(), RECENT_RUNS)
+             if r.get("run_id") == run_id and (history.own(r) or os.getuid() == 0)]
     return None if not found else str(found[-1].get("outcome") or "unknown")
 
 

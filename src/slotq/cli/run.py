@@ -285,9 +285,9 @@ def kept_call(opts: Namespace, command: list[str], cwd: str | None = None) -> tu
 def check_new_run_id(run_id: str) -> None:
     """--run-id names a new run: not one live here (its control socket),
     nor one this host's history has. UsageError if it is not."""
-    from slotq.host.control import listening
+    from slotq.host.control import listening_as
 
-    if listening(run_id):
+    if listening_as(run_id, os.getuid()):
         raise UsageError(f"--run-id {run_id}: a live run has that id (slotq status); give a new one")
     from slotq.cli.cancel import ended_run
 

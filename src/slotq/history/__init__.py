@@ -298,10 +298,10 @@ def ended(rec: dict[str, object]) -> float:
 def once_each(records: list[dict[str, object]]) -> list[dict[str, object]]:
     """Each run once, as its later line says (a Slurm relay's word after its
     node's): what `slotq history` shows. Lines without a run id are kept."""
-    def key(r: dict[str, object]) -> tuple[object, object]:
-        return r.get("run_id"), r.get("recorded_by")  # another user's line never hides the run's own
+    def key(r: dict[str, object]) -> tuple[object, object, object]:
+        return r.get("run_id"), r.get("uid"), r.get("recorded_by")  # another user's line never hides the run's own
 
-    later: dict[tuple[object, object], int] = {}
+    later: dict[tuple[object, object, object], int] = {}
     for i, r in enumerate(records):
         k = key(r)
         if r.get("run_id") is not None and (r.get("relay") or not records[later.get(k, i)].get("relay")):
@@ -364,16 +364,30 @@ def parse_line(line: bytes, writer: int | None = None) -> dict[str, object] | No
     return attributed(clean_record(rec), writer) if isinstance(rec, dict) else None
 
 
+SHARED_WRITER = "a shared file"  # `recorded_by` of a line in an older version's shared file: anyone's word
+
+
 def attributed(rec: dict[str, object], writer: int | None) -> dict[str, object]:
     """A cleaned record with who wrote it, where that is not the run's own
-    user: `recorded_by`, from the owner of its file (never its own word)."""
+    user: `recorded_by`, from the owner of its file (never its own word);
+    a line of an older version's shared file (`writer` None), which any
+    member could have written, is nobody's own."""
     rec.pop("recorded_by", None)
-    if writer is not None and rec.get("uid") != writer:
+    if writer is None:
+        rec["recorded_by"] = SHARED_WRITER
+    elif rec.get("uid") != writer:
         rec["recorded_by"] = _user_name(writer)
     return rec
 
 
-_TEXT = ("run_id", "label", "class", "pool", "slot", "host", "outcome", "message", "user")
+def own(rec: dict[str, object], uid: int | None = None) -> bool:
+    """Is `rec` (attributed) a line of our own (or `uid`'s) about a run of
+    our own: in a file we own, saying it is ours? Only such a line says how
+    one of our runs ended; any other naming its run id is someone's claim."""
+    return rec.get("uid") == (os.getuid() if uid is None else uid) and not rec.get("recorded_by")
+
+
+_TEXT = ("run_id", "label", "class", "pool", "slot", "host", "outcome", "message")
 _NUMBERS = ("waited_s", "ran_s", "kept", "budget")  # kept: a kept run's lease, seconds (None: not a kept run)
 
 
@@ -387,8 +401,11 @@ def clean_record(rec: dict[str, object]) -> dict[str, object]:
 
     out = dict(rec)
     uid = out.get("uid")
-    if not isinstance(out.get("user"), str) and isinstance(uid, int) and not isinstance(uid, bool) and uid >= 0:
-        out["user"] = _user_name(uid)
+    if not (isinstance(uid, int) and not isinstance(uid, bool) and 0 <= uid < 1 << 32):
+        uid = out["uid"] = None
+    # The run's user by its uid, never by a name the line gives (anyone can
+    # write "user": "alice" into a line of their own).
+    out["user"] = _user_name(uid) if uid is not None else None
     if "class" not in out and "cls" in out:
         out["class"] = out.pop("cls")
     for k in _TEXT:

@@ -32,8 +32,8 @@ from ..statefile import StateFileError, make_private_dirs, open_state
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
-    key       TEXT PRIMARY KEY,      -- the run id (or file:offset for a line without one)
-    run_id    TEXT, user TEXT, label TEXT, class TEXT, pool TEXT, slot TEXT, host TEXT,
+    key       TEXT PRIMARY KEY,      -- the run id @ the uid owning its file (or file:offset without a run id)
+    run_id    TEXT, uid INTEGER, user TEXT, label TEXT, class TEXT, pool TEXT, slot TEXT, host TEXT,
     outcome   TEXT, blame TEXT, exit_code INTEGER, message TEXT,
     submitted REAL, slot_at REAL, prepared REAL, started REAL, ended REAL NOT NULL,
     waited_s  REAL, ran_s REAL,
@@ -53,9 +53,9 @@ CREATE TABLE IF NOT EXISTS files (
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT);
 """
 
-COLUMNS = ("run_id", "user", "label", "class", "pool", "slot", "host", "outcome", "blame", "exit_code", "message",
+COLUMNS = ("run_id", "uid", "user", "label", "class", "pool", "slot", "host", "outcome", "blame", "exit_code", "message",
            "submitted", "slot_at", "prepared", "started", "ended", "waited_s", "ran_s", "recorded_by", "relay", "kept", "ticket", "budget")
-SCHEMA_VERSION = "6"  # the index is a cache: another version is dropped and rebuilt
+SCHEMA_VERSION = "7"  # the index is a cache: another version is dropped and rebuilt
 HEAD = 256  # a file's first bytes: a spool emptied and refilled has other ones
 CHUNK = 8 << 20  # read at most this much of a file per step
 # At most this much of one file is read in one catch-up; a file with more
@@ -208,10 +208,10 @@ class Index:
                     rec = self._parse(line, f.owner)
                     if rec is not None and rec[COLUMNS.index("ended")] is not None and \
                             rec[COLUMNS.index("ended")] >= cutoff:  # type: ignore[operator]
-                        key = rec[0] if isinstance(rec[0], str) and rec[0] else f"{name}:{base}"
-                        by = rec[COLUMNS.index("recorded_by")]
-                        if by is not None:  # someone else's line never replaces the run's own
-                            key = f"{key}@{by}"
+                        # Keyed by who wrote it (its file's owner): a line of
+                        # someone else's never replaces the run's own.
+                        key = f"{rec[0]}@{'shared' if f.owner is None else f.owner}" \
+                            if isinstance(rec[0], str) and rec[0] else f"{name}:{base}"
                         ph = [v for v in rec[COLUMNS.index("submitted"):COLUMNS.index("ended") + 1]
                               if isinstance(v, (int, float))]
                         rows.append((key, *rec, min(ph), name))
@@ -316,12 +316,21 @@ class Index:
         rows = self.db.execute(sql, args).fetchall()
         return [_run(dict(zip(COLUMNS, r))) for r in reversed(rows)]
 
-    def find(self, run_id: str) -> dict[str, object] | None:
-        """The run `run_id` (the index keys runs by their id), or None if
-        the history has none."""
-        row = self.db.execute(f"SELECT {', '.join(_q(c) for c in COLUMNS)} FROM runs WHERE key = ? "
-                              "ORDER BY ended DESC LIMIT 1", (valid_text(run_id),)).fetchone()
+    def find(self, run_id: str, uid: int | None = None) -> dict[str, object] | None:
+        """Our run `run_id` (or `uid`'s) as its own line says: one in a file
+        of ours, saying it is ours (history.own); None if the history has
+        none. Another member's line naming it is never it: `claims`."""
+        me = os.getuid() if uid is None else uid
+        row = self.db.execute(f"SELECT {', '.join(_q(c) for c in COLUMNS)} FROM runs WHERE key = ? AND uid = ? "
+                              "AND recorded_by IS NULL ORDER BY ended DESC LIMIT 1",
+                              (f"{valid_text(run_id)}@{me}", me)).fetchone()
         return None if row is None else _run(dict(zip(COLUMNS, row)))
+
+    def claims(self, run_id: str) -> list[dict[str, object]]:
+        """Every line naming `run_id`, whoever wrote it (`recorded_by`)."""
+        rows = self.db.execute(f"SELECT {', '.join(_q(c) for c in COLUMNS)} FROM runs WHERE run_id = ? "
+                               "ORDER BY ended", (valid_text(run_id),)).fetchall()
+        return [_run(dict(zip(COLUMNS, r))) for r in rows]
 
 
 def is_pattern(label: str) -> bool:
@@ -344,6 +353,7 @@ def _run(row: dict[str, object]) -> dict[str, object]:
     phases = {"submitted": row.pop("submitted"), "slot": row.pop("slot_at"), "prepared": row.pop("prepared"),
               "started": row.pop("started"), "ended": row.pop("ended")}
     row.pop("relay", None)
+    row.pop("uid", None)
     if row.get("recorded_by") is None:
         row.pop("recorded_by", None)
     return {**row, "phases": phases}

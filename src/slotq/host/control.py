@@ -67,6 +67,28 @@ def listening(run_id: str) -> list[bytes]:
     return tokened + other
 
 
+def listening_as(run_id: str, uid: int, timeout: float = 0.5) -> bool:
+    """Does a socket of user `uid` listen under run `run_id`? (Anyone can
+    bind any abstract name: another user's under our run's id is not
+    ours.) Each is asked who it is (SO_PEERCRED) and told nothing it acts on."""
+    for name in listening(run_id):
+        s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
+        try:
+            s.settimeout(timeout)
+            s.connect(name)
+            if peer(s)[1] == uid:
+                try:
+                    s.sendall(b"who\n")  # not `cancel`: a runner of ours answers `refused` and goes on
+                except OSError:
+                    pass
+                return True
+        except OSError:
+            continue
+        finally:
+            s.close()
+    return False
+
+
 def peer(sock: _socket.socket) -> tuple[int, int]:
     """(pid, uid) of the process at the other end, from the kernel."""
     raw = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, _CRED_SIZE)

@@ -292,6 +292,7 @@ def _from_history(run_id: str, why: str, out_fd: int) -> None:
     from .. import __version__
     from ..config import HostConfig, state_dir_from_env
     from ..history.index import Index
+    from ..records import printable
 
     state_dir = state_dir_from_env()
     config = HostConfig.load(state_dir=state_dir)
@@ -299,6 +300,8 @@ def _from_history(run_id: str, why: str, out_fd: int) -> None:
     try:
         index.catch_up()
         found = [r for r in (index.find(run_id),) if r is not None]
+        others = [] if found else sorted({str(r.get("recorded_by") or r.get("user") or "?")
+                                          for r in index.claims(run_id)})
     finally:
         index.close()
     out = [protocol.MAGIC]
@@ -309,7 +312,9 @@ def _from_history(run_id: str, why: str, out_fd: int) -> None:
 
     if not found:
         event(protocol.HELLO, now, protocol=protocol.PROTOCOL_VERSION, version=__version__)
-        event(protocol.ERROR, now, kind="usage", message=f"{why} (nor in its history)")
+        what = f"{why} (nor in its history" + (
+            f": only a line by {printable(', '.join(others), 200)} names it, not a record of yours)" if others else ")")
+        event(protocol.ERROR, now, kind="usage", message=what)
     else:
         rec = found[-1]
         ph: dict[str, object] = rec["phases"]  # type: ignore[assignment]
