@@ -153,16 +153,26 @@ LOCK_FILES = ("import fcntl, os, sys\nfds = []\nfor p in sys.argv[1:]:\n    fds.
 
 
 def _kill_user(w: World, user: str) -> None:
+    """SIGKILL every process of `user`, all frozen first: none of them (a
+    keeper that outlives its caller, a caller whose keeper died) is left
+    a moment to withdraw its ticket."""
     import signal
 
     uid = w.uid(user)
-    for name in os.listdir("/proc"):
-        if name.isdigit():
+    pids = [int(n) for n in os.listdir("/proc") if n.isdigit() and _owned(n, uid)]
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in pids:
             try:
-                if os.stat(f"/proc/{name}").st_uid == uid:
-                    os.kill(int(name), signal.SIGKILL)
+                os.kill(pid, sig)
             except OSError:
                 pass
+
+
+def _owned(pid: str, uid: int) -> bool:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid == uid
+    except OSError:
+        return False
 
 
 @pytest.mark.timeout(120)
@@ -175,8 +185,9 @@ def test_row18_a_dead_runs_tickets_locked_by_another_member_are_nobodys_place(wo
     for _ in range(2):
         w.popen(w.a, "run", "-q", "--", "true")
     wait_for(lambda: len(_pool(w)["waiting"]) == 2, what="A's two runs in line")
-    tickets = sorted(str(p) for p in (w.state / "tickets" / "shared").glob("*.t"))
     _kill_user(w, w.a)  # client and keeper: SIGKILL, nobody behind them to notice
+    tickets = sorted(str(p) for p in (w.state / "tickets" / "shared").glob("*.t"))
+    assert len(tickets) == 2
     with w.by_hand(w.b, LOCK_FILES, *tickets):
         waiting = _pool(w)["waiting"]
         assert not [x for x in waiting if x.get("user") == w.a], waiting  # before: listed as A's
@@ -360,3 +371,55 @@ def test_row3_no_line_of_a_member_turns_my_failed_run_into_a_passed_one(world: W
     # B's line naming an id does not stop A from using it.
     again = w.run(w.a, "run", "-q", "--run-id", "abcdef012345", "--", "true")
     assert again.returncode == 0, again.stderr  # before: 64, "a run with that id has already run here"
+
+
+# ---------------------------------------------------------------- rows 4 and 16: forged records and cancel
+
+# A slot of B's, locked by hand, with a record B wrote: its pid B's own
+# holding process (so the record looks like its holder's).
+HOLD_SLOT_WITH_RECORD = (
+    "import fcntl, json, os, sys\nfd = os.open(sys.argv[1], os.O_RDWR)\nfcntl.flock(fd, fcntl.LOCK_EX)\n"
+    "data = json.dumps(dict(json.loads(sys.argv[2]), pid=os.getpid())).encode()\n"
+    "os.pwrite(fd, data, 0); os.ftruncate(fd, len(data))\nprint('ready', flush=True)\nsys.stdin.read()\n")
+
+
+def _running(w: World, user: str, gate: Path, label: str) -> tuple[subprocess.Popen[bytes], str]:
+    p = w.popen(user, "run", "-q", "--label", label, "--", "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done")
+    slot = wait_for(lambda: next((s for s in _pool(w)["slots"] if s.get("label") == label
+                                  and s.get("phase") == "running"), None), what=f"{label} running")
+    return p, str(slot["run_id"])
+
+
+@pytest.mark.timeout(120)
+def test_row4_cancel_by_label_acts_only_on_what_the_cancelling_user_wrote(world: World) -> None:
+    w = world
+    gate = w.root / "gate"
+    important, run_id = _running(w, w.a, gate, "important")
+    record = {"run_id": run_id, "label": "scratch-1", "pid": important.pid, "phase": "running", "cls": "landing"}
+    with w.by_hand(w.b, HOLD_SLOT_WITH_RECORD, str(w.state / "slots" / "landing.0"), json.dumps(record)):
+        cancel = w.run(w.a, "cancel", "--label", "scratch-*")
+        assert cancel.returncode == 0 and "nothing to cancel" in cancel.stderr, cancel.stderr
+        assert important.poll() is None  # before: A's other run, named by B's record, was cancelled
+        mine = w.run(w.a, "cancel", "--label", "important")  # A's own label still finds A's own run
+        assert mine.returncode == 0 and f"cancelled run {run_id}" in mine.stderr, mine.stderr
+    assert important.wait(timeout=30) == 130
+
+
+@pytest.mark.timeout(120)
+def test_row16_a_record_naming_my_waiting_run_does_not_stop_my_cancel(world: World) -> None:
+    w = world
+    record = {"label": "b's", "phase": "running", "cls": "shared"}
+    slot = w.state / "slots" / "shared.0"
+    assert w.run(w.a, "run", "-q", "--", "true").returncode == 0  # the slot's file made
+    with w.by_hand(w.b, HOLD_SLOT_WITH_RECORD, str(slot), json.dumps(record)) as b_holder:
+        waiter = w.popen(w.a, "run", "-q", "--label", "waiter", "--", "true")
+        entry = wait_for(lambda: next((x for x in _pool(w)["waiting"] if x.get("label") == "waiter"), None),
+                         what="A's run in line")
+        # B rewrites the record of the slot it holds to name A's waiting run.
+        forged = dict(record, run_id=entry["run_id"], pid=b_holder.pid)
+        assert w.py(w.b, f"import json, os\nfd = os.open({str(slot)!r}, os.O_WRONLY)\n"
+                         f"d = json.dumps({forged!r}).encode()\nos.pwrite(fd, d, 0); os.ftruncate(fd, len(d))\n"
+                    ).returncode == 0
+        cancel = w.run(w.a, "cancel", str(entry["run_id"]))
+        assert cancel.returncode == 0, cancel.stderr  # before: 1, "control socket is held by ... not by the run's runner"
+        assert waiter.wait(timeout=30) == 130

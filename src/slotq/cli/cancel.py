@@ -55,9 +55,9 @@ def main(args: list[str]) -> int:
     if slurm:
         return _slurm(ids, opts.label, opts.mine)
     targets = list(ids)
-    owners = _owners()
+    waiting = _waiting()
     if opts.label or opts.mine:
-        targets += [r for r in _matching(opts.label, opts.mine) if r not in targets]
+        targets += [r for r in _matching(opts.label, waiting) if r not in targets]
         if not targets:  # nothing to do is not a failure (a cleanup under `set -e`; scancel alike)
             _say(f"slotq cancel: nothing to cancel: no live run matches"
                  f"{' --label ' + opts.label if opts.label else ''}{' --mine' if opts.mine else ''}")
@@ -70,8 +70,9 @@ def main(args: list[str]) -> int:
         if reach is not None:  # kept here, late-bound over several hosts (`run --host A,B --detach`)
             code = _on_its_hosts(run_id, reach) or code
             continue
+        live = waiting.get(run_id) or _holding(run_id)
         try:
-            reply = _send(run_id, owners.get(run_id))
+            reply = _send(run_id, live)
         except _NotListening as e:
             _say(f"slotq cancel: error: cannot reach run {run_id}: its runner (pid {e.pid}) is in the queue "
                  f"but has not opened its control socket in {LISTEN_WAIT:g}s")
@@ -96,11 +97,19 @@ def main(args: list[str]) -> int:
             continue
         if reply.ok:
             _say(f"slotq cancel: cancelled run {run_id}")
-        elif reply.text == "impostor":
+        elif reply.text == "impostor" and live is not None:
+            # The run is its user's (their ticket, or a slot they hold), and
+            # only another user's socket listens under its id: a name taken.
             _say(f"slotq cancel: error: run {run_id}'s control socket is held by pid {reply.runner_pid} "
                  f"(user {user_name(reply.runner_uid)}), not by the run's runner (user "
-                 f"{user_name(owners[run_id].uid)}): nothing sent (someone took the run's name)")
+                 f"{user_name(live.uid)}): nothing sent (someone took the run's name)")
             code = code or 1
+        elif reply.text == "impostor":
+            # No run of ours by that id; another user's socket listens under
+            # it: their run, or a name they took. Nothing was sent to it.
+            _say(f"slotq cancel: error: run {run_id} is not yours: its control socket is held by pid "
+                 f"{reply.runner_pid} (user {user_name(reply.runner_uid)}): you can cancel only your own runs")
+            code = EXIT_REFUSED
         elif reply.text.startswith("refused"):
             _say(f"slotq cancel: error: run {run_id} belongs to user {user_name(reply.runner_uid)}: "
                  f"you can cancel only your own runs")
@@ -127,100 +136,133 @@ def ended_run(run_id: str) -> str | None:
 RECENT_RUNS = 5000  # runs of the history a cancel of an ended run, or a new --run-id, looks through
 
 
-class _Live(NamedTuple):
-    """A live run as the queue shows it: its user (the kernel's word) and
-    its runner process."""
-    uid: int
-    pid: object
-    pid_start: object
-
-
 class _NotListening(OSError):
     def __init__(self, pid: object) -> None:
         super().__init__(f"run's runner (pid {pid}) does not listen")
         self.pid = pid
 
 
-def _send(run_id: str, live: _Live | None) -> CancelReply:
-    """Send the cancel. A run the queue shows live whose runner does not
-    listen yet -- it opens its control socket when it must wait, or once
-    its command has run 0.1 s -- is tried again, for up to LISTEN_WAIT while
-    its runner lives: a script that cancels the run it just started must
-    not hear "no live run". A run waiting away (a shell: host/away.py) is
-    woken first (SIGUSR1): it comes back, and listens."""
+class _Waiting(NamedTuple):
+    """A run of ours waiting in line, as its ticket says: a file of ours
+    (the kernel's owner), so its words are our own."""
+    uid: int
+    pid: object
+    label: object
+
+
+def _send(run_id: str, waiting: _Waiting | None) -> CancelReply:
+    """Send the cancel, only ever to a socket of the run's user: ours (or,
+    for root, the user whose ticket names the run). A run in line whose
+    runner does not listen yet -- it opens its control socket when it must
+    wait, or once its command has run 0.1 s -- is tried again, for up to
+    LISTEN_WAIT while its runner lives: a script that cancels the run it
+    just started must not hear "no live run". A run waiting away (a shell:
+    host/away.py) is woken first (SIGUSR1): it comes back, and listens."""
     from slotq.host.control import send_cancel
     from slotq.procinfo import alive
 
+    me = os.getuid()
+    expect = me if me != 0 else (waiting.uid if waiting is not None else None)
     deadline = time.monotonic() + LISTEN_WAIT
     woken = False
+    reply: CancelReply | None = None
     while True:
         try:
-            return send_cancel(run_id, expect_uid=live.uid if live else None)
+            said = send_cancel(run_id, expect_uid=expect)
+            if said.text != "impostor" or waiting is None or waiting.uid != expect:
+                return said
+            # Ours in line, and only another user's socket under its id: ours
+            # is not open yet (a name taken first never stops our own).
+            reply = said
         except (ConnectionRefusedError, FileNotFoundError):
-            if live is None or not alive(live.pid, live.pid_start):
+            if waiting is None:
                 raise
-            if not woken:
-                woken = True
-                from slotq.host.away import SIGUSR1, away_pid
+        if not alive(waiting.pid, None):
+            if reply is not None:
+                return reply
+            raise ConnectionRefusedError(f"no socket listens for run {run_id}")
+        if not woken:
+            woken = True
+            from slotq.host.away import SIGUSR1, away_pid
 
-                if away_pid(live.pid):  # waiting away (host/away.py): it comes back, and listens
-                    os.kill(live.pid, SIGUSR1)  # type: ignore[arg-type]
-                    deadline = time.monotonic() + LISTEN_WAIT
-            if time.monotonic() >= deadline:
-                raise _NotListening(live.pid) from None
-            time.sleep(0.02)
+            if away_pid(waiting.pid):  # waiting away (host/away.py): it comes back, and listens
+                os.kill(waiting.pid, SIGUSR1)  # type: ignore[arg-type]
+                deadline = time.monotonic() + LISTEN_WAIT
+        if time.monotonic() >= deadline:
+            if reply is not None:
+                return reply
+            raise _NotListening(waiting.pid)
+        time.sleep(0.02)
 
 
-def _owners() -> dict[str, _Live]:
-    """run id -> the live run in this host's queue: its uid from the kernel
-    (its ticket file's owner, or its slot lock's holder) -- never from a
-    record anyone could have written -- and its runner's pid."""
+def _waiting() -> dict[str, _Waiting]:
+    """run id -> our runs waiting in this host's lines, from our own ticket
+    files (root: everyone's, each from its owner's file) -- never from a
+    holder record anyone in the group could have written."""
     from slotq.config import HostConfig, state_dir_from_env
-    from slotq.host.status import snapshot
+    from slotq.host.line import pool_dir, read_info, scan
+    from slotq.host.proclocks import held_by_owner, owners
 
     state_dir = state_dir_from_env()
-    out: dict[str, _Live] = {}
+    me = os.getuid()
+    out: dict[str, _Waiting] = {}
+    table = owners()
     try:
-        snap = snapshot(state_dir, HostConfig.load(state_dir=state_dir), 0.0, 0)
-    except Exception:  # no queue to look at: the runner's own answer decides
+        pools = list(HostConfig.load(state_dir=state_dir).pools)
+    except Exception:  # no queue to look at: the runners' own answers decide
         return out
-    for pool in snap["pools"]:  # type: ignore[attr-defined]
-        for entry in [*pool["slots"], *pool["waiting"]]:
-            run_id, uid = entry.get("run_id"), entry.get("uid")
-            if isinstance(run_id, str) and isinstance(uid, int) and run_id not in out:
-                out[run_id] = _Live(uid, entry.get("pid"), entry.get("pid_start"))
+    for pool in pools:
+        for e in scan(pool_dir(state_dir, pool)):
+            if me not in (0, e.uid) or (table is not None and not held_by_owner(table, (e.dev, e.ino), e.uid)):
+                continue
+            info = read_info(e.path)
+            run_id = info.get("run_id") if info else None
+            if info and isinstance(run_id, str) and run_id not in out:
+                out[run_id] = _Waiting(e.uid, info.get("pid"), info.get("label"))
     return out
 
 
-def _matching(label: str | None, mine: bool) -> list[str]:
-    """Run ids of the live runs in this host's queue (waiting or holding a
-    slot) whose label matches `label`; with `mine`, only ours (by the kernel's
-    word: the owner of the runner process)."""
+def _holding(run_id: str) -> _Waiting | None:
+    """A run of ours that holds a slot here, by the slot's record -- a
+    file anyone in the group may write, so it is only ever a reason to
+    give the run's runner a moment to open its socket (a run that has just
+    started), never what is cancelled: its runner must be a process of
+    ours, and the lock's holder too."""
+    from slotq.config import HostConfig, state_dir_from_env
+    from slotq.host.status import holders
+    from slotq.procinfo import uid_of
+
+    state_dir = state_dir_from_env()
+    try:
+        config = HostConfig.load(state_dir=state_dir)
+        for pool, count in config.pools.items():
+            for entry in holders(state_dir, pool, count, time.time()):
+                pid = entry.get("pid")
+                if entry.get("run_id") == run_id and entry.get("uid") == os.getuid() \
+                        and isinstance(pid, int) and uid_of(pid) == os.getuid():
+                    return _Waiting(os.getuid(), pid, entry.get("label"))
+    except Exception:  # no queue to look at: the runner's own answer decides
+        return None
+    return None
+
+
+def _matching(label: str | None, waiting: dict[str, _Waiting]) -> list[str]:
+    """Run ids of our live runs here whose label matches `label` (all of
+    them if None): those waiting in line, by our own tickets, and those
+    whose runner listens, by what each runner says (host/control.own_runs).
+    Nothing a shared file says decides what is cancelled."""
     from fnmatch import fnmatchcase
 
-    from slotq.config import HostConfig, state_dir_from_env
-    from slotq.procinfo import alive, uid_of
+    from slotq.host.control import own_runs
     from slotq.records import valid_text
-    from slotq.host.status import snapshot
 
     if label is not None:
         label = valid_text(label)  # as labels are kept: a byte that is not UTF-8 is `\xNN`
-    state_dir = state_dir_from_env()
-    snap = snapshot(state_dir, HostConfig.load(state_dir=state_dir), 0.0, 0)
-    out: list[str] = []
-    for pool in snap["pools"]:  # type: ignore[attr-defined]
-        for entry in [*pool["slots"], *pool["waiting"]]:
-            run_id, pid = entry.get("run_id"), entry.get("pid")
-            if not isinstance(run_id, str) or not isinstance(pid, int):
-                continue
-            if entry.get("phase") in ("stopping", "orphaned") or not alive(pid, entry.get("pid_start")):
-                continue
-            if label is not None and not fnmatchcase(str(entry.get("label") or ""), label):
-                continue
-            if mine and uid_of(pid) != os.getuid():
-                continue
-            out.append(run_id)
-    return out
+    found: dict[str, object] = {run_id: w.label for run_id, w in waiting.items()}
+    for run_id, said in own_runs().items():
+        found.setdefault(run_id, said)
+    return [run_id for run_id, lab in found.items()
+            if label is None or fnmatchcase(lab if isinstance(lab, str) else "", label)]
 
 
 def _remote(opts: Namespace, args: list[str]) -> int:

@@ -39,10 +39,12 @@ _STREAMS = {"stdout": protocol.STDOUT, "stderr": protocol.STDERR}
 
 
 class CallerLink:
-    def __init__(self, in_fd: int, out_fd: int, run_id: str, clock: Clock, ctl_buffer: bytes = b"") -> None:
+    def __init__(self, in_fd: int, out_fd: int, run_id: str, clock: Clock, ctl_buffer: bytes = b"",
+                 label: str | None = None) -> None:
         self.in_fd = in_fd
         self.out_fd = out_fd
         self.run_id = run_id
+        self.label = label  # told to our own user's `slotq cancel --label` over the control socket
         self.clock = clock
         self.gone = False  # nobody reads our stream any more
         self._in_open = True
@@ -117,7 +119,7 @@ class CallerLink:
         from .control import ControlSocket
 
         try:
-            self._control = ControlSocket(self.run_id)
+            self._control = ControlSocket(self.run_id, self.label)
         except OSError:
             self._control = None  # no sockets here, or the name is taken: `slotq cancel` cannot reach us
 

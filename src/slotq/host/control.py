@@ -89,6 +89,84 @@ def listening_as(run_id: str, uid: int, timeout: float = 0.5) -> bool:
     return False
 
 
+def own_runs(timeout: float = 1.0) -> dict[str, str | None]:
+    """run id -> label of every run of ours that listens here, as each
+    runner tells it over its control socket: sockets our own processes
+    hold (their descriptors, in /proc of our uid), never one another user
+    bound under a run's name, nor what a shared file says. (Root's: every
+    user's.)"""
+    inodes = _own_socket_inodes()
+    try:
+        with open("/proc/net/unix", "rb") as f:
+            table = f.read(MAX_SOCKET_LIST)
+    except OSError:
+        return {}
+    want = b"@" + PREFIX[1:]
+    out: dict[str, str | None] = {}
+    for line in table.splitlines()[1:]:
+        parts = line.split(None, 7)
+        if len(parts) < 8 or not parts[7].startswith(want) or not parts[6].isdigit() \
+                or int(parts[6]) not in inodes:
+            continue
+        reply = _ask(b"\0" + parts[7][1:], b"label", timeout)
+        if reply is None or not reply.startswith(b"label "):
+            continue
+        from ..records import from_json
+
+        try:
+            said = from_json(reply[6:].decode("utf-8", "replace"), 2)
+        except ValueError:
+            continue
+        run_id, label = (said.get("run_id"), said.get("label")) if isinstance(said, dict) else (None, None)
+        if isinstance(run_id, str) and run_id not in out:
+            out[run_id] = label if isinstance(label, str) else None
+    return out
+
+
+def _own_socket_inodes() -> set[int]:
+    """Inodes of the sockets our own processes hold open."""
+    uid, out = os.getuid(), set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if uid != 0 and os.stat(f"/proc/{name}").st_uid != uid:
+                continue
+            fds = os.listdir(f"/proc/{name}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{name}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                out.add(int(target[8:-1]))
+    return out
+
+
+def _ask(name: bytes, what: bytes, timeout: float) -> bytes | None:
+    """One line of a runner of ours in answer to `what`; None if none."""
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
+    try:
+        s.settimeout(timeout)
+        s.connect(name)
+        if peer(s)[1] != os.getuid() and os.getuid() != 0:
+            return None
+        s.sendall(what + b"\n")
+        reply = b""
+        while b"\n" not in reply and len(reply) < 8192:
+            chunk = s.recv(8192)
+            if not chunk:
+                break
+            reply += chunk
+        return reply.split(b"\n")[0]
+    except OSError:
+        return None
+    finally:
+        s.close()
+
+
 def peer(sock: _socket.socket) -> tuple[int, int]:
     """(pid, uid) of the process at the other end, from the kernel."""
     raw = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, _CRED_SIZE)
@@ -98,8 +176,9 @@ def peer(sock: _socket.socket) -> tuple[int, int]:
 class ControlSocket:
     """The runner's end. `fileno()` is readable when someone connects."""
 
-    def __init__(self, run_id: str) -> None:
+    def __init__(self, run_id: str, label: str | None = None) -> None:
         self.run_id = run_id
+        self.label = label
         self.sock: _socket.socket | None = _socket.socket(
             _socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC | _socket.SOCK_NONBLOCK)
         try:
@@ -133,7 +212,13 @@ class ControlSocket:
                 # stall this run's runner a second per connection.
                 c.sendall(f"refused: run {self.run_id} belongs to user {user_name(os.getuid())}\n".encode())
                 return None
-            if c.recv(64).strip() != b"cancel":
+            said = c.recv(64).strip()
+            if said == b"label":  # our own user's `cancel --label`: the label, from us (not a shared file)
+                from ..records import to_json
+
+                c.sendall(b"label " + to_json({"run_id": self.run_id, "label": self.label}).encode() + b"\n")
+                return None
+            if said != b"cancel":
                 c.sendall(b"refused: unknown request\n")
                 return None
             c.sendall(b"ok\n")

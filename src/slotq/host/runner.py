@@ -86,7 +86,7 @@ class HostRunner:
         # How its command is started, and what the host keeps about it.
         launch = early.launch if early is not None and early.launch else Launch(
             spec, state_dir=state_dir, config=config, host=os.uname().nodename, clock=clock)
-        link = CallerLink(in_fd, out_fd, spec.run_id, clock, ctl_buffer)
+        link = CallerLink(in_fd, out_fd, spec.run_id, clock, ctl_buffer, label=spec.label)
         self.run_state = run = HostRun(spec, config, state_dir, link, launch, clock, came.allocation)
         run.waiter = early.waiter if early is not None else None
         self._line: LineWait | None = None
