@@ -124,3 +124,37 @@ def test_a_label_of_a_thousand_wide_characters_runs_and_is_cancelled_by_label(sl
     assert long_one.wait(timeout=20) == 130
     caller.send_signal(signal.SIGINT)
     assert caller.wait(timeout=20) == 130
+
+
+@pytest.mark.timeout(90)
+def test_a_held_job_of_another_user_named_after_my_run_does_not_stop_my_cancel(slurm_env: Path) -> None:
+    # Issue 65, row 17: B submits a held job named `slotq-<A's run id>`. A's
+    # `cancel --slurm ID` said "belongs to user B" (77), and --mine found
+    # nothing: the last squeue row for a run id won.
+    from shared_world import PY, make_root, users_code
+
+    def as_user(user: str, argv: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+        pw = pwd.getpwnam(user)
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30, cwd="/", user=pw.pw_uid,
+                              group=pw.pw_gid, env={"PATH": os.environ["PATH"], "SLURM_CONF": CONF, **env})
+
+    run_id = uuid.uuid4().hex[:12]
+    mine = as_user("slotqa", ["sbatch", "--parsable", "-o", "/dev/null", "-J", f"slotq-{run_id}", "--time=1",
+                              "--hold", "--wrap", "sleep 60"])  # A's run's job (held: it stays pending)
+    assert mine.returncode == 0, mine.stderr
+    squat = as_user("slotqb", ["sbatch", "--parsable", "-o", "/dev/null", "-J", f"slotq-{run_id}", "--time=1",
+                               "--hold", "--wrap", "sleep 60"])  # B's, under A's run's name, after it
+    assert squat.returncode == 0, squat.stderr
+    root = make_root()
+    try:
+        env = {"PYTHONPATH": str(users_code()), "HOME": str(root / "home-slotqa")}
+        proc = as_user("slotqa", [PY, "-m", "slotq", "cancel", "--slurm", run_id], **env)
+        assert proc.returncode == 0, proc.stderr  # before: 77, "belongs to user slotqb"
+        assert proc.stderr == f"slotq cancel: cancelled run {run_id} (Slurm job {mine.stdout.strip()})\n"
+        assert squeue("-j", squat.stdout.strip(), "-o", "%i").strip() == squat.stdout.strip()  # B's untouched
+        again = as_user("slotqa", ["sbatch", "--parsable", "-o", "/dev/null", "-J", f"slotq-{run_id}",
+                                   "--time=1", "--hold", "--wrap", "sleep 60"])
+        proc = as_user("slotqa", [PY, "-m", "slotq", "cancel", "--slurm", "--mine"], **env)
+        assert proc.returncode == 0 and again.stdout.strip() in proc.stderr, proc.stderr  # before: nothing to cancel
+    finally:
+        shutil.rmtree(root)

@@ -344,42 +344,47 @@ def _slurm(ids: list[str], label: str | None, mine: bool) -> int:
     from slotq.procinfo import user_name
     from slotq.transports.slurm.ctl import as_comment, cancel_jobs, slotq_jobs
 
-    jobs = slotq_jobs()
     me = os.getuid()
-    targets: dict[str, str] = {}
+    # Our own jobs only (root: anyone's): another user's job under our run's
+    # name is theirs, and never hides ours.
+    every = slotq_jobs()
+    jobs = {run_id: [j for j in js if j[1] == me or me == 0] for run_id, js in every.items()}
+    targets: dict[str, list[str]] = {}
     code = 0
     if label is not None:
         pattern = as_comment(label)
-        ids = ids + [run_id for run_id, (_, uid, comment) in jobs.items()
-                     if comment is not None and fnmatchcase(comment, pattern) and run_id not in ids
-                     and (not mine or uid == me)]
+        ids = ids + [run_id for run_id, js in jobs.items() if run_id not in ids
+                     and any(comment is not None and fnmatchcase(comment, pattern) for _, _, comment in js)]
         if not ids:
             _say(f"slotq cancel: nothing to cancel: no live run matches --label {label!r} on the Slurm cluster")
             return 0
     for run_id in ids:
-        job, uid, _ = jobs.get(run_id, ("", -1, None))
-        if not job:
-            ended = ended_run(run_id)
-            if ended is not None:
-                _say(f"slotq cancel: run {run_id} has already ended ({ended}): nothing to cancel")
-                continue
-            _say(f"slotq cancel: error: no run {run_id} on the Slurm cluster (not live, and not in the history)")
-            code = code or EXIT_NOT_FOUND
-        elif uid != me and me != 0:  # root may, as scancel lets it
+        if jobs.get(run_id):
+            targets[run_id] = [job for job, _, _ in jobs[run_id]]
+            continue
+        theirs = every.get(run_id)
+        if theirs:
+            job, uid, _ = theirs[0]
             _say(f"slotq cancel: error: run {run_id} (Slurm job {job}) belongs to user {user_name(uid)}: "
                  f"you can cancel only your own runs")
             code = EXIT_REFUSED
-        else:
-            targets[run_id] = job
+            continue
+        ended = ended_run(run_id)
+        if ended is not None:
+            _say(f"slotq cancel: run {run_id} has already ended ({ended}): nothing to cancel")
+            continue
+        _say(f"slotq cancel: error: no run {run_id} on the Slurm cluster (not live, and not in the history)")
+        code = code or EXIT_NOT_FOUND
     if mine and label is None:
-        targets.update({run_id: job for run_id, (job, uid, _) in jobs.items() if uid == me})
+        targets.update({run_id: [job for job, uid, _ in js if uid == me] for run_id, js in jobs.items()
+                        if any(uid == me for _, uid, _ in js)})
         if not targets:
             _say("slotq cancel: nothing to cancel: no live run matches --mine on the Slurm cluster")
             return 0
     if targets:
-        cancel_jobs(sorted(set(targets.values())))
-    for run_id, job in targets.items():
-        _say(f"slotq cancel: cancelled run {run_id} (Slurm job {job})")
+        cancel_jobs(sorted({job for js in targets.values() for job in js}))
+    for run_id, js in targets.items():
+        _say(f"slotq cancel: cancelled run {run_id} (Slurm job {', '.join(js)})")
     return code
 
 

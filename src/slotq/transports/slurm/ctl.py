@@ -209,18 +209,22 @@ def format_partitions(views: list[dict[str, object]]) -> str:
     return "\n".join(out) + "\n"
 
 
-def slotq_jobs(env: dict[str, str] | None = None) -> dict[str, tuple[str, int, str | None]]:
-    """run id -> (Slurm job id, its owner's uid, its label) for the jobs
-    slotq submitted (named `slotq-<run id>`) that are pending or running.
-    The label is the job's comment (None if it has none)."""
+SlurmJob = tuple[str, int, "str | None"]  # (job id, its owner's uid: Slurm's word, its label)
+
+
+def slotq_jobs(env: dict[str, str] | None = None) -> dict[str, list[SlurmJob]]:
+    """run id -> [(Slurm job id, its owner's uid, its label)] for the jobs
+    named `slotq-<run id>` that are pending or running: every one, since
+    anyone may name a job so (a job of another user's under our run's name
+    is theirs, never ours). The label is the job's comment (None if none)."""
     from ...spec import is_run_id
 
     rows = _squeue(["-t", "PD,CF,R,S,RQ,RS,RH", "--format=%i|%U|%j|%k"], env)
-    out: dict[str, tuple[str, int, str | None]] = {}
+    out: dict[str, list[SlurmJob]] = {}
     for job, uid, name, comment in rows:
         run_id = name.removeprefix("slotq-")
         if name.startswith("slotq-") and is_run_id(run_id) and uid.isdigit():
-            out[run_id] = (job, int(uid), _comment(comment))
+            out.setdefault(run_id, []).append((job, int(uid), _comment(comment)))
     return out
 
 
