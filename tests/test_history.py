@@ -353,8 +353,8 @@ def test_a_spool_moved_while_the_index_reads_loses_no_run(
     real = history.history_files
     moves: list[int] = []
 
-    def listing_then_a_move(state: str) -> list[history.HistoryFile]:
-        files = real(state)
+    def listing_then_a_move(state: str, notes: list[str] | None = None) -> list[history.HistoryFile]:
+        files = real(state, notes)
         if not moves:
             moves.append(1)
             rotate(state_dir)

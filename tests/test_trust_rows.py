@@ -423,3 +423,91 @@ def test_row16_a_record_naming_my_waiting_run_does_not_stop_my_cancel(world: Wor
         cancel = w.run(w.a, "cancel", str(entry["run_id"]))
         assert cancel.returncode == 0, cancel.stderr  # before: 1, "control socket is held by ... not by the run's runner"
         assert waiter.wait(timeout=30) == 130
+
+
+# ---------------------------------------------------------------- rows 5, 6, 7, 9: floods and sizes
+
+def _timed(w: World, user: str, *args: str, timeout: float = 60) -> tuple[subprocess.CompletedProcess[str], float]:
+    start = time.monotonic()
+    proc = w.run(user, *args, timeout=timeout)
+    return proc, time.monotonic() - start
+
+
+@pytest.mark.timeout(180)
+def test_row5_a_flood_of_files_in_history_hides_none_of_my_runs(world: World) -> None:
+    w = world
+    runs = [_run_json(w, w.a, "--label", f"mine-{i}", "--", "true")["run_id"] for i in range(3)]
+    hdir = w.state / "history"
+    flood = (f"import os\nfor i in range(12000):\n    open(os.path.join({str(hdir)!r}, 'junk%05d' % i), 'w').close()\n"
+             f"for i in range(3000):\n    open(os.path.join({str(hdir)!r}, 'u{w.uid(w.a)}-20260101T0000%02d-%08x.jsonl'"
+             " % (i % 60, i)), 'w').close()\n")  # names that say they are A's
+    assert w.py(w.b, flood, timeout=120).returncode == 0
+    history, took = _timed(w, w.a, "history", "--json")
+    assert history.returncode == 0, history.stderr
+    assert set(runs) <= {r["run_id"] for r in json.loads(history.stdout)}  # before: none of them
+    assert took < 5, took
+    status = w.run(w.a, "status", "--json")
+    assert set(runs) <= {r["run_id"] for r in json.loads(status.stdout)["history"]}
+    attach = w.run(w.a, "attach", runs[0])
+    assert attach.returncode == 0, attach.stderr
+
+
+@pytest.mark.timeout(180)
+def test_row6_a_flood_of_dead_ticket_names_slows_no_run_and_status_says_it_in_a_line(world: World) -> None:
+    w = world
+    pdir = w.state / "tickets" / "shared"
+    assert w.run(w.a, "run", "-q", "--", "true").returncode == 0
+    flood = (f"import os, time\nn = time.time_ns() // 1000 - 10**9\nfor i in range(30000):\n"
+             f"    open(os.path.join({str(pdir)!r}, '%016d.t' % (n + i)), 'w').close()\n")  # ahead of any new run
+    assert w.py(w.b, flood, timeout=120).returncode == 0
+    _, took = _timed(w, w.a, "run", "-q", "--", "true")
+    assert took < 0.5, took  # before: 0.9 s
+    started = time.monotonic()
+    five = [w.popen(w.a, "run", "-q", "--", "sleep", "0.2") for _ in range(5)]
+    assert [p.wait(timeout=60) for p in five] == [0] * 5
+    assert time.monotonic() - started < 4  # before: 8.6 s (1.1 s without the flood)
+    status, took = _timed(w, w.a, "status")
+    assert status.returncode == 0 and took < 1, took
+    assert len(status.stdout.splitlines()) < 30, len(status.stdout.splitlines())  # before: 30,012 lines
+    assert f"30000 ticket names of user {w.b} that nobody holds" in status.stdout, status.stdout[-2000:]
+
+
+@pytest.mark.timeout(180)
+def test_row7_sparse_huge_history_files_slow_no_reader(world: World) -> None:
+    w = world
+    assert w.run(w.a, "run", "-q", "--", "true").returncode == 0
+    hdir = w.state / "history"
+    sparse = (f"import os\nfor i in range(8):\n    p = os.path.join({str(hdir)!r}, 'u{w.uid(w.b)}-20260101T00000%d-%08x.jsonl'"
+              " % (i, i))\n    fd = os.open(p, os.O_WRONLY | os.O_CREAT, 0o644)\n    os.ftruncate(fd, 256 << 20)\n"
+              "    os.close(fd)\n")
+    assert w.py(w.b, sparse).returncode == 0
+    history, took = _timed(w, w.a, "history")
+    assert history.returncode == 0 and took < 3, (took, history.stderr)  # before: 5.4 s
+    # A byte flipped in each: read again from the start, and still bounded.
+    flip = (f"import os\nfor p in os.listdir({str(hdir)!r}):\n    if p.startswith('u{w.uid(w.b)}-'):\n"
+            f"        fd = os.open(os.path.join({str(hdir)!r}, p), os.O_WRONLY)\n        os.pwrite(fd, b'x', 0)\n"
+            "        os.close(fd)\n")
+    assert w.py(w.b, flip).returncode == 0
+    history, took = _timed(w, w.a, "history")
+    assert history.returncode == 0 and took < 3, (took, history.stderr)
+    assert "not read" in history.stderr or "were read" in history.stderr, history.stderr  # and said so
+
+
+@pytest.mark.timeout(180)
+def test_row9_a_member_holding_thousands_of_locks_slows_no_status(world: World) -> None:
+    w = world
+    assert w.run(w.a, "run", "-q", "--", "true").returncode == 0
+    # 60,000 locks on files of B's: five processes of 12,000 (a process may
+    # have fewer descriptors than that).
+    many = ("import fcntl, os, sys\nr, w = os.pipe()\nkids = 0\nfor k in range(4):\n    if os.fork() == 0:\n"
+            "        kids = -1\n        break\n    kids += 1\nfds = []\n"
+            "for i in range(12000):\n    p = os.path.join(sys.argv[1], '%d.%d' % (os.getpid(), i))\n"
+            "    fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o644)\n"
+            "    fcntl.flock(fd, fcntl.LOCK_SH)\n    fds.append(fd)\n"
+            "if kids < 0:\n    os.write(w, b'!')\n    sys.stdin.read()\n    os._exit(0)\n"
+            "while kids:\n    kids -= len(os.read(r, kids))\nprint('ready', flush=True)\nsys.stdin.read()\n")
+    with w.by_hand(w.b, many, str(w.home(w.b))):  # (its five processes' locks all taken)
+        status, took = _timed(w, w.a, "status")
+        assert status.returncode == 0 and took < 1, took  # before: 3.1 s with 26,000 (over 1 s here with 60,000)
+        run, took = _timed(w, w.a, "run", "-q", "--", "true")
+        assert run.returncode == 0 and took < 1, took

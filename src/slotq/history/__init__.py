@@ -40,8 +40,8 @@ from ..records import from_json, is_number, to_json, valid_text
 
 SPOOL_BYTES = 1 << 20  # the spool moves to its segment past this
 MAX_LINE = 64 * 1024  # longer lines are skipped as corrupt
-TAIL_WINDOW = 1 << 20  # `recent` reads at most this much of each file's end
-RECENT_BUDGET = 4 << 20  # and this much in all
+TAIL_WINDOW = 1 << 20  # `recent` reads at most this much of each user's files' ends
+RECENT_BUDGET = 16 << 20  # and this much in all
 LOCK_WAIT = 2.0  # seconds a history lock is waited for (anyone may hold one by hand)
 # A spool past this was grown by hand (ours moves at SPOOL_BYTES): it is not
 # read into memory to be moved, only appended to and read from its end.
@@ -49,7 +49,8 @@ SPOOL_LIMIT = 64 << 20
 PHASES = ("submitted", "slot", "prepared", "started", "ended")
 
 
-MAX_FILES = 10_000  # history/ entries looked at, at most
+MAX_ENTRIES = 200_000  # names in history/ looked at, at most (a directory past it: said)
+MAX_PER_OWNER = 1_000  # files of one user read, at most: their spools and newest segments (more: said)
 
 
 def history_path(state_dir: str) -> str:
@@ -78,12 +79,17 @@ class HistoryFile:
         self.mtime = mtime
 
 
-def history_files(state_dir: str) -> list[HistoryFile]:
+def history_files(state_dir: str, notes: list[str] | None = None) -> list[HistoryFile]:
     """Every history file: the spools first (the shared one of older
     versions, then each user's), then the segments; within each, the one
     written last first. Links and odd files are left out, and so are shared
     files of older versions that are not the pool's (owned by neither root
-    nor the state dir's owner: planted by a member)."""
+    nor the state dir's owner: planted by a member), and files whose name
+    says they are another user's than their owner's. Bounded: names that
+    are no history file's are skipped before anything is counted, and each
+    owner's files are capped (MAX_PER_OWNER): a flood of one member's junk
+    costs that member, not the others. `notes`: what was left out, a line
+    each."""
     import stat
 
     try:
@@ -98,23 +104,54 @@ def history_files(state_dir: str) -> list[HistoryFile]:
             continue
         if stat.S_ISREG(st.st_mode) and st.st_uid in pool_owners:
             out.append(HistoryFile(path, None, path.endswith(".jsonl"), st.st_mtime))
+    hdir = segments_dir(state_dir)
+    by_owner: dict[int, list[HistoryFile]] = {}
+    looked = 0
     try:
-        with os.scandir(segments_dir(state_dir)) as it:
-            entries = [e for _, e in zip(range(MAX_FILES), it)]
+        with os.scandir(hdir) as it:
+            for e in it:
+                looked += 1
+                if looked > MAX_ENTRIES:
+                    if notes is not None:
+                        notes.append(f"{hdir} holds more than {MAX_ENTRIES} names: only the first were looked at")
+                    break
+                name = e.name
+                if not name.endswith(".jsonl"):
+                    continue
+                kind = _file_kind(name)
+                if kind is None:
+                    continue
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                if kind == "month":
+                    if st.st_uid in pool_owners:
+                        out.append(HistoryFile(e.path, None, False, st.st_mtime))
+                elif st.st_uid == _named_uid(name):  # (one that says it is another's is junk)
+                    by_owner.setdefault(st.st_uid, []).append(HistoryFile(e.path, st.st_uid, kind == "spool",
+                                                                          st.st_mtime))
     except OSError:
-        entries = []
-    for e in entries:
-        kind = _file_kind(e.name)
-        if kind is None:
-            continue
-        try:
-            st = e.stat(follow_symlinks=False)
-        except OSError:
-            continue
-        if stat.S_ISREG(st.st_mode) and (kind != "month" or st.st_uid in pool_owners):
-            out.append(HistoryFile(e.path, None if kind == "month" else st.st_uid, kind == "spool", st.st_mtime))
+        pass
+    for owner, files in by_owner.items():
+        files.sort(key=lambda f: (not f.spool, -f.mtime))
+        if len(files) > MAX_PER_OWNER and notes is not None:
+            notes.append(f"{len(files) - MAX_PER_OWNER} older history file(s) of user {_user_name(owner)} were "
+                         f"not read (at most {MAX_PER_OWNER} a user)")
+        out += files[:MAX_PER_OWNER]
     out.sort(key=lambda f: (not f.spool, -f.mtime))
     return out
+
+
+def _named_uid(name: str) -> int:
+    """The uid a user's history file name gives (u<uid>...)."""
+    digits = name[1:]
+    end = 0
+    while end < len(digits) and digits[end].isdigit():
+        end += 1
+    return int(digits[:end]) if end else -1
 
 
 def _file_kind(name: str) -> str | None:
@@ -197,7 +234,7 @@ def _own_spool(hdir: str) -> tuple[int, str]:
         os.close(fd)
     prefix = f"u{uid}."
     with os.scandir(hdir) as it:
-        for _, e in zip(range(MAX_FILES), it):
+        for _, e in zip(range(MAX_ENTRIES), it):
             if e.name.startswith(prefix) and _file_kind(e.name) == "spool":
                 st = e.stat(follow_symlinks=False)
                 if st.st_uid == uid and st.st_nlink == 1:
@@ -251,39 +288,54 @@ def prune(state_dir: str, retention_s: float, now: float) -> list[str]:
     return gone
 
 
-def recent(state_dir: str, n: int = 10) -> list[dict[str, object]]:
+def recent(state_dir: str, n: int = 10, notes: list[str] | None = None) -> list[dict[str, object]]:
     """The last `n` records, oldest first, read backwards from the files
-    written last. A file last written before the n-th newest run found
-    ended holds none newer: the reading stops there."""
+    written last: each owner's files (ours first), at most TAIL_WINDOW of
+    each owner's and RECENT_BUDGET in all, so that nobody's planted or
+    grown files crowd out the others'. Within an owner's files, one last
+    written before the n-th newest run found there holds none newer: the
+    reading of that owner's stops there."""
     from ..statefile import StateFileError, open_state
 
     if n <= 0:
         return []
     found: list[tuple[float, int, dict[str, object]]] = []  # (ended, order read, record)
-    files = sorted(history_files(state_dir), key=lambda f: -f.mtime)
-    budget = RECENT_BUDGET  # bytes, over every file: a hundred planted files cost no more than one
-    for f in files:
+    owners: dict[int | None, list[HistoryFile]] = {}
+    for f in sorted(history_files(state_dir, notes), key=lambda f: -f.mtime):
+        owners.setdefault(f.owner, []).append(f)
+    me = os.getuid()
+    budget = RECENT_BUDGET
+    for owner in sorted(owners, key=lambda o: o != me):
         if budget <= 0:
+            if notes is not None:
+                notes.append(f"the newest runs of user {_user_name(owner) if owner is not None else '?'} "
+                             "and others were not read (the history read for this is bounded)")
             break
-        if len(found) >= n and f.mtime < sorted(e for e, _, _ in found)[-n]:
-            break
-        try:
-            fd, _ = open_state(f.path, os.O_RDONLY)
-        except (OSError, StateFileError):
-            continue
-        try:
-            budget -= min(os.fstat(fd).st_size, TAIL_WINDOW)
-            lines = _tail_lines(fd, n)
-        except OSError:
-            lines = []
-        finally:
-            os.close(fd)
-        last = 0.0
-        for line in lines:
-            rec = parse_line(line, f.owner)
-            if rec is not None:
-                last = ended(rec) or last  # a line that does not say: where it stands in its file
-                found.append((last, len(found), rec))
+        own_budget = min(TAIL_WINDOW, budget)
+        own_found: list[float] = []
+        for f in owners[owner]:
+            if own_budget <= 0 or len(own_found) >= n and f.mtime < sorted(own_found)[-n]:
+                break
+            try:
+                fd, _ = open_state(f.path, os.O_RDONLY)
+            except (OSError, StateFileError):
+                continue
+            try:
+                window = min(os.fstat(fd).st_size, own_budget)
+                own_budget -= window
+                budget -= window
+                lines = _tail_lines(fd, n, window=window)
+            except OSError:
+                lines = []
+            finally:
+                os.close(fd)
+            last = 0.0
+            for line in lines:
+                rec = parse_line(line, f.owner)
+                if rec is not None:
+                    last = ended(rec) or last  # a line that does not say: where it stands in its file
+                    found.append((last, len(found), rec))
+                    own_found.append(last)
     found.sort(key=lambda x: x[:2])
     return [rec for _, _, rec in found[-n:]]
 

@@ -62,6 +62,11 @@ CHUNK = 8 << 20  # read at most this much of a file per step
 # unread (grown by hand: a month of runs is tens of MiB) is read from its
 # last CHUNK, and named: a query never hangs on one file.
 MAX_CATCH_UP = 256 << 20
+# ... and at most this much of another user's files in all (ours, and the
+# shared ones of older versions: MAX_CATCH_UP in all):
+# eight sparse files of 256 MiB, made in a moment and re-read whenever a
+# byte in them changes, cost a reader 5 s (issue 65).
+OWNER_CATCH_UP = 32 << 20
 # A catch-up lists the files again while it finds one moved since its last
 # listing (a spool renamed to its segment), at most this often: a spool
 # moves once a SPOOL_BYTES of runs, and nobody's renames keep a query waiting.
@@ -132,11 +137,14 @@ class Index:
         has its rows dropped with its segment not yet listed: the caller
         lists again, in the same transaction, so that no reader ever sees
         those runs missing."""
-        files = history.history_files(self.state_dir)
+        notes: list[str] = []
+        files = history.history_files(self.state_dir, notes)
+        self.skipped_files += [n for n in notes if n not in self.skipped_files]
         moved = self._forget_files_gone([f.path for f in files])
         n = 0
+        budget: dict[int | None, int] = {}
         for f in files:
-            read, replaced = self._read_file(f, cutoff)
+            read, replaced = self._read_file(f, cutoff, budget)
             n += read
             moved = moved or replaced
         return n, moved
@@ -154,9 +162,10 @@ class Index:
             self.db.execute("DELETE FROM files WHERE name = ?", (name,))
         return bool(gone)
 
-    def _read_file(self, f: history.HistoryFile, cutoff: float) -> tuple[int, bool]:
+    def _read_file(self, f: history.HistoryFile, cutoff: float, budget: dict[int | None, int]) -> tuple[int, bool]:
         """Read what is new in one file: (lines read, whether the file read
-        before under its name was replaced, its rows dropped)."""
+        before under its name was replaced, its rows dropped). `budget`:
+        bytes read so far of each owner's files in this catch-up."""
         path = f.path
         name = os.path.relpath(path, self.state_dir)
         try:
@@ -186,11 +195,21 @@ class Index:
             elif row is not None:  # emptied (moved to a segment) or replaced: its lines are not these
                 self.db.execute("DELETE FROM runs WHERE src = ?", (name,))
                 replaced = True
-            if st.st_size - off > MAX_CATCH_UP:
+            # Ours, and the pool's shared files of older versions (a month of
+            # a busy pool is tens of MiB): a file's bound, in all; each other
+            # member's: OWNER_CATCH_UP.
+            mine = f.owner is None or f.owner == os.getuid()
+            left = (MAX_CATCH_UP if mine else OWNER_CATCH_UP) - budget.get(f.owner, 0)
+            if left <= 0 and st.st_size > off:
+                self.skipped_files.append(f"{path}: not read (its owner's history files read in this catch-up "
+                                          f"passed {OWNER_CATCH_UP >> 20} MiB)")
+                return 0, replaced
+            if st.st_size - off > min(MAX_CATCH_UP, left):
+                tail = min(CHUNK, left)
                 self.skipped_files.append(f"{path}: {st.st_size - off} bytes unread, more than a history file "
-                                          f"grows to ({MAX_CATCH_UP >> 20} MiB); only its last {CHUNK >> 20} MiB "
-                                          "were read")
-                off = self._next_newline(fd, st.st_size - CHUNK, st.st_size)
+                                          f"grows to; only its last {max(1, tail >> 20)} MiB were read")
+                off = self._next_newline(fd, st.st_size - tail, st.st_size)
+            budget[f.owner] = budget.get(f.owner, 0) + (st.st_size - off)
             n = 0
             rows = []
             while off < st.st_size:

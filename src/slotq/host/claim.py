@@ -211,7 +211,7 @@ class Claims:
             if e.path in self.passed:
                 continue
             live = _live(e.path)
-            if live is None:
+            if not live:  # gone, or dead (it never lives again: one a member could not remove, tried once)
                 gone.add(e.path)
             elif live:
                 place += 1

@@ -56,12 +56,20 @@ def pool_dir(state_dir: str, pool: str) -> str:
     return os.path.join(state_dir, "tickets", pool)
 
 
-def ignored(pdir: str, locked: set[tuple[int, int]]) -> list[Entry]:
-    """Ticket names in a pool dir that are no place in line and that we
-    cannot remove: held by nobody, another user's (in a sticky dir only
-    they or root can remove them). Named by status."""
+def ignored(pdir: str, locked: set[tuple[int, int]]) -> dict[int, list[Entry | None]]:
+    """owner -> the ticket names of theirs in a pool dir that are no place
+    in line and that we cannot remove: held by nobody, another user's (in a
+    sticky dir only they or root can remove them); `None` for each name
+    past MAX_PER_OWNER, not looked at. Named by status, a line an owner."""
     uid = os.getuid()
-    return [e for e in scan(pdir) if (e.dev, e.ino) not in locked and e.uid != uid]
+    over: dict[int, int] = {}
+    out: dict[int, list[Entry | None]] = {}
+    for e in scan(pdir, over):
+        if (e.dev, e.ino) not in locked and e.uid != uid:
+            out.setdefault(e.uid, []).append(e)
+    for owner, n in over.items():
+        out.setdefault(owner, []).extend([None] * n)
+    return out
 
 
 def ticket_names(pdir: str) -> list[tuple[int, str]]:
@@ -94,10 +102,18 @@ class Entry:
         self.forged = False
 
 
-def scan(pdir: str) -> list[Entry]:
+# Ticket names of one owner in a line looked at, at most (their lowest
+# numbers): a member's flood of names (dead ones stay: in a sticky dir only
+# their owner can remove them) costs that member, and costs the others a
+# listing, not a probe each. More than any honest user waits with at once.
+MAX_PER_OWNER = 4096
+
+
+def scan(pdir: str, over: dict[int, int] | None = None) -> list[Entry]:
     """The tickets of a pool dir in line order (see the module doc):
     regular files with one name only (a link, a FIFO or another file's
-    hard link under a ticket name is no ticket)."""
+    hard link under a ticket name is no ticket); at most MAX_PER_OWNER of
+    each owner's, the rest counted in `over` (owner -> how many)."""
     out: list[Entry] = []
     try:
         with os.scandir(pdir) as it:
@@ -123,7 +139,24 @@ def scan(pdir: str) -> list[Entry]:
                 out.append(Entry(int(stem), e.path, st.st_dev, st.st_ino, st.st_ctime_ns, st.st_uid))
     except (FileNotFoundError, NotADirectoryError):
         return []
-    return _in_line_order(out)
+    return _in_line_order(_capped(out, over))
+
+
+def _capped(entries: list[Entry], over: dict[int, int] | None) -> list[Entry]:
+    counts: dict[int, int] = {}
+    for e in entries:
+        counts[e.uid] = counts.get(e.uid, 0) + 1
+    if all(n <= MAX_PER_OWNER for n in counts.values()):
+        return entries
+    entries.sort(key=lambda e: e.seq)
+    kept, seen = [], dict.fromkeys(counts, 0)
+    for e in entries:
+        seen[e.uid] += 1
+        if seen[e.uid] <= MAX_PER_OWNER:
+            kept.append(e)
+        elif over is not None:
+            over[e.uid] = over.get(e.uid, 0) + 1
+    return kept
 
 
 def _in_line_order(entries: list[Entry]) -> list[Entry]:
@@ -223,6 +256,9 @@ def wait_turn(path: str, seq: int, slot_paths: list[str] | None = None) -> None:
         except (OSError, StateFileError):
             continue  # gone, or no ticket (a link or FIFO put there since the listing: nobody's place)
         try:
+            if _dead_now(fd):
+                bury(closest, fd)  # one that died before we came: no wait, and no listing after it
+                continue
             if claims is None:
                 fcntl.flock(fd, fcntl.LOCK_SH)  # the wait, in the kernel
                 bury(closest, fd)  # dead now (its owner never locks it again)
@@ -241,6 +277,27 @@ def wait_turn(path: str, seq: int, slot_paths: list[str] | None = None) -> None:
             ahead = [p for p in ahead if os.path.basename(p) in present]
 
 
+def _dead_now(fd: int) -> bool:
+    """Is the ticket open on `fd` unlocked now (its lock, shared, is ours)?"""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
+def _removable(path: str, owner: int) -> bool:
+    """May we remove the ticket file at `path` (owned by `owner`)? Not
+    another user's in a sticky directory (a shared line), unless we are
+    root: then nobody's history line is to be written by us either."""
+    if owner == os.getuid() or os.getuid() == 0:
+        return True
+    try:
+        return not os.stat(os.path.dirname(path)).st_mode & 0o1000
+    except OSError:
+        return False
+
+
 def bury(path: str, fd: int) -> None:
     """Remove a dead ticket (we hold its lock, on `fd`). A ticket that is
     still there when its lock is free was not withdrawn: its caller vanished
@@ -250,8 +307,10 @@ def bury(path: str, fd: int) -> None:
     back: a keeper burying the ticket ahead the moment its own caller dies
     (PDEATHSIG) finishes the line first, then stops."""
     try:
-        raw = os.pread(fd, MAX_INFO, 0)
         owner = os.fstat(fd).st_uid  # the run's user, from the kernel
+        if not _removable(path, owner):
+            return  # not ours to remove (a member's dead name): nothing read, nothing written
+        raw = os.pread(fd, MAX_INFO, 0)
     except OSError:
         return
     if not os.path.exists(path):

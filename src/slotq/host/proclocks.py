@@ -20,13 +20,32 @@ def held() -> set[tuple[int, int]] | None:
     return None if table is None else set(table)
 
 
+MAX_TABLE = 64 << 20  # bytes of /proc/locks read at most (~1.2 million locks)
+_CHUNK = 1 << 20
+
+
 def raw() -> bytes | None:
-    """The kernel's lock table as it reads; None if it does not say."""
+    """The kernel's lock table as it reads; None if it does not say. Read
+    in fixed chunks, at most MAX_TABLE: a buffered read of unknown length
+    (growing requests) took 1.4 s where these took 0.06 s, with 26,000
+    locks one member held (issue 65)."""
     try:
-        with open("/proc/locks", "rb") as f:
-            return f.read()
+        fd = os.open("/proc/locks", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
+    parts, size = [], 0
+    try:
+        while size < MAX_TABLE:
+            chunk = os.read(fd, _CHUNK)
+            if not chunk:
+                break
+            parts.append(chunk)
+            size += len(chunk)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return b"".join(parts)
 
 
 def owners(data: bytes | None = None) -> dict[tuple[int, int], list[int]] | None:

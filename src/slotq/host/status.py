@@ -13,7 +13,7 @@ from ..records import printable
 from ..statefile import StateFileError, kind, open_state
 from . import orphans
 from .claim import CLAIM_WINDOW
-from .line import ignored, list_tickets, pool_dir, probe, read_info, remove_stale_temps, scan
+from .line import MAX_PER_OWNER, ignored, list_tickets, pool_dir, probe, read_info, remove_stale_temps, scan
 from .proclocks import describe_holders, held_by_owner, holder_pids, owners
 from .slot import read_slot, slot_name, slot_path
 
@@ -249,10 +249,17 @@ def problems(state_dir: str, config: HostConfig, pools: list[dict[str, object]],
             elif s.get("held") and s.get("phase") == "no record":
                 out.append(f"{s['slot']} is held with no slotq record by {s.get('lock_holders') or '?'}")
         if table is not None:
-            for e in ignored(pool_dir(state_dir, str(p["pool"])), set(table)):
-                out.append(f"ignored: {e.path}, a ticket name of user {procinfo.user_name(e.uid)} that nobody "
-                           "holds: no place in line, and it moves no ticket number (only its owner or root "
-                           "can remove it)")
+            for owner, names in ignored(pool_dir(state_dir, str(p["pool"])), set(table)).items():
+                user = procinfo.user_name(owner)
+                first = next((e for e in names if e is not None), None)
+                if len(names) == 1 and first is not None:
+                    what = f"{first.path}, a ticket name of user {user} that nobody holds"
+                else:
+                    what = (f"{len(names)} ticket names of user {user} that nobody holds (or past the first "
+                            f"{MAX_PER_OWNER} of theirs) in pool {p['pool']}"
+                            + (f", the first {first.path}" if first is not None else ""))
+                out.append(f"ignored: {what}: no place in line, and they move no ticket number (only their "
+                           "owner or root can remove them)")
         head = p["waiting"][0] if p["waiting"] else None  # type: ignore[index]
         free = any(not s.get("held") for s in p["slots"])  # type: ignore[attr-defined]
         if head is not None and free and float(head.get("ticket_age_s") or 0) > CLAIM_WINDOW:
