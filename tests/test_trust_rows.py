@@ -511,3 +511,29 @@ def test_row9_a_member_holding_thousands_of_locks_slows_no_status(world: World) 
         assert status.returncode == 0 and took < 1, took  # before: 3.1 s with 26,000 (over 1 s here with 60,000)
         run, took = _timed(w, w.a, "run", "-q", "--", "true")
         assert run.returncode == 0 and took < 1, took
+
+
+# ---------------------------------------------------------------- row 8: a record naming my outer run
+
+@pytest.mark.timeout(120)
+def test_row8_a_forged_record_naming_my_outer_run_does_not_refuse_the_runs_nested_in_it(world: World) -> None:
+    from shared_world import PY, users_code
+
+    w = world
+    gate, inner = w.root / "gate", w.home(w.a) / "inner.json"
+    nested = f"PYTHONPATH={users_code()} {PY} -m slotq run -q --class landing --json {inner} -- echo inner ran"
+    outer = w.popen(w.a, "run", "-q", "--label", "outer", "--json", str(w.home(w.a) / "outer.json"), "--", "sh",
+                    "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done; {nested}")
+    holder = wait_for(lambda: next((s for s in _pool(w)["slots"] if s.get("label") == "outer"
+                                    and s.get("phase") == "running"), None), what="A's outer run running")
+    record = json.loads((w.state / "slots" / "shared.0").read_text())  # its command's and keeper's pids, starts
+    assert record["run_id"] == holder["run_id"]
+    # B takes the landing slot by hand and writes there a record of A's outer run.
+    with w.by_hand(w.b, HOLD_SLOT_WITH_RECORD, str(w.state / "slots" / "landing.0"),
+                   json.dumps(dict(record, cls="landing", label="outer"))):
+        gate.touch()
+        wait_for(lambda: any(x.get("class") == "landing" for x in _pool(w, "landing")["waiting"]), timeout=20,
+                 what="the nested run waiting for the landing slot B holds")  # before: refused, 117
+        assert outer.poll() is None
+    assert outer.wait(timeout=30) == 0
+    assert json.loads(inner.read_text())["outcome"] == "passed"

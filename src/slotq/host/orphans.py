@@ -64,42 +64,64 @@ def _ancestors(limit: int = 4096) -> set[tuple[int, int]]:
 
 def nested_in(state_dir: str, pool: str, count: int, run_id: str) -> tuple[int, dict[str, object]] | None:
     """The slot of `pool` that run `run_id` holds here (its index and holder
-    record), if this process runs inside that run: the run's command or its
-    keeper (the reaper of what the command leaves behind) is one of our
-    ancestors. A process that merely carries the run's marker in its
-    environment (one that outlived its run, or any other) is not inside it.
-    Reads the slots without locking them: no side effects on the line.
-
-    The holder record is written a moment after the command starts, so a
-    command that runs slotq at once may look before it: the kernel's lock
-    table then says who holds the slot (the keeper that took it, or the
-    runner that passed it on), and if that is an ancestor of ours, so is
-    the run -- whatever the record still says."""
+    record, for display), if this process runs inside that run: one of our
+    ancestors holds the slot's lock, as the kernel says -- through a
+    descriptor of its own (/proc/PID/fdinfo: the run's command inherits
+    the lock), or as the process that took it (/proc/locks: the keeper, the
+    runner). A process that merely carries the run's marker in its
+    environment (one that outlived its run, or any other) is not inside it,
+    and a holder record, which anyone in the group may write, never says
+    so (issue 65: a forged record naming a run's command refused the runs
+    nested in it). Reads the slots without locking them: no side effects
+    on the line."""
     from .proclocks import owners, pids_on
     from .slot import read_slot, slot_path
 
     table = owners()
     locked = None if table is None else set(table)
-    mine: set[tuple[int, int]] | None = None
-    mine_pids: set[int] = set()
+    ancestors: list[int] | None = None
     for index in range(count):
         is_held, info = read_slot(state_dir, pool, index, locked)
         if not is_held:
             continue
-        if mine is None:
-            mine = _ancestors()
-            mine_pids = {pid for pid, _ in mine}
-        if info is not None and info.get("run_id") == run_id:
-            for pid_key, start_key in (("cmd", "cmd_start"), ("keeper", "keeper_start")):
-                pid, start = info.get(pid_key), info.get(start_key)
-                if is_pid(pid) and isinstance(start, int) and not isinstance(start, bool) and (pid, start) in mine:
-                    return index, info
-        else:
-            info = {"run_id": run_id, "label": "its command just started"}  # the record is still the last one's
-        holders = pids_on(slot_path(state_dir, pool, index), table) or []
-        if mine_pids.intersection(holders):
+        if ancestors is None:
+            ancestors = [pid for pid, _ in _ancestors() if _ours(pid)]
+        path = slot_path(state_dir, pool, index)
+        holders = set(pids_on(path, table) or [])
+        if holders.intersection(ancestors) or any(_holds_lock_on(pid, path) for pid in ancestors):
+            if info is None or info.get("run_id") != run_id:
+                info = {"run_id": run_id, "label": "its command just started"}  # the record is still the last one's
             return index, info
     return None
+
+
+def _ours(pid: int) -> bool:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid == os.getuid()
+    except OSError:
+        return False
+
+
+def _holds_lock_on(pid: int, path: str) -> bool:
+    """Does process `pid` (ours) hold a flock on the file at `path` through
+    a descriptor of its own? (fdinfo lists the locks taken through that
+    open file.)"""
+    try:
+        st = os.stat(path)
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds[:4096]:
+        try:
+            at = os.stat(f"/proc/{pid}/fd/{fd}")
+            if (at.st_dev, at.st_ino) != (st.st_dev, st.st_ino):
+                continue
+            with open(f"/proc/{pid}/fdinfo/{fd}", "rb") as f:
+                if b"FLOCK" in f.read(65536):
+                    return True
+        except OSError:
+            continue
+    return False
 
 
 def run_processes(*, session: int | None = None, session_start: int | None = None,
