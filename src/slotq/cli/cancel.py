@@ -107,8 +107,8 @@ def main(args: list[str]) -> int:
         elif reply.text == "impostor":
             # No run of ours by that id; another user's socket listens under
             # it: their run, or a name they took. Nothing was sent to it.
-            _say(f"slotq cancel: error: run {run_id} is not yours: its control socket is held by pid "
-                 f"{reply.runner_pid} (user {user_name(reply.runner_uid)}): you can cancel only your own runs")
+            _say(f"slotq cancel: error: run {run_id} belongs to user {user_name(reply.runner_uid)} (its control "
+                 f"socket is held by their pid {reply.runner_pid}): you can cancel only your own runs")
             code = EXIT_REFUSED
         elif reply.text.startswith("refused"):
             _say(f"slotq cancel: error: run {run_id} belongs to user {user_name(reply.runner_uid)}: "
