@@ -92,9 +92,10 @@ class World:
     def cmd(self, *args: str) -> list[str]:
         return [PY, "-m", "slotq", *args]
 
-    def run(self, user: str, *args: str, timeout: float = 30, umask: int = 0o002) -> subprocess.CompletedProcess[str]:
+    def run(self, user: str, *args: str, timeout: float = 30, umask: int = 0o002,
+            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
         pw = pwd.getpwnam(user)
-        return subprocess.run(self.cmd(*args), capture_output=True, timeout=timeout, cwd=self.home(user),
+        return subprocess.run(self.cmd(*args), capture_output=True, timeout=timeout, cwd=cwd or self.home(user),
                               env=self.env(user), text=True, user=pw.pw_uid, group=pw.pw_gid,
                               extra_groups=[self.gid], umask=umask)
 

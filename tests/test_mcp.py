@@ -151,6 +151,28 @@ def test_a_failing_command_is_a_result_not_a_tool_error(state_dir: Path, tmp_pat
     drive(body)
 
 
+@pytest.mark.timeout(120)
+def test_a_run_that_prints_a_lot_keeps_its_output_file_bounded_head_and_tail(state_dir: Path, tmp_path: Path) -> None:
+    # Issue 65, row 10: mcp/<id>.out grew without limit (295 MB from one run).
+    from slotq.cli.mcptools import KEEP_HEAD, MAX_OUTPUT
+
+    script = "echo first; head -c 100000000 /dev/zero | tr '\\0' x; echo; echo last"
+    async def body() -> None:
+        async with server(tmp_path) as s:
+            record = structured(await s.call_tool("run_command", {"command": ["sh", "-c", script], "wait_for": 100}))
+            assert record["outcome"] == "passed", record
+            out = Path(record["output"]["file"])
+            size = out.stat().st_size
+            assert 2 * KEEP_HEAD < size <= MAX_OUTPUT + 4096, size  # before: 100 MB, whatever it printed
+            with open(out, "rb") as f:
+                assert f.read(6) == b"first\n"
+                f.seek(size - 5)
+                assert f.read() == b"last\n"
+            assert b"bytes of output dropped here" in out.read_bytes()
+            assert record["output"]["text"].endswith("last\n")
+    drive(body)
+
+
 @pytest.mark.parametrize("args, says", [
     ({}, "'command' is required"),
     ({"command": []}, "'command' must be a non-empty list of strings"),

@@ -537,3 +537,96 @@ def test_row8_a_forged_record_naming_my_outer_run_does_not_refuse_the_runs_neste
         assert outer.poll() is None
     assert outer.wait(timeout=30) == 0
     assert json.loads(inner.read_text())["outcome"] == "passed"
+
+
+# ---------------------------------------------------------------- rows 11, 12: the ssh control directory
+
+SSH_CONFIG = os.environ.get("SLOTQ_TEST_SSH_CONFIG", "")
+needs_sshd = pytest.mark.skipif(not SSH_CONFIG or not Path(SSH_CONFIG).exists(), reason="no test sshd")
+
+
+def _ssh_as(w: World, user: str) -> Path:
+    """An ssh config of `user`'s own for the test sshd's host `slotq-test`
+    (its key and known hosts copied into the user's home)."""
+    import re
+    import shutil
+
+    cfg = Path(SSH_CONFIG).read_text()
+    block = cfg.split("Host slotq-test\n", 1)[1].split("\nHost ", 1)[0]
+    home = w.home(user)
+    key, known = Path(re.search(r"IdentityFile (\S+)", block)[1]), Path(  # type: ignore[index]
+        re.search(r"UserKnownHostsFile (\S+)", block)[1])  # type: ignore[index]
+    shutil.copy(key, home / "key")
+    shutil.copy(known, home / "known_hosts")
+    block = block.replace(str(key), str(home / "key")).replace(str(known), str(home / "known_hosts"))
+    (home / "ssh_config").write_text("Host slotq-test\n" + block + "\n")
+    for p in ("key", "known_hosts", "ssh_config"):
+        os.chown(home / p, w.uid(user), -1)
+        os.chmod(home / p, 0o600)
+    return home / "ssh_config"
+
+
+def _remote_true(w: World, user: str, config: Path) -> subprocess.CompletedProcess[str]:
+    project = w.home(user) / "project"
+    if not project.exists():
+        project.mkdir()
+        os.chown(project, w.uid(user), -1)
+    return w.run(user, "run", "-q", "--host", "slotq-test", "--ssh-config", str(config), "--", "true",
+                 timeout=60, cwd=project)
+
+
+@needs_sshd
+@pytest.mark.timeout(120)
+def test_row12_a_control_directory_name_taken_first_does_not_stop_my_remote_runs(world: World) -> None:
+    import shutil
+
+    w = world
+    config = _ssh_as(w, w.a)
+    taken = Path(f"/tmp/slotq-ssh-{w.uid(w.a)}")
+    assert not os.path.lexists(taken)
+    try:
+        assert w.py(w.b, f"import os; os.mkdir({str(taken)!r}, 0o700)").returncode == 0
+        first = _remote_true(w, w.a, config)
+        assert first.returncode == 0, first.stderr  # before: 121, "control directory ... is not private", for ever
+        again = _remote_true(w, w.a, config)
+        assert again.returncode == 0, again.stderr
+        mine = [p for p in Path("/tmp").glob(f"slotq-ssh-{w.uid(w.a)}-*")]
+        assert len(mine) == 1 and mine[0].stat().st_uid == w.uid(w.a), mine  # one of its own, found again
+        assert mine[0].stat().st_mode & 0o777 == 0o700
+    finally:
+        _end_masters(w)
+        for p in Path("/tmp").glob(f"slotq-ssh-{w.uid(w.a)}*"):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+@needs_sshd
+@pytest.mark.timeout(120)
+def test_row11_a_control_directory_name_that_is_a_link_is_never_followed(world: World) -> None:
+    import shutil
+
+    w = world
+    config = _ssh_as(w, w.a)
+    taken = Path(f"/tmp/slotq-ssh-{w.uid(w.a)}")
+    victim = w.home(w.a) / "private"  # a private dir of A's: the link passed the old check (owner, mode)
+    victim.mkdir(mode=0o700)
+    os.chown(victim, w.uid(w.a), -1)
+    try:
+        assert w.py(w.b, f"import os; os.symlink({str(victim)!r}, {str(taken)!r})").returncode == 0
+        proc = _remote_true(w, w.a, config)
+        assert proc.returncode == 0, proc.stderr
+        assert list(victim.iterdir()) == []  # before: the lock, log and socket written there, through B's link
+        assert os.path.islink(taken)
+    finally:
+        _end_masters(w)
+        for p in Path("/tmp").glob(f"slotq-ssh-{w.uid(w.a)}*"):
+            if p.is_symlink():
+                p.unlink()
+            else:
+                shutil.rmtree(p, ignore_errors=True)
+
+
+def _end_masters(w: World) -> None:
+    """A's ssh masters (ControlPersist), ended: they are A's processes."""
+    from shared_world import stop_users_processes
+
+    stop_users_processes(w.root)

@@ -159,16 +159,16 @@ class Tools:
             spec, transport = kept_call(opts, command, cwd=workdir)
         except CannotStart as e:  # the command's failure (127/126), found before the queue: a result
             return _answer(_record(e.result))
-        out = t.open_output(spec.run_id)
+        out = t.Output(spec.run_id)
         progress, interrupt = Progress(), Interrupt()
-        options = CallOptions(stdout_fd=out, stderr_fd=out, status=progress.status, credit_dir=workdir)
+        options = CallOptions(stdout_fd=out.fd, stderr_fd=out.fd, status=progress.status, credit_dir=workdir)
         options.interrupt = interrupt
 
         def work() -> Any:
             try:
                 return call(spec, transport, options)
             finally:
-                os.close(out)
+                out.close()
 
         give_up = (lambda: _cancel_later(spec.run_id, opts.host)) if args.get("cancel_on_disconnect") else None
         result = await _follow(ctx, work, interrupt, progress, give_up)
@@ -184,16 +184,16 @@ class Tools:
         host = t.text_arg(args, "host", 255) or self.settings.host
         run_id, opts = _attach_options(PARSER, run_id, wait_for, host)
         transport = attach_transport(opts, run_id)
-        out = t.open_output(run_id)
+        out = t.Output(run_id)
         progress, interrupt = Progress(), Interrupt()
-        options = CallOptions(stdout_fd=out, stderr_fd=out, status=progress.status)
+        options = CallOptions(stdout_fd=out.fd, stderr_fd=out.fd, status=progress.status)
         options.interrupt = interrupt
 
         def work() -> Any:
             try:
                 return call(RunSpec(["?"], run_id=run_id), transport, options)
             finally:
-                os.close(out)
+                out.close()
 
         result = await _follow(ctx, work, interrupt, progress)
         return _answer(_record(result))

@@ -286,12 +286,60 @@ def output_file(run_id: str) -> str:
     return os.path.join(output_dir(), f"{run_id}.out")
 
 
-def open_output(run_id: str) -> int:
-    """The run's output file, open to append (made private to the user)."""
-    from ..statefile import make_private_dirs
+MAX_OUTPUT = 64 << 20  # a run's output file, at most: as a kept run's log (host/kept.py)
+KEEP_HEAD = 1 << 20  # ... past it, its first MiB stays, and its newest MiB, the middle goes
 
-    make_private_dirs(output_dir())
-    return os.open(output_file(run_id), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+
+class Output:
+    """A run's output as the server sees it, written to its file (made
+    private to the user) and bounded at `cap` bytes: past it, the middle
+    goes -- the first KEEP_HEAD bytes and the newest KEEP_HEAD stay, with a
+    line saying how much went -- as a kept run's log keeps its head and
+    tail. `fd`: where the run writes (a pipe; a thread writes the file).
+    `close()` once the run's call returned: the file is whole then."""
+
+    def __init__(self, run_id: str, cap: int = MAX_OUTPUT) -> None:
+        import threading
+
+        from ..statefile import make_private_dirs
+
+        make_private_dirs(output_dir())
+        self.cap = max(cap, 4 * KEEP_HEAD)
+        self.file = os.open(output_file(run_id), os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+                            0o600)
+        self.dropped = 0
+        self._r, self.fd = os.pipe2(os.O_CLOEXEC)
+        self._thread = threading.Thread(target=self._copy, name="slotq-mcp-output", daemon=True)
+        self._thread.start()
+
+    def _copy(self) -> None:
+        while True:
+            try:
+                data = os.read(self._r, 1 << 16)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            try:
+                if os.fstat(self.file).st_size + len(data) > self.cap:
+                    self._shrink()
+                os.write(self.file, data)
+            except OSError:
+                pass  # a full disk: the run goes on, its output here stops
+        os.close(self._r)
+
+    def _shrink(self) -> None:
+        size = os.fstat(self.file).st_size
+        tail = os.pread(self.file, KEEP_HEAD, max(KEEP_HEAD, size - KEEP_HEAD))
+        self.dropped += size - KEEP_HEAD - len(tail)
+        os.ftruncate(self.file, KEEP_HEAD)
+        os.write(self.file, f"\n[... slotq: {self.dropped} bytes of output dropped here: this file keeps the "
+                            f"first and the newest {KEEP_HEAD >> 20} MiB ...]\n".encode() + tail)
+
+    def close(self) -> None:
+        os.close(self.fd)
+        self._thread.join()
+        os.close(self.file)
 
 
 def output_tail(path: str, since: int = 0) -> dict[str, object]:
