@@ -278,3 +278,32 @@ def test_a_kept_late_bound_runs_cancel_and_lease_end_every_place(hosts: Hosts, r
     back = subprocess.run(slotq_cmd() + ["attach", lapsed, "--json", str(tmp_path / "lapsed.json")],
                           capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
     assert json.loads((tmp_path / "lapsed.json").read_text())["outcome"] == "caller_gone", back.stderr
+
+
+@pytest.mark.timeout(150)
+def test_the_tree_sent_after_the_wait_is_the_directory_named_when_the_run_was_asked_for(
+        hosts: Hosts, runs: Start, tmp_path: Path) -> None:
+    # Issue 65, row 20: an MCP server allows ~/proj; a late-bound run from
+    # ~/proj/sub waits, and meanwhile `sub` becomes a link to ~/outside: the
+    # tree sent after the wait came from outside the allowed dirs.
+    for h in ("slotq-a", "slotq-b"):
+        hosts.hold(runs, h)
+    proj, outside = tmp_path / "proj", tmp_path / "outside"
+    sub = proj / "sub"
+    sub.mkdir(parents=True)
+    outside.mkdir()
+    (sub / "which").write_text("inside\n")
+    (outside / "which").write_text("outside\n")
+    proc = subprocess.Popen(slotq_cmd() + ["run", "--json", str(tmp_path / "r.json"),
+                                           *hosts.args("slotq-a", "slotq-b"), "--", "cat", "which"],
+                            cwd=sub, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: waiting_everywhere(hosts, ("slotq-a", "slotq-b")), timeout=30, what="the run in both lines")
+        sub.rename(proj / "sub.orig")
+        sub.symlink_to(outside)
+        hosts.open("slotq-a")
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert out == b"inside\n"  # before: "outside"

@@ -55,6 +55,7 @@ class LateBound(Transport):
         self.winner: SshTransport | None = None
         self.left_out: list[str] = []  # hosts that could not take part, and why
         self.src: str | None = None  # the work tree the winner gets (rsync), else None
+        self.pinned: int | None = None  # ... the directory it named when the run was asked for (ssh.pin)
         self.transfer_s = 0.0
         self._thread: threading.Thread | None = None  # the relay's
 
@@ -81,10 +82,16 @@ class LateBound(Transport):
                 p for p in problems if p), self.host)
         self.hosts = up
         if self.hosts[0].sync == "rsync":
-            from .ssh import work_id
+            from .ssh import pin, work_id
 
             self.src = spec.cwd or os.getcwd()
             spec.work_id, spec.cwd = work_id(self.src), None
+            try:
+                # Sent after the wait: the tree of the directory named now,
+                # not of whatever the name leads to by then (issue 65).
+                self.pinned = pin(self.src)
+            except OSError as e:
+                raise WorkTreeError(f"cannot open the work tree {self.src}: {e.strerror}; nothing ran") from None
         else:
             spec.cwd = os.path.realpath(spec.cwd or os.getcwd())
 
@@ -125,6 +132,9 @@ class LateBound(Transport):
     def wait(self) -> str:
         if self._thread is not None:
             self._thread.join(timeout=60)
+        if self.pinned is not None:
+            os.close(self.pinned)
+            self.pinned = None
         said = ""
         for t in self.hosts:
             text = t.wait()
@@ -314,7 +324,7 @@ class Relay:
             t0 = time.monotonic()
             try:
                 assert self.spec.work_id is not None
-                t.send_tree(self.bound.src, self.spec.work_id)
+                t.send_tree(self.bound.src, self.spec.work_id, self.bound.pinned)
             except (HostUnavailable, WorkTreeError) as e:
                 _write(t._fds[0], b"pass\n")  # its slot is released at once
                 self.event({"event": protocol.ERROR, "at": time.time(), "message": str(e),

@@ -33,11 +33,12 @@ def end_all() -> None:
 
 class Proc:
     """A started program. `stdin`/`stdout`/`stderr`: descriptors to give
-    it (None: /dev/null). Ours are close-on-exec, so it inherits nothing
-    else. FileNotFoundError if the program is not on PATH."""
+    it (None: /dev/null); `keep`: more, {its number: ours}. Ours are
+    close-on-exec, so it inherits nothing else. FileNotFoundError if the
+    program is not on PATH."""
 
     def __init__(self, argv: list[str], stdin: int | None = None, stdout: int | None = None,
-                 stderr: int | None = None) -> None:
+                 stderr: int | None = None, keep: dict[int, int] | None = None) -> None:
         if _ended:
             raise InterruptedError(f"not starting {argv[0]}: slotq is being stopped")
         # A stop signal's exception must not come between the program's start
@@ -49,7 +50,7 @@ class Proc:
             devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
             try:
                 actions = [(os.POSIX_SPAWN_DUP2, devnull if fd is None else fd, target)
-                           for target, fd in ((0, stdin), (1, stdout), (2, stderr))]
+                           for target, fd in ((0, stdin), (1, stdout), (2, stderr), *(keep or {}).items())]
                 self.pid = os.posix_spawnp(argv[0], argv, os.environ, file_actions=actions, setsigmask=mask)
             finally:
                 os.close(devnull)
@@ -99,9 +100,11 @@ class Proc:
                 pass
 
 
-def run(argv: list[str], timeout: float, limit: int = 1 << 20) -> tuple[int, bytes, bytes]:
+def run(argv: list[str], timeout: float, limit: int = 1 << 20,
+        keep: dict[int, int] | None = None) -> tuple[int, bytes, bytes]:
     """Run a program with no input: (exit code, stdout, stderr), each kept
-    to its last `limit` bytes. Past `timeout` it is killed: TimeoutError."""
+    to its last `limit` bytes. Past `timeout` it is killed: TimeoutError.
+    `keep`: more descriptors to give it (Proc)."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     streams = {out_r: "out", err_r: "err"}
@@ -110,7 +113,7 @@ def run(argv: list[str], timeout: float, limit: int = 1 << 20) -> tuple[int, byt
     proc = None
     try:
         try:
-            proc = Proc(argv, stdout=out_w, stderr=err_w)
+            proc = Proc(argv, stdout=out_w, stderr=err_w, keep=keep)
         finally:
             os.close(out_w)
             os.close(err_w)

@@ -356,20 +356,26 @@ class SshHost:
         data["reached_as"] = self.host
         return data
 
-    def rsync(self, src: str, dest: str) -> str | None:
+    def rsync(self, src: str, dest: str, pinned: int | None = None) -> str | None:
         """Mirror the work tree `src` to `dest` on the host: .gitignore'd
         files stay home, deletions propagate. Returns a warning when files
         vanished from the tree while it was sent (rsync's code 24: a
         build or an editor removed them): the rest was sent, and the run
-        goes on, as it would have had they gone a moment earlier."""
+        goes on, as it would have had they gone a moment earlier.
+        `pinned`: a descriptor of the directory `src` named when the run was
+        asked for; the tree sent is that directory's, whatever `src` names
+        by now (a link swapped in while the run waited points elsewhere)."""
         # --modify-window=-1: compare modification times to the nanosecond.
         # rsync's default is whole seconds, so a file changed twice within a
         # second, its size unchanged (here, or by a command on the host),
         # would not be sent again.
+        source = src.rstrip("/") + "/" if pinned is None else f"{PINNED_SOURCE}/"
         args = ["rsync", "-a", "--delete", "--protect-args", "--modify-window=-1", "--filter=:- .gitignore",
-                "-e", self.ssh_command_for_rsync(), src.rstrip("/") + "/", f"{self.host}:{dest.rstrip('/')}/"]
+                "-e", self.ssh_command_for_rsync(), source, f"{self.host}:{dest.rstrip('/')}/"]
         try:
-            rc, _, err = run(args, timeout=3600)
+            rc, _, err = run(args, timeout=3600, keep=None if pinned is None else {PINNED_FD: pinned})
+            if pinned is not None:  # its messages name the tree as the caller knows it
+                err = err.replace(PINNED_SOURCE.encode(), src.rstrip("/").encode())
         except FileNotFoundError:
             raise HostUnavailable("rsync is not installed here: install it (apt-get install rsync) "
                                   "or use --sync none", host=self.host) from None
@@ -394,6 +400,16 @@ class SshHost:
             raise HostUnavailable(f"work tree transfer to host {self.host} failed (rsync exit {rc}): "
                                   f"{_rsync_cause(text)}", host=self.host)
         return None
+
+
+PINNED_FD = 3  # rsync's descriptor of a pinned work tree
+PINNED_SOURCE = f"/proc/self/fd/{PINNED_FD}"
+
+
+def pin(path: str) -> int:
+    """A descriptor of the directory `path` names now, to send later
+    (rsync's `pinned`). Raises OSError."""
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
 
 def check_work_tree(path: str) -> None:
@@ -512,11 +528,11 @@ class SshTransport(Transport):
         else:
             spec.cwd = os.path.realpath(spec.cwd or os.getcwd())
 
-    def send_tree(self, src: str, work_id: str) -> None:
-        """Mirror the work tree `src` into the host's work dir `work_id`
-        (rsync). Raises HostUnavailable or WorkTreeError."""
+    def send_tree(self, src: str, work_id: str, pinned: int | None = None) -> None:
+        """Mirror the work tree `src` (`pinned`: ssh.rsync's) into the host's
+        work dir `work_id` (rsync). Raises HostUnavailable or WorkTreeError."""
         try:
-            self.sync_note = self.ssh.rsync(src, os.path.join(str(self.info["work_root"]), work_id))
+            self.sync_note = self.ssh.rsync(src, os.path.join(str(self.info["work_root"]), work_id), pinned)
         except HostUnavailable:
             if not self.ssh.hello_kept:
                 raise
@@ -525,7 +541,7 @@ class SshTransport(Transport):
             # any other failure stays one.
             self.ssh.forget_handshake()
             self.info = self.ssh.handshake()
-            self.sync_note = self.ssh.rsync(src, os.path.join(str(self.info["work_root"]), work_id))
+            self.sync_note = self.ssh.rsync(src, os.path.join(str(self.info["work_root"]), work_id), pinned)
 
     def describe(self) -> dict[str, object]:
         return {"kind": "ssh", "host": self.host, "master_reused": self.ssh.reused,
