@@ -362,6 +362,45 @@ def output_tail(path: str, since: int = 0) -> dict[str, object]:
     return {"text": data.decode("utf-8", "replace"), "bytes": size, "cut": cut, "file": path}
 
 
+# What a holder, waiter or history entry of another user says in their own
+# words: left out of what a model reads (queue_status).
+_THEIR_WORDS = ("label", "lock_holders", "message", "also_waiting_on")
+
+
+def status_as_data(data: object) -> object:
+    """`slotq status --json` (one host's, or a list of hosts') for a model
+    to read: other users' runs keep their user, place, times and outcome,
+    and lose what those users wrote -- labels, process names, messages --
+    as do warnings that quote them: other people's text is a way into the
+    agent's instructions (issue 65), and is data, never instructions."""
+    from ..procinfo import user_name
+
+    me = user_name(os.getuid())
+
+    def entry(e: object) -> object:
+        if not isinstance(e, dict) or e.get("user") == me:
+            return e
+        return {k: (None if k in _THEIR_WORDS else v) for k, v in e.items()}
+
+    if isinstance(data, list):
+        return [status_as_data(d) for d in data]
+    if not isinstance(data, dict):
+        return data
+    out = dict(data)
+    pools = out.get("pools")
+    if isinstance(pools, list):
+        out["pools"] = [dict(p, slots=[entry(s) for s in p.get("slots") or []],
+                             waiting=[entry(w) for w in p.get("waiting") or []])
+                        if isinstance(p, dict) else p for p in pools]
+    history, warnings = out.get("history"), out.get("warnings")
+    if isinstance(history, list):
+        out["history"] = [entry(h) for h in history]
+    if isinstance(warnings, list):
+        out["warnings"] = [f"{len(warnings)} warning(s): see `slotq status` (not shown here: they may quote "
+                           "other users' words)"] if warnings else []
+    return out
+
+
 def sentence(record: dict[str, object]) -> str:
     """Whose problem the ending is, in one sentence an agent can act on."""
     outcome, code = str(record.get("outcome")), record.get("command_exit_code")

@@ -44,7 +44,7 @@ class CallOptions:
     class: `dataclasses` would cost every `slotq run` its import.)"""
 
     __slots__ = ("idle", "stdout_fd", "stderr_fd", "status", "handle_sigint", "backstop_margin", "credit_dir",
-                 "ledger_path", "live", "heartbeat_every", "kept", "interrupt")
+                 "ledger_path", "live", "heartbeat_every", "kept", "interrupt", "others_as_data")
 
     def __init__(self, idle: float | None = None, stdout_fd: int = 1, stderr_fd: int = 2,
                  status: Callable[[str], None] | None = None, handle_sigint: bool = False,
@@ -63,6 +63,9 @@ class CallOptions:
         self.live = live
         self.heartbeat_every = heartbeat_every
         self.interrupt: Interrupt | None = None  # another thread's stop (call())
+        # Status lines for a model to read (the MCP server): what other users
+        # wrote -- labels, process names -- is left out (waitlines.py).
+        self.others_as_data = False
 
     def attach_only(self) -> None:
         """The run is a kept run (host/kept.py) this caller attaches to: the
@@ -493,7 +496,8 @@ class _Call:
                 self._recorder.close(end)
             self.beat_at = INF
             self.result.queue_s = max(0.0, clock.monotonic() - self.queue_start - (now - end))
-        self.exited = on_event(ev, self.result, self.dogs, self.say, self.spec, self.o.live) or self.exited
+        self.exited = on_event(ev, self.result, self.dogs, self.say, self.spec, self.o.live,
+                               self.o.others_as_data) or self.exited
 
     def _close_stream(self) -> None:
         try:

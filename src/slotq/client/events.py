@@ -77,8 +77,10 @@ def first_says_id(result: RunResult) -> str:
 
 
 def on_event(ev: dict[str, object], result: RunResult, dogs: Watchdogs,
-              say: Callable[[str], None], spec: RunSpec, live: Callable[[str], None] | None = None) -> bool:
-    """Apply one event; True when it is the final `exited`."""
+              say: Callable[[str], None], spec: RunSpec, live: Callable[[str], None] | None = None,
+              others_as_data: bool = False) -> bool:
+    """Apply one event; True when it is the final `exited`. `others_as_data`:
+    status lines without what other users wrote (waitlines.format_queued)."""
     name = ev.get("event")
     at = ev.get("at")
     at = float(at) if isinstance(at, (int, float)) else None
@@ -96,7 +98,7 @@ def on_event(ev: dict[str, object], result: RunResult, dogs: Watchdogs,
             if live is not None:
                 live(format_queued(ev, compact=True))
             else:
-                say(format_queued(ev) + first_says_id(result))
+                say(format_queued(ev, others_as_data=others_as_data) + first_says_id(result))
     elif name == protocol.SLOT:
         result.phases["slot"] = at
         result.slot = str(ev.get("slot"))

@@ -8,16 +8,22 @@ from __future__ import annotations
 from ..durations import format_duration, seconds_in
 
 
-def format_queued(ev: dict[str, object], compact: bool = False) -> str:
+def format_queued(ev: dict[str, object], compact: bool = False, others_as_data: bool = False) -> str:
     """One status line for a `queued` event; `compact`: the short form of
-    a terminal's live line (waited, position, holder and how long, ETA)."""
+    a terminal's live line (waited, position, holder and how long, ETA).
+    `others_as_data`: for a model to read (the MCP server's progress): what
+    other users wrote -- their runs' labels, their processes' names, the
+    ETA's words that name labels, notes -- is left out; each holder is "a
+    run of user U". Other users' text is data, never instructions."""
     from ..records import printable
 
     slurm = ev.get("slurm")
     if isinstance(slurm, dict):
-        return format_pending(seconds_in(ev.get("waited_s")), slurm)
+        return format_pending(seconds_in(ev.get("waited_s")), slurm, others_as_data)
     if compact:
         return _compact_queued(ev)
+    if others_as_data:
+        return _queued_as_data(ev)
     parts = [f"waiting {format_duration(seconds_in(ev.get('waited_s')))}",
              f"position {printable(ev.get('position'))} in pool {printable(ev.get('pool'))} "
              f"({printable(ev.get('ahead'))} ahead)"]
@@ -47,6 +53,23 @@ def format_queued(ev: dict[str, object], compact: bool = False) -> str:
     return "slotq: " + "; ".join(parts)
 
 
+def _queued_as_data(ev: dict[str, object]) -> str:
+    from ..records import printable
+
+    parts = [f"waiting {format_duration(seconds_in(ev.get('waited_s')))}",
+             f"position {printable(ev.get('position'))} in pool {printable(ev.get('pool'), 64)} "
+             f"({printable(ev.get('ahead'))} ahead)"]
+    held = [h for h in ev.get("holders") or [] if isinstance(h, dict) and h.get("held")]  # type: ignore[attr-defined]
+    if held:
+        parts.append("slot held by " + ", ".join(
+            f"a run of user {printable(h.get('user') or '?', 32)} for {format_duration(seconds_in(h.get('held_s')))}"
+            for h in held))
+    if isinstance(ev.get("eta_s"), (int, float)):
+        parts.append(f"expected wait ~{format_duration(seconds_in(ev.get('eta_s')))} more")
+    parts.append(f"load {printable(ev.get('load1'))}/{printable(ev.get('cores'))} cores")
+    return "slotq: " + "; ".join(parts)
+
+
 def _compact_queued(ev: dict[str, object]) -> str:
     from ..records import printable
 
@@ -63,10 +86,11 @@ def _compact_queued(ev: dict[str, object]) -> str:
     return "slotq: " + " · ".join(parts)
 
 
-def format_pending(waited: float, view: dict[str, object]) -> str:
+def format_pending(waited: float, view: dict[str, object], others_as_data: bool = False) -> str:
     """One status line for a pending Slurm job (transports/slurm/'s
     pending_view): position in Slurm's priority order, Slurm's reason, who
-    holds the partition, the expected start."""
+    holds the partition, the expected start. `others_as_data`: without the
+    holders' job names and labels (format_queued)."""
     from ..records import printable
 
     parts = [f"waiting {format_duration(waited)}",
@@ -76,8 +100,9 @@ def format_pending(waited: float, view: dict[str, object]) -> str:
     holders = [h for h in view.get("holders") or [] if isinstance(h, dict)]  # type: ignore[attr-defined]
     if holders:
         parts.append("held by " + ", ".join(
-            f"job {printable(h.get('job_id'))} {printable(h.get('label') or h.get('name'), 60)} "
-            f"(user {printable(h.get('user'))}) "
+            f"job {printable(h.get('job_id'))} "
+            + ("" if others_as_data else f"{printable(h.get('label') or h.get('name'), 60)} ")
+            + f"(user {printable(h.get('user'))}) "
             f"for {printable(h.get('elapsed'))}" for h in holders[:5]) + (
             f" and {len(holders) - 5} more" if len(holders) > 5 else ""))
     if view.get("expected_start"):
