@@ -259,8 +259,12 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     # a dir of this session's, so that no socket is left in /tmp.
     _RUNTIME = tempfile.mkdtemp(prefix="pytest-slotq-runtime-")
     os.environ["XDG_RUNTIME_DIR"] = _RUNTIME
-    # Nor is a config of the real user's ($XDG_CONFIG_HOME/slotq/config.toml) read.
+    # Nor is a config of the real user's ($XDG_CONFIG_HOME/slotq/config.toml) read,
+    # nor the real user's private state written (a test that runs slotq's code
+    # in its own process, without a ledger of its own, would: the user's
+    # caches of a state dir live there).
     os.environ["XDG_CONFIG_HOME"] = os.path.join(_RUNTIME, "config")
+    os.environ["XDG_STATE_HOME"] = os.path.join(_RUNTIME, "state")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

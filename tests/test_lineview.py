@@ -36,7 +36,8 @@ def test_a_view_is_read_back_with_our_place_in_it_and_its_age_added(tmp_path: Pa
     assert lineview.read(str(tmp_path), "shared", 9, now + lineview.MAX_AGE + 0.1) is None  # too old
     assert lineview.read(str(tmp_path), "shared", 9, now - 2) is None  # from the future
     assert lineview.read(str(tmp_path), "landing", 9, now) is None  # another pool's
-    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temp file left
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temp file left
+    assert not list(tmp_path.iterdir())  # nothing in the state dir: a name there can be taken first
 
 
 def _symlinked(p: Path) -> None:

@@ -114,6 +114,18 @@ def ledger_env_path() -> str | None:
     return path
 
 
+def private_state_path(state_dir: str, kind: str, name: str) -> str:
+    """A file of this user's own about the shared state dir `state_dir`, in
+    the user's private state, beside the wait ledger (by default
+    ~/.local/state/slotq/<kind>/<key>.<name>): never a name in the state
+    dir itself, which another member can take first (issue 65). Each state
+    dir has its own key (its real path)."""
+    import hashlib
+
+    key = hashlib.sha256(os.path.realpath(state_dir).encode()).hexdigest()[:16]
+    return os.path.join(os.path.dirname(ledger_path()), kind, f"{key}.{name}")
+
+
 def xdg_state_home(env: dict[str, str] | os._Environ[str] | None = None) -> str:
     """$XDG_STATE_HOME, else ~/.local/state (also when it is relative: the
     XDG spec asks that such a value be ignored)."""
@@ -554,6 +566,19 @@ def _cache_path(state_dir: str) -> str:
     return os.path.join(state_dir, f"{_CACHE}.{os.getuid()}")
 
 
+def _cache_file(state_dir: str) -> str:
+    """Where this user's cache is: its name in the state dir (one stat on
+    `slotq run`'s start), or, if another member took that name first, in
+    the user's private state."""
+    path = _cache_path(state_dir)
+    try:
+        if os.lstat(path).st_uid != os.getuid():
+            return private_state_path(state_dir, "host-config", "cache")
+    except OSError:
+        pass
+    return path
+
+
 def _cached(state_dir: str, key: list[object]) -> dict[str, object] | None:
     """The parsed config if this user's cache was made from this very file
     (path, device, inode, size, mtime, ctime); else None. The cache must be
@@ -562,7 +587,7 @@ def _cached(state_dir: str, key: list[object]) -> dict[str, object] | None:
     from .records import from_json
     from .statefile import read_private
 
-    raw = read_private(_cache_path(state_dir), MAX_CACHE)
+    raw = read_private(_cache_file(state_dir), MAX_CACHE)
     if raw is None:
         return None
     try:
@@ -583,4 +608,12 @@ def _store(state_dir: str, key: list[object], data: dict[str, object]) -> None:
         text = to_json({"key": key, "data": data})
     except TypeError:
         return  # a value JSON cannot hold (a TOML date): no cache, parse each time
-    write_private(_cache_path(state_dir), text.encode())
+    path = _cache_file(state_dir)
+    if path != _cache_path(state_dir):
+        from .statefile import make_private_dirs
+
+        try:
+            make_private_dirs(os.path.dirname(path))
+        except OSError:
+            return
+    write_private(path, text.encode())

@@ -57,9 +57,7 @@ def program(name: str) -> str | None:
 def plan(state_dir: str, pool: str, ticket_path: str) -> int | None:
     """Should the run holding `ticket_path` go away? A descriptor of the
     ticket to wait for (AWAY_AHEAD + 1 places ahead), else None."""
-    from .line import ahead_of
-
-    ahead = ahead_of(os.path.dirname(ticket_path), ticket_path)
+    ahead = _live_ahead(ticket_path)
     if len(ahead) <= AWAY_AHEAD or program("flock") is None:
         return None
     from .. import history
@@ -78,6 +76,24 @@ def plan(state_dir: str, pool: str, ticket_path: str) -> int | None:
     except (OSError, StateFileError):
         return None  # gone already: the line moves; stay
     return fd
+
+
+def _live_ahead(ticket_path: str) -> list[str]:
+    """Paths of the live tickets ahead of ours, in line order: dead names
+    (a member's flood of them, which only they can remove) are no wait, and
+    a dead one waited on away brought the run straight back -- to go away
+    again, round and round (issue 65's generative test)."""
+    from .line import live_tickets
+    from .proclocks import owners
+
+    pdir = os.path.dirname(ticket_path)
+    live = live_tickets(pdir, owners())
+    if live is None:
+        from .line import ahead_of, probe
+
+        return [p for p in ahead_of(pdir, ticket_path) if probe(p)]
+    paths = [path for _, path in live]
+    return paths[:paths.index(ticket_path)] if ticket_path in paths else paths
 
 
 def offer(link: CallerLink, state_dir: str, waiter: Waiter, max_wait_left: float | None) -> Outcome | None:

@@ -77,20 +77,12 @@ PLACE_MOST = 4  # live tickets ahead counted: LOOK_EVERY * 4 * 4 > LOOK_MOST
 MAX_SHARED = 64  # tickets remembered in a user's file of passed ones
 
 
-def shared_path(pdir: str) -> str | None:
+def shared_path(pdir: str) -> str:
     """This user's file of passed-over tickets for the pool whose tickets
-    are in `pdir` (<state dir>/tickets/<pool>), in the user's private state
-    (None if that cannot be named)."""
-    import hashlib
+    are in `pdir` (<state dir>/tickets/<pool>), in the user's private state."""
+    from ..config import private_state_path
 
-    from ..config import xdg_state_home
-
-    state_dir = os.path.dirname(os.path.dirname(pdir))
-    try:
-        key = hashlib.sha256(os.path.realpath(state_dir).encode()).hexdigest()[:16]
-        return os.path.join(xdg_state_home(), "slotq", "passed", f"{key}.{os.path.basename(pdir)}")
-    except (OSError, ValueError):
-        return None
+    return private_state_path(os.path.dirname(os.path.dirname(pdir)), "passed", os.path.basename(pdir))
 
 
 class _Episode:

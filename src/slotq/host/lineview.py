@@ -108,8 +108,11 @@ def report(state_dir: str, pool: str, waiter: Waiter, now: float,
 
 
 def view_path(state_dir: str, pool: str) -> str:
-    # One per user and pool: a view another user wrote is not trusted.
-    return os.path.join(state_dir, f".line-view.{pool}.{os.getuid()}")
+    # One per user and pool, in the user's private state: a view another user
+    # wrote is not trusted, and a name in the state dir could be taken first.
+    from ..config import private_state_path
+
+    return private_state_path(state_dir, "line-view", pool)
 
 
 def read(state_dir: str, pool: str, seq: int, now: float
@@ -195,4 +198,11 @@ def write(state_dir: str, pool: str, live: list[int], slots: list[dict[str, obje
     data = b"%s\n%s\n" % (header.encode(), " ".join(map(str, live)).encode())
     if len(header) > MAX_HEADER or len(data) > MAX_VIEW:
         return
-    write_private(view_path(state_dir, pool), data)
+    from ..statefile import make_private_dirs
+
+    path = view_path(state_dir, pool)
+    try:
+        make_private_dirs(os.path.dirname(path))
+    except OSError:
+        return
+    write_private(path, data)
