@@ -209,18 +209,20 @@ def test_far_back_a_waiter_checks_rarely_and_looks_only_at_a_free_slot(tmp_path:
         assert near.every(BUSY_WINDOW) == LOOK_MOST  # nothing seen free since: back to rarely
         # A check far back counts its place and, while the slot is held,
         # does not read the kernel's lock table (every flock(2) on the
-        # machine waits while it is read); with the slot free it looks, as
-        # does a check right behind the head.
+        # machine waits while it is read); a slot free is seen again a
+        # second later, and only free then too, with the same head, a line
+        # that stands still: it looks. Right behind the head, a check looks.
         looks: list[float] = []
         near.look = lambda now, table=None: looks.append(now)  # type: ignore[method-assign]
         slot_fd = os.open(slot, os.O_RDWR)
         fcntl.flock(slot_fd, fcntl.LOCK_EX)
         assert near.check(BUSY_WINDOW) == (None, LOOK_MOST) and looks == []
         os.close(slot_fd)
-        assert near.check(BUSY_WINDOW + 1) == (None, LOOK_MOST) and looks == [BUSY_WINDOW + 1]
+        assert near.check(BUSY_WINDOW + 1) == (None, LOOK_EVERY) and looks == []  # free: seen again soon
+        assert near.check(BUSY_WINDOW + 2) == (None, LOOK_EVERY) and looks == [BUSY_WINDOW + 2]
         for p in tickets[6:11]:
             os.close(fds.pop(p))
-        assert near.check(BUSY_WINDOW + 2) == (None, LOOK_EVERY) and looks == [BUSY_WINDOW + 1, BUSY_WINDOW + 2]
+        assert near.check(BUSY_WINDOW + 3) == (None, LOOK_EVERY) and looks == [BUSY_WINDOW + 2, BUSY_WINDOW + 3]
     finally:
         for fd in fds.values():
             os.close(fd)

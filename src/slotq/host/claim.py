@@ -119,6 +119,7 @@ class Claims:
                 self.passed.add(e.path)
         self._look_until = 0.0  # look each second until then (a slot seen free behind a head)
         self._episode: _Episode | None = None
+        self._suspect: str | None = None  # the head at a check that found a slot free (far back)
 
     def look(self, now: float, table: dict[tuple[int, int], list[int]] | None = None) -> str | None:
         """One look (`table`: proclocks.owners(), read if not given). The
@@ -176,19 +177,27 @@ class Claims:
     def every(self, now: float, place: int | None = None) -> float:
         """Seconds to our next check (see the module's docstring), from our
         `place`, counted anew if not given: the line moves up while we wait."""
-        if now < self._look_until:
-            return LOOK_EVERY  # a window running, or the next head to judge: see it through
+        if now < self._look_until or self._suspect is not None:
+            return LOOK_EVERY  # a window running, a head to judge, or one to see again: see it through
         place = self._place() if place is None else place
         return min(LOOK_EVERY * max(1, place) ** 2, LOOK_MOST)
 
     def check(self, now: float) -> tuple[str | None, float]:
         """A waiter's check, when `every` says: our place counted anew (a
         probe or a few), and a look right behind the head, while a window
-        runs, or when a slot is free now. (The path of a ticket passed
-        over, else None; seconds to the next check.)"""
+        runs, or -- further back -- when a slot is free at two checks a
+        second apart with the same head: a line that stands still. (A free
+        slot alone is a hand-over, most of the time in a line of short
+        runs: a look at each would read the lock table, which every
+        flock(2) on the machine waits for, a hundred times a second in a
+        line of a thousand.) (The path of a ticket passed over, else None;
+        seconds to the next check.)"""
         place = self._place()
-        looks = place <= 1 or now < self._look_until or self._free_now()
-        passed = self.look(now) if looks else None
+        if place <= 1 or now < self._look_until:
+            return self.look(now), self.every(now, place)
+        head = self._head_now() if self._free_now() else None
+        suspect, self._suspect = self._suspect, head
+        passed = self.look(now) if head is not None and head == suspect else None
         return passed, self.every(now, place)
 
     def _place(self) -> int:
@@ -212,6 +221,22 @@ class Claims:
         if gone:
             self.ahead = [e for e in self.ahead if e.path not in gone]
         return place
+
+    def _head_now(self) -> str | None:
+        """The earliest live ticket ahead of ours not passed over, probed
+        from the front (a gone or dead one is dropped from `ahead`)."""
+        gone = set()
+        head = None
+        for e in self.ahead:
+            if e.path in self.passed:
+                continue
+            if _live(e.path):
+                head = e.path
+                break
+            gone.add(e.path)
+        if gone:
+            self.ahead = [e for e in self.ahead if e.path not in gone]
+        return head
 
     def _free_now(self) -> bool:
         """Is a slot of the pool free now? Tried by taking its lock, shared,
