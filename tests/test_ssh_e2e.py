@@ -338,13 +338,13 @@ def test_a_runtime_dir_too_long_for_a_socket_or_relative_is_not_used_for_masters
     # A long $XDG_RUNTIME_DIR made every remote run `unavailable` (ssh:
     # "path ... too long for Unix domain socket"); a relative one put the
     # masters in a different place in each working directory.
-    from slotq.transports import ssh
+    from slotq.transports import controldir, ssh
 
     session_runtime = os.environ["XDG_RUNTIME_DIR"]
     fallback = Path(tempfile.mkdtemp(prefix="sq-"))  # short, as /tmp: a socket fits below it
     host = None
     try:
-        monkeypatch.setattr(ssh, "FALLBACK_BASE", str(fallback))
+        monkeypatch.setattr(controldir, "FALLBACK_BASE", str(fallback))
         mine = str(fallback / f"slotq-ssh-{os.getuid()}")
         monkeypatch.setenv("XDG_RUNTIME_DIR", "relative")
         assert os.path.dirname(ssh.SshHost(remote.host, config=remote.cfg).control_path) == mine

@@ -195,21 +195,10 @@ class Index:
             elif row is not None:  # emptied (moved to a segment) or replaced: its lines are not these
                 self.db.execute("DELETE FROM runs WHERE src = ?", (name,))
                 replaced = True
-            # Ours, and the pool's shared files of older versions (a month of
-            # a busy pool is tens of MiB): a file's bound, in all; each other
-            # member's: OWNER_CATCH_UP.
-            mine = f.owner is None or f.owner == os.getuid()
-            left = (MAX_CATCH_UP if mine else OWNER_CATCH_UP) - budget.get(f.owner, 0)
-            if left <= 0 and st.st_size > off:
-                self.skipped_files.append(f"{path}: not read (its owner's history files read in this catch-up "
-                                          f"passed {OWNER_CATCH_UP >> 20} MiB)")
+            start = self._start(f, fd, st.st_size, off, budget)
+            if start is None:
                 return 0, replaced
-            if st.st_size - off > min(MAX_CATCH_UP, left):
-                tail = min(CHUNK, left)
-                self.skipped_files.append(f"{path}: {st.st_size - off} bytes unread, more than a history file "
-                                          f"grows to; only its last {max(1, tail >> 20)} MiB were read")
-                off = self._next_newline(fd, st.st_size - tail, st.st_size)
-            budget[f.owner] = budget.get(f.owner, 0) + (st.st_size - off)
+            off = start
             n = 0
             rows = []
             while off < st.st_size:
@@ -246,6 +235,27 @@ class Index:
             return n, replaced
         finally:
             os.close(fd)
+
+    def _start(self, f: history.HistoryFile, fd: int, size: int, off: int,
+               budget: dict[int | None, int]) -> int | None:
+        """Where to read the file `f` (open on `fd`, `size` bytes, read up
+        to `off` before) from in this catch-up; None: not at all. Ours, and
+        the pool's shared files of older versions (a month of a busy pool is
+        tens of MiB): a file's bound, MAX_CATCH_UP, in all; each other
+        member's files: OWNER_CATCH_UP in all. What is left out is said."""
+        mine = f.owner is None or f.owner == os.getuid()
+        left = (MAX_CATCH_UP if mine else OWNER_CATCH_UP) - budget.get(f.owner, 0)
+        if left <= 0 and size > off:
+            self.skipped_files.append(f"{f.path}: not read (its owner's history files read in this catch-up "
+                                      f"passed {OWNER_CATCH_UP >> 20} MiB)")
+            return None
+        if size - off > min(MAX_CATCH_UP, left):
+            tail = min(CHUNK, left)
+            self.skipped_files.append(f"{f.path}: {size - off} bytes unread, more than a history file "
+                                      f"grows to; only its last {max(1, tail >> 20)} MiB were read")
+            off = self._next_newline(fd, size - tail, size)
+        budget[f.owner] = budget.get(f.owner, 0) + (size - off)
+        return off
 
     @staticmethod
     def _next_newline(fd: int, pos: int, size: int) -> int:

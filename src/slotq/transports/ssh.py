@@ -23,6 +23,7 @@ from ..errors import HostUnavailable, UsageError
 from ..records import from_json, load_scanner, to_json
 from ..spec import RunSpec
 from .base import Transport
+from .controldir import control_dir, open_private
 from .proc import Proc, run
 
 # A remote run's start-up counts (benchmarks/: a run against raw ssh +
@@ -46,76 +47,6 @@ def _quote(arg: str) -> str:
 
 CONTROL_PERSIST = 600
 DEFAULT_OPTIONS = ("BatchMode=yes", "ServerAliveInterval=5", "ServerAliveCountMax=3", "ConnectTimeout=10")
-
-
-# ssh makes a master's socket as ControlPath + ".XXXXXXXXXXXXXXXX" first,
-# and a socket's path has room for 107 bytes: the directory, a slash and
-# the 20-character name below must leave room for those 17.
-MAX_CONTROL_DIR = 107 - 17 - 1 - 20
-FALLBACK_BASE = "/tmp"
-
-
-def control_dir() -> str:
-    """Where the master connections' sockets live: $XDG_RUNTIME_DIR/slotq-ssh,
-    else (unset, relative -- the XDG spec asks that it be ignored -- or too
-    long for a socket's path, which made every remote run `unavailable`)
-    /tmp/slotq-ssh-<uid>, or, if another user took that name first, a
-    fresh /tmp/slotq-ssh-<uid>-<random> of ours (found again by the next
-    run). Only ever a directory of ours, mode 0700, reached through no
-    link: in a sticky /tmp nobody can swap it once it is ours, and
-    nothing in it is anyone else's."""
-    base = os.environ.get("XDG_RUNTIME_DIR") or ""
-    path = os.path.join(base, "slotq-ssh")
-    if os.path.isabs(base) and len(os.fsencode(path)) <= MAX_CONTROL_DIR:
-        if _own_private_dir(path, make=True):
-            return path
-        raise HostUnavailable(f"ssh control directory {path} is not a private directory of this user", host="")
-    prefix = f"slotq-ssh-{os.getuid()}"
-    path = os.path.join(FALLBACK_BASE, prefix)
-    if _own_private_dir(path, make=True):
-        return path
-    try:  # taken first: one of ours made since, if any
-        with os.scandir(FALLBACK_BASE) as it:
-            names = sorted(e.name for _, e in zip(range(MAX_TMP_NAMES), it) if e.name.startswith(prefix + "-"))
-    except OSError:
-        names = []
-    for name in names:
-        if _own_private_dir(os.path.join(FALLBACK_BASE, name), make=False):
-            return os.path.join(FALLBACK_BASE, name)
-    import tempfile
-
-    try:
-        return tempfile.mkdtemp(prefix=prefix + "-", dir=FALLBACK_BASE)  # 0700, a name nobody had
-    except OSError as e:
-        raise HostUnavailable(f"cannot make an ssh control directory in {FALLBACK_BASE}: {e.strerror}",
-                              host="") from None
-
-
-MAX_TMP_NAMES = 100_000  # entries of /tmp looked through for a control directory of ours
-
-
-def _own_private_dir(path: str, make: bool) -> bool:
-    """Is `path` a directory of ours, mode 0700, itself no link (made so
-    if `make` and nothing is there)?"""
-    import stat
-
-    if make:
-        try:
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            pass
-        except OSError:
-            return False
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
-
-
-def _open_private(path: str, flags: int) -> int:
-    """A file in our control directory, never through a link."""
-    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
 
 
 def check_host(host: str) -> str:
@@ -193,7 +124,7 @@ class SshHost:
         import fcntl
 
         t0 = time.monotonic()
-        with open(_open_private(self.control_path + ".lock", os.O_WRONLY | os.O_CREAT), "w") as lock:
+        with open(open_private(self.control_path + ".lock", os.O_WRONLY | os.O_CREAT), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one starter per host at a time
             if self._master_alive():
                 self.reused = True
@@ -204,7 +135,7 @@ class SshHost:
             except FileNotFoundError:
                 pass
             log_path = self.control_path + ".log"
-            with open(_open_private(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as log:
+            with open(open_private(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as log:
                 starting = None
                 try:
                     # -f: background after authentication. The background master
@@ -233,7 +164,7 @@ class SshHost:
         key = [st.st_ino, st.st_mtime_ns, self.remote_slotq]
         path = self.control_path + ".hello"
         try:
-            with open(_open_private(path, os.O_RDONLY), "rb") as f:
+            with open(open_private(path, os.O_RDONLY), "rb") as f:
                 cached = from_json(f.read(65536).decode())
             if isinstance(cached, dict) and cached.get("key") == key and isinstance(cached.get("info"), dict):
                 info: dict[str, object] = cached["info"]
@@ -245,7 +176,7 @@ class SshHost:
         info = self.hello()
         try:
             tmp = f"{path}.{os.getpid()}"
-            with open(_open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w") as f:
+            with open(open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w") as f:
                 f.write(to_json({"key": key, "info": info}))
             os.replace(tmp, path)
         except OSError:
