@@ -62,7 +62,10 @@ def check_targets(results: dict[str, dict[str, dict[str, object]]]) -> list[str]
     # The issue's "handoff p50" read two ways: the first waiter's start after
     # the release (one sample per repetition, median over repetitions), and
     # the median gap between successive starts (N-1 hand-overs per run).
-    for n, limit in ((50, 1.5), (500, 2.0), (1000, 1.5)):
+    # The targets as restated (a line of short commands is CPU-bound on two
+    # cores): 1.5x flock at N=50, 2x at N=500 and 1000, and slotq's CPU per
+    # hand-over within 3.5x flock's (docs/performance.md).
+    for n, limit in ((50, 1.5), (500, 2.0), (1000, 2.0)):
         for key, what in (("latency_ms", "first start after release"), ("gap_ms", "successive hand-overs")):
             if n == 1000 and key == "latency_ms":
                 continue  # the target at N = 1000 is the gap (issue 15)
@@ -72,6 +75,8 @@ def check_targets(results: dict[str, dict[str, dict[str, object]]]) -> list[str]
                    f"slotq {fmt(s, 'ms')} ms vs flock {fmt(f, 'ms')} ms"
                    + (f" ({s / f:.2f}x)" if s is not None and f else ""))
     s, f = val("handoff N=1000", "slotq", "cpu_ms"), val("handoff N=1000", "flock", "cpu_ms")
+    target("CPU per hand-over at N=1000 within 3.5x flock's", None if s is None or f is None else s <= 3.5 * f,
+           f"slotq {fmt(s, 'ms')} ms vs flock {fmt(f, 'ms')} ms" + (f" ({s / f:.2f}x)" if s and f else ""))
     if s is not None and f is not None:
         cores = os.cpu_count() or 1
         lines_.append(f"  (N=1000: the machine's CPU per hand-over, the commands' own included, slotq {s:.1f} ms, "
