@@ -230,7 +230,7 @@ def test_ticket_numbers_keep_rising_when_a_line_empties(tmp_path: Path) -> None:
         t = take_ticket(str(tmp_path), "shared", {})
         seqs.append(t.seq)
         t.withdraw()  # the line is empty again
-    assert seqs == [1, 2, 3]
+    assert seqs == sorted(seqs) and len(set(seqs)) == 3  # (each the microsecond it was taken: ticket.py)
     (tmp_path / "seq").write_text("garbage")
     t = take_ticket(str(tmp_path), "shared", {})
     keep = take_ticket(str(tmp_path), "shared", {})

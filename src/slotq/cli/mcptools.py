@@ -309,8 +309,10 @@ class Output:
                             0o600)
         self.dropped = 0
         self._r, self.fd = os.pipe2(os.O_CLOEXEC)
+        from ..signals import start_thread
+
         self._thread = threading.Thread(target=self._copy, name="slotq-mcp-output", daemon=True)
-        self._thread.start()
+        start_thread(self._thread.start)
 
     def _copy(self) -> None:
         while True:
