@@ -571,8 +571,15 @@ def _remote_true(w: World, user: str, config: Path) -> subprocess.CompletedProce
     if not project.exists():
         project.mkdir()
         os.chown(project, w.uid(user), -1)
-    return w.run(user, "run", "-q", "--host", "slotq-test", "--ssh-config", str(config), "--", "true",
-                 timeout=60, cwd=project)
+    remote = f"SLOTQ_STATE_DIR=$HOME/st-{w.root.name} SLOTQ_LEDGER=$HOME/st-{w.root.name}/ledger.sqlite slotq"
+    return w.run(user, "run", "-q", "--host", "slotq-test", "--ssh-config", str(config), "--remote-slotq", remote,
+                 "--", "true", timeout=60, cwd=project)
+
+
+def _remote_cleanup(w: World) -> None:
+    """The test host's state of this test (its own state dir there), gone."""
+    subprocess.run(["ssh", "-F", SSH_CONFIG, "slotq-test", f'rm -rf "$HOME/st-{w.root.name}"'],
+                   capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
 
 
 @needs_sshd
@@ -595,6 +602,7 @@ def test_row12_a_control_directory_name_taken_first_does_not_stop_my_remote_runs
         assert mine[0].stat().st_mode & 0o777 == 0o700
     finally:
         _end_masters(w)
+        _remote_cleanup(w)
         for p in Path("/tmp").glob(f"slotq-ssh-{w.uid(w.a)}*"):
             shutil.rmtree(p, ignore_errors=True)
 
@@ -618,6 +626,7 @@ def test_row11_a_control_directory_name_that_is_a_link_is_never_followed(world: 
         assert os.path.islink(taken)
     finally:
         _end_masters(w)
+        _remote_cleanup(w)
         for p in Path("/tmp").glob(f"slotq-ssh-{w.uid(w.a)}*"):
             if p.is_symlink():
                 p.unlink()
