@@ -16,6 +16,8 @@ yours (`$XDG_CONFIG_HOME/slotq/config.toml`: `user_config`), else
     budget = "60m"     # command budget when a run names none
     kill_grace = "10s" # TERM -> KILL grace when a command is stopped
     prepare_timeout = "10m"
+    attach_for = "100s"  # optional, best in your own config: every `slotq run` is a
+                       # kept run, attached at most this long (as SLOTQ_ATTACH_FOR)
 
     [admission]        # optional; no limit by default: waiting is not failing
     max_waiting = 50            # runs waiting in one pool's line
@@ -151,7 +153,8 @@ class HostConfig:
     """Pools, class -> pool mapping and host defaults."""
 
     __slots__ = ("pools", "classes", "budget", "kill_grace", "prepare_timeout", "path", "max_waiting",
-                 "max_waiting_per_user", "warnings", "slurm", "retention", "wait_away", "away_look", "groups")
+                 "max_waiting_per_user", "warnings", "slurm", "retention", "wait_away", "away_look", "groups",
+                 "attach_for")
 
     def __init__(
         self,
@@ -183,6 +186,8 @@ class HostConfig:
         # [waiting] away (host/away.py), away_look: how long a run waits away before it looks again
         self.wait_away, self.away_look = wait_away, away_look
         self.groups: dict[str, list[str]] = {}  # [groups] name -> hosts, `--host @name` (_from_dict sets it)
+        # [defaults] attach_for: every `slotq run` is a kept run, attached at most this long (cli/run.py)
+        self.attach_for: float | None = None
         where = f"host config {path}: " if path else ""
         for cls, pool in self.classes.items():
             if pool not in self.pools:
@@ -338,9 +343,15 @@ class HostConfig:
         defaults = data.get("defaults", {})
         if not isinstance(defaults, dict):
             raise ConfigError(f"host config {path}: [defaults] must be a table", path)
-        known = {"budget", "kill_grace", "prepare_timeout"}
+        known = {"budget", "kill_grace", "prepare_timeout", "attach_for"}
         if set(defaults) - known:
             raise ConfigError(f"host config {path}: unknown default(s) {sorted(set(defaults) - known)}", path)
+        attach_for = None
+        if "attach_for" in defaults:
+            try:
+                attach_for = parse_duration(str(defaults["attach_for"]), what="[defaults] attach_for", allow_zero=True)
+            except ValueError as e:
+                raise ConfigError(f"host config {path}: {e}", path) from None
         values: dict[str, float] = {}
         for key, fallback in (
             ("budget", DEFAULT_BUDGET),
@@ -389,6 +400,7 @@ class HostConfig:
                      wait_away=bool(waiting.get("away", True)), away_look=away_look,
                      **values, **limits)  # type: ignore[arg-type]
         config.groups = _groups(data.get("groups", {}), path)
+        config.attach_for = attach_for
         return config
 
 

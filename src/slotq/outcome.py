@@ -132,6 +132,10 @@ EXIT_CODES: dict[Outcome, int | None] = {
 # it waited for a slot; nothing ran". The caller's line and the host's
 # history say it alike.
 WHILE_WAITING = "while it waited for a slot; nothing ran"
+# What a run whose call was stopped in line could have done instead (its
+# place went with the call): said on its `cancelled` or `caller_gone` line.
+KEEP_PLACE = ("to keep the place when a harness stops the call, set SLOTQ_ATTACH_FOR=D (or --attach-for D): the "
+              "run outlives the call (exit 75) and `slotq attach RUN_ID` comes back to it")
 WHILE_PREPARING = "in its --prepare step: stopped"
 WHILE_RUNNING = "while the command ran: stopped"
 

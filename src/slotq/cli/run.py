@@ -10,6 +10,8 @@ from slotq.errors import UsageError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from slotq.client.result import RunResult
+    from slotq.config import HostConfig
     from slotq.spec import RunSpec
     from slotq.transports.base import Transport
     from slotq.transports.local import LocalTransport
@@ -42,7 +44,9 @@ outcomes and exit codes:
 
 environment: SLOTQ_STATE_DIR (host state), SLOTQ_CONFIG (host config TOML),
              SLOTQ_LEDGER (the wait ledger, SQLite), SLOTQ_SSH_CONFIG, SLOTQ_REMOTE_SLOTQ,
-             SLOTQ_BACKEND=slurm (as --slurm)
+             SLOTQ_BACKEND=slurm (as --slurm), SLOTQ_ATTACH_FOR=D (as --attach-for D for
+             every run: set it once in an agent harness whose tool calls are stopped
+             after a fixed time; also [defaults] attach_for in your config)
 """
 
 
@@ -84,6 +88,9 @@ PARSER = Parser(
                  "signal leaves it too, `slotq cancel` gives it up)"),
         Opt("--detach", kind=FLAG, help="keep the run and leave it as soon as it has its place in line: "
                                         "prints its run id on stdout, exit 0"),
+        Opt("--no-attach", kind=FLAG,
+            help="a plain run, whatever $SLOTQ_ATTACH_FOR or [defaults] attach_for say: it ends with its "
+                 "caller"),
         Opt("--lease", metavar="D", convert=duration(),
             help="a kept run waits this long for someone to attach again (every attach renews it); then it "
                  "ends as caller_gone: withdrawn if waiting, stopped if running (default: 15m)"),
@@ -106,6 +113,7 @@ PARSER = Parser(
 
 def main(args: list[str]) -> int:
     opts, command = PARSER.parse(args)
+    config = _attach_default(opts)
     if opts.run_id is not None and not opts.host and not use_slurm(opts):
         check_new_run_id(opts.run_id)
     class_given = opts.cls is not None
@@ -147,7 +155,7 @@ def main(args: list[str]) -> int:
         except _ChoiceStopped as stop:
             return _cancelled_while_choosing(opts, _spec(opts, command, report_every), stop.signum)
     else:
-        transport = local = _local(opts.cls, class_given)
+        transport = local = _local(opts.cls, class_given, config)
     spec = _spec(opts, command, report_every)
     if local is not None:
         local.come_back(spec)  # a run that waited away (host/away.py) takes back its place and run id
@@ -174,18 +182,60 @@ def main(args: list[str]) -> int:
             from slotq.client.result import summary_line
 
             _stderr_line(summary_line(result))
+        _keep_place_hint(result)
         json_result.write(result.to_json, open_line=result.open_line)
     finally:
         json_result.discard()  # no result (an error escaped): no file, and the old one untouched
     return result.exit_code
 
 
-def _local(cls: str, class_given: bool) -> "LocalTransport":
+def _attach_default(opts: Namespace) -> "HostConfig | None":
+    """A run that says neither --attach-for nor --detach nor --no-attach is
+    kept if $SLOTQ_ATTACH_FOR or your config's [defaults] attach_for says
+    so (an agent harness sets it once for every `slotq run` it starts).
+    The config read for it, if one was, for the rest of the run to use."""
+    if opts.no_attach:
+        if opts.attach_for is not None or opts.detach:
+            raise UsageError("--no-attach is a plain run: leave out --attach-for/--detach, or --no-attach")
+        if opts.lease is not None or opts.log_max is not None:
+            raise UsageError("--lease and --log-max are for a kept run, and --no-attach makes a plain one")
+        return None
+    if opts.attach_for is not None or opts.detach:
+        return None
+    env = os.environ.get("SLOTQ_ATTACH_FOR")
+    if env is not None:
+        try:
+            opts.attach_for = duration(allow_zero=True)(env)
+        except ValueError as e:
+            raise UsageError(f"SLOTQ_ATTACH_FOR={env[:40]!r}: {e}") from None
+        return None
+    if use_slurm(opts) or opts.host:
+        from slotq.config import HostConfig
+
+        opts.attach_for = HostConfig.load().attach_for  # (yours: the host's config is the host's)
+        return None
+    from slotq.config import HostConfig
+
+    config = HostConfig.load()
+    opts.attach_for = config.attach_for
+    return config
+
+
+def _keep_place_hint(result: "RunResult") -> None:
+    """A plain run stopped in line lost its place with its call: say how to
+    keep it next time (a harness that kills its calls after a fixed time)."""
+    from slotq.outcome import KEEP_PLACE, Outcome
+
+    if result.outcome is Outcome.CANCELLED and result.phases.get("slot") is None:
+        _stderr_line(f"slotq: {KEEP_PLACE}")
+
+
+def _local(cls: str, class_given: bool, config: "HostConfig | None" = None) -> "LocalTransport":
     """This machine's transport, for a run of class `cls` (UsageError if
-    the host has no such class)."""
+    the host has no such class); `config`: the host config, if read."""
     from slotq.transports.local import LocalTransport
 
-    local = LocalTransport(away=True)
+    local = LocalTransport(config=config, away=True)
     if cls not in local.config.classes:
         known = ", ".join(sorted(local.config.classes))
         if not class_given:

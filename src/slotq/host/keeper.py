@@ -27,6 +27,7 @@ import time
 from .. import procinfo
 from .. import signals as signal
 from ..errors import SlotqError
+from ..outcome import KEEP_PLACE
 from ..records import to_json
 from . import libc
 from .child import ChildEnd
@@ -244,7 +245,10 @@ class Keeper:
         self._leave_line()
         _tell(self.done_w, b"stopped=1")
         self._told()
-        _last_word(self, None, "left the queue before getting a slot", time.time())
+        history = self.plan.books.history
+        kept = history is not None and history[1].get("kept") is not None
+        _last_word(self, None, "left the queue before getting a slot" + ("" if kept else f"; {KEEP_PLACE}"),
+                   time.time())
 
     # -- started --
 

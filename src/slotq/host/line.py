@@ -324,6 +324,7 @@ def bury(path: str, fd: int) -> None:
 
     from .. import history
     from .. import signals as signal
+    from ..outcome import KEEP_PLACE
 
     record = None
     if isinstance(info, dict):
@@ -332,7 +333,8 @@ def bury(path: str, fd: int) -> None:
         record = history.run_record(
             run_id=info.get("run_id"), label=info.get("label"), cls=info.get("cls"), host=info.get("host"),
             pool=os.path.basename(os.path.dirname(path)), outcome="caller_gone", exit_code=None,
-            message="caller gone while waiting in line (its ticket was found dead)", uid=owner,
+            message="caller gone while waiting in line (its ticket was found dead)"
+            + ("" if info.get("kept") is not None else f"; {KEEP_PLACE}"), uid=owner,
             phases={"submitted": since if isinstance(since, (int, float)) else None,  # clean: a number or None
                     "ended": time.time()})
     state_dir = os.path.dirname(os.path.dirname(os.path.dirname(path)))

@@ -174,7 +174,7 @@ class HostRunner:
             if run.link.passed:
                 return e.outcome  # a reservation the caller no longer needs: no run of this host's
             message = (e.message or verdict.stop_message(run.link, e.outcome, WHILE_WAITING)
-                       or "left the queue before getting a slot")
+                       or verdict.left_line(e.outcome, run.spec.kept is not None))
             return run.finish(e.outcome, e.end, None, message)
         if isinstance(got, SlotLease):
             if run.spec.bind is not None:
@@ -216,7 +216,7 @@ class HostRunner:
         if run.link.passed:
             lease.release()
             return outcome
-        message = verdict.stop_message(run.link, outcome, WHILE_WAITING) or "left the queue before getting a slot"
+        message = verdict.stop_message(run.link, outcome, WHILE_WAITING) or verdict.left_line(outcome, False)
         return run.finish(outcome, None, lease, message)
 
     def _run_allocated(self, allocation: str) -> Outcome:

@@ -44,6 +44,17 @@ def stop_message(link: CallerLink, reason: Outcome, phase: str) -> str | None:
     return None
 
 
+def left_line(reason: Outcome, kept: bool) -> str:
+    """The history line of a run that left the line before its slot, when
+    nothing more is known of why: a plain run whose caller went away lost
+    its place with it, and the line says how to keep it next time."""
+    if reason is Outcome.CALLER_GONE and not kept:
+        from ..outcome import KEEP_PLACE
+
+        return f"the caller went away while the run waited in line; nothing ran ({KEEP_PLACE})"
+    return "left the queue before getting a slot"
+
+
 class Ran:
     """What a verdict's words name of the run: its command (`argv0`), the
     host, the budget, when its slot and its command began, the

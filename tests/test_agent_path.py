@@ -1,0 +1,100 @@
+"""The agent's path, finished (issue 66): a default a harness sets once
+that keeps every `slotq run`'s place, durations that round-trip between
+processes, options in any order, attaches that show what is new, and the
+MCP server's words -- through the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import Start, history_written, live_tickets, slotq_cmd, start_holder, wait_for
+
+
+def slotq(*args: str, timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(slotq_cmd() + list(args), capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL, env=None if env is None else {**os.environ, **env})
+
+
+# ---------------------------------------------------------------- 1: the default that keeps the place
+
+@pytest.mark.timeout(60)
+def test_slotq_attach_for_in_the_environment_keeps_every_runs_place(state_dir: Path, runs: Start,
+                                                                      tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    start_holder(runs, state_dir, gate)
+    began = time.monotonic()
+    left = slotq("run", "--json", str(tmp_path / "r.json"), "--", "echo", "hello", env={"SLOTQ_ATTACH_FOR": "2s"})
+    assert left.returncode == 75, left.stderr  # before: a plain run, its place lost with the harness's kill
+    assert 2.0 <= time.monotonic() - began < 8.0
+    run_id = json.loads((tmp_path / "r.json").read_text())["run_id"]
+    assert f"slotq attach {run_id}" in left.stderr.strip().splitlines()[-1]
+    assert len(live_tickets(state_dir)) == 1  # its place, kept
+    gate.touch()
+    back = slotq("attach", run_id, "--json", str(tmp_path / "back.json"))
+    assert back.returncode == 0 and back.stdout == "hello\n", back.stderr
+    assert json.loads((tmp_path / "back.json").read_text())["outcome"] == "passed"
+
+
+@pytest.mark.timeout(60)
+def test_attach_for_in_your_config_keeps_every_runs_place_and_the_options_win(state_dir: Path, runs: Start,
+                                                                              tmp_path: Path) -> None:
+    config = Path(os.environ["XDG_CONFIG_HOME"]) / "slotq" / "config.toml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text('[defaults]\nattach_for = "1s"\n')
+    config.chmod(0o644)
+    try:
+        gate = tmp_path / "gate"
+        start_holder(runs, state_dir, gate)
+        left = slotq("run", "-q", "--", "true")
+        assert left.returncode == 75, left.stderr
+        # The environment wins over the config, an option over both.
+        began = time.monotonic()
+        assert slotq("run", "-q", "--attach-for", "3s", "--", "true", env={"SLOTQ_ATTACH_FOR": "1s"}).returncode == 75
+        assert time.monotonic() - began >= 3.0
+        plain = subprocess.Popen(slotq_cmd() + ["run", "--no-attach", "--", "true"], stdin=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, text=True, env={**os.environ, "SLOTQ_ATTACH_FOR": "1s"})
+        wait_for(lambda: len(live_tickets(state_dir)) == 3, what="the plain run in line behind the kept ones")
+        time.sleep(1.5)  # sleep-ok: past the 1 s a kept run would have stayed attached
+        assert plain.poll() is None  # a plain run: it stays with its caller
+        plain.send_signal(signal.SIGTERM)  # as `timeout` does
+        _, err = plain.communicate(timeout=20)
+        assert plain.returncode == 130
+        assert err.strip().splitlines()[-1] == ("slotq: to keep the place when a harness stops the call, set "
+                                                 "SLOTQ_ATTACH_FOR=D (or --attach-for D): the run outlives the call "
+                                                 "(exit 75) and `slotq attach RUN_ID` comes back to it"), err
+    finally:
+        config.unlink()
+        gate.touch()
+
+
+@pytest.mark.timeout(60)
+def test_a_plain_run_killed_in_line_says_in_its_history_how_to_keep_its_place(state_dir: Path, runs: Start,
+                                                                                tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    start_holder(runs, state_dir, gate)
+    doomed = subprocess.Popen(slotq_cmd() + ["run", "--label", "doomed", "--", "true"], stdin=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    wait_for(lambda: len(live_tickets(state_dir)) == 1, what="the run in line")
+    os.killpg(doomed.pid, signal.SIGKILL)  # the harness's kill of the whole group
+    doomed.wait()
+    gate.touch()
+    slotq("status")  # (a look at the line buries a dead ticket nobody waits behind: its line is written then)
+    line = wait_for(lambda: next((r for r in history_written(state_dir) if r.get("label") == "doomed"), None),
+                    timeout=30, what="its history line")
+    assert line["outcome"] == "caller_gone" and "SLOTQ_ATTACH_FOR=D" in line["message"], line
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("value", ["soon", "-1s", "1 minute", ""])
+def test_a_bad_slotq_attach_for_is_a_usage_error_naming_it(state_dir: Path, value: str) -> None:
+    proc = slotq("run", "--", "true", env={"SLOTQ_ATTACH_FOR": value})
+    assert proc.returncode == 64, proc.stderr
+    assert proc.stderr.startswith("slotq run: error: SLOTQ_ATTACH_FOR=") and proc.stderr.count("\n") == 1, proc.stderr
