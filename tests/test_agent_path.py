@@ -98,3 +98,45 @@ def test_a_bad_slotq_attach_for_is_a_usage_error_naming_it(state_dir: Path, valu
     proc = slotq("run", "--", "true", env={"SLOTQ_ATTACH_FOR": value})
     assert proc.returncode == 64, proc.stderr
     assert proc.stderr.startswith("slotq run: error: SLOTQ_ATTACH_FOR=") and proc.stderr.count("\n") == 1, proc.stderr
+
+
+# ---------------------------------------------------------------- 2: durations that round-trip
+
+def test_every_duration_handed_between_processes_reads_back_exactly() -> None:
+    import random
+
+    from slotq.durations import MAX_DURATION, exact, parse_duration
+
+    rnd = random.Random(66)
+    values = [1e-6, 0.001, 0.1, 1 / 3, 1.0, 59.999, 999999.0, 1_000_000.0, 1_036_800.0, 1e6 + 0.5, MAX_DURATION,
+              *(rnd.uniform(0, MAX_DURATION) for _ in range(2000)), *(10 ** rnd.uniform(-6, 6.4) for _ in range(2000))]
+    for v in values:
+        text = exact(v)
+        assert parse_duration(text) == v, (v, text)  # before: `:g` wrote 1.0368e+06, read as the unit 'e'
+        assert "e" not in text[:-1].lower(), text
+
+
+@pytest.mark.timeout(60)
+def test_a_kept_run_with_a_lease_and_idle_of_twelve_days_waits_and_runs(state_dir: Path, runs: Start,
+                                                                       tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    start_holder(runs, state_dir, gate)
+    left = slotq("run", "--detach", "--lease", "12d", "--idle", "12d", "--", "echo", "ran")
+    assert left.returncode == 0, left.stderr  # before: unavailable (121), "unknown unit 'e' in '1.0368e+06'"
+    run_id = left.stdout.strip()
+    waiting = [w for p in json.loads(slotq("status", "--json").stdout)["pools"] for w in p["waiting"]]
+    assert [(w["run_id"], w["kept"]) for w in waiting] == [(run_id, {"lease_s": 1_036_800.0})]
+    gate.touch()
+    back = slotq("attach", run_id)
+    assert back.returncode == 0 and back.stdout == "ran\n", back.stderr
+
+
+@pytest.mark.timeout(30)
+def test_a_lease_shorter_than_its_floor_is_refused_saying_what_it_would_do(state_dir: Path) -> None:
+    proc = slotq("run", "--detach", "--lease", "1ms", "--", "true")
+    assert proc.returncode == 64 and "shorter than the minimum of 10s" in proc.stderr, proc.stderr
+    import slotq as api
+    from slotq.errors import UsageError
+
+    with pytest.raises(UsageError, match="at least 10 seconds"):
+        api.submit(["true"], lease=0.001)

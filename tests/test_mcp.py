@@ -324,3 +324,24 @@ def test_another_users_label_never_reaches_the_model_as_text(tmp_path: Path, mon
     finally:
         stop_users_processes(root)
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.parametrize("lease", ["12d", 1_036_800, 1_036_800.5])
+def test_a_lease_of_twelve_days_through_the_mcp_server_keeps_the_run(state_dir: Path, runs: Start, tmp_path: Path,
+                                                                    lease: Any) -> None:
+    # Issue 66: a lease from 1,000,000 s up passed the check, then ended the
+    # run `unavailable`: "unknown unit 'e' in '1.0368e+06'" (`:g` read back).
+    gate = tmp_path / "gate"
+    start_holder(runs, state_dir, gate)
+
+    async def body() -> None:
+        async with server(tmp_path) as s:
+            left = structured(await s.call_tool("run_command", {"command": ["echo", "kept"], "wait_for": 1,
+                                                                "lease": lease, "idle": lease}))
+            assert left["outcome"] == "detached", left
+            gate.touch()
+            back = structured(await s.call_tool("attach_run", {"run_id": left["run_id"], "wait_for": 30}))
+            assert back["outcome"] == "passed" and back["output"]["text"] == "kept\n", back
+            short = await s.call_tool("run_command", {"command": ["true"], "lease": 1})
+            assert short.is_error and "'lease' must be at least 10 seconds" in short.content[0].text
+    drive(body)

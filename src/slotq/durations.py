@@ -62,6 +62,19 @@ def parse_duration(text: str, *, what: str = "", allow_zero: bool = False, limit
     return total
 
 
+def exact(seconds: float) -> str:
+    """`seconds` as a duration that parse_duration reads back to the very
+    same number: `1036800.0s`, never `1.0368e+06` (which `:g` wrote, and
+    which read back as the unknown unit 'e'). For every duration one slotq
+    process hands another on a command line."""
+    text = repr(float(seconds))
+    if "e" in text or "E" in text:
+        from decimal import Decimal
+
+        text = format(Decimal(text), "f")  # the same decimal number, written out positionally
+    return text + "s"
+
+
 def check_seconds(value: object, what: str, *, allow_zero: bool = False) -> float:
     """A duration in seconds from a request or a file: a finite number,
     more than zero (or zero with `allow_zero`), at most MAX_DURATION.

@@ -235,7 +235,9 @@ class Tools:
 def _attach_options(parser: Any, run_id: str, wait_for: float, host: str | None) -> tuple[str, Any]:
     from slotq.cli.args import run_id_and_options
 
-    return run_id_and_options(parser, [run_id, "-q", "--for", f"{wait_for:g}s", *_host_args(host)])
+    from slotq.durations import exact
+
+    return run_id_and_options(parser, [run_id, "-q", "--for", exact(wait_for), *_host_args(host)])
 
 
 def _host_args(host: str | None) -> list[str]:

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import os
 
-from ..durations import format_duration, parse_duration
+from ..durations import exact, format_duration, parse_duration
+from ..host.kept import LEASE_MIN
 from ..outcome import Outcome
 
 WAIT_FOR = 50.0  # seconds a call blocks by default: under the common 60 s tool-call timeout
@@ -194,11 +195,14 @@ def duration_arg(args: dict[str, object], key: str, default: float | None = None
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ToolError(f"{key!r} must be seconds or a duration such as \"10m\", got {value!r}")
     try:
-        seconds = parse_duration(f"{value}s" if not isinstance(value, str) else value, what=key)
+        seconds = parse_duration(exact(value) if not isinstance(value, str) else value, what=key)
     except ValueError as e:
         raise ToolError(str(e).splitlines()[0]) from None
     if seconds <= 0:
         raise ToolError(f"{key!r} must be more than 0 seconds")
+    if key == "lease" and seconds < LEASE_MIN:
+        raise ToolError(f"'lease' must be at least {LEASE_MIN:.0f} seconds (a lease that lapses as the call "
+                        "leaves ends the run with it)")
     return seconds
 
 
@@ -238,7 +242,7 @@ def run_argv(args: dict[str, object], settings: Settings, wait_for: float) -> li
     """`slotq run`'s options for a run_command call (its command after
     `--`): the CLI's own checks then apply to what this module does not
     check itself."""
-    out = ["-q", "--attach-for", f"{wait_for:g}s"]
+    out = ["-q", "--attach-for", exact(wait_for)]
     budget = duration_arg(args, "budget", settings.budget)
     idle = duration_arg(args, "idle")
     lease = duration_arg(args, "lease", settings.lease)
@@ -253,13 +257,13 @@ def run_argv(args: dict[str, object], settings: Settings, wait_for: float) -> li
     host = None if slurm else host or settings.host
     for flag, value in (("--budget", budget), ("--idle", idle), ("--lease", lease)):
         if value is not None:
-            out += [flag, f"{value:g}s"]
+            out += [flag, exact(value)]
     for flag, text in (("--class", cls), ("--label", label), ("--host", host)):
         if text is not None:
             out += [flag, text]
     if args.get("cancel_on_disconnect") not in (None, True, False):
         raise ToolError("'cancel_on_disconnect' must be true or false")
-    return [*out, *(["--slurm"] if slurm else []), "--report-every", f"{REPORT_EVERY:g}s", "--",
+    return [*out, *(["--slurm"] if slurm else []), "--report-every", exact(REPORT_EVERY), "--",
             *command_arg(args)]
 
 

@@ -112,6 +112,18 @@ def submit(what: RunSpec | list[str], *, idle: float | None = None, lease: float
     from ..transports.kept import KeptTransport
     from .caller import run
 
+    from ..durations import check_seconds
+    from ..errors import UsageError
+    from ..host.kept import LEASE_MIN
+
+    if lease is not None:
+        try:
+            lease = check_seconds(lease, "lease")
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        if lease < LEASE_MIN:
+            raise UsageError(f"lease must be at least {LEASE_MIN:.0f} seconds (a lease that lapses as the call "
+                             f"leaves ends the run with it), got {lease!r}")
     spec = what if isinstance(what, RunSpec) else RunSpec(what)
     spec.cwd = spec.cwd or os.getcwd()
     spec.submitted = time.time()

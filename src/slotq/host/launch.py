@@ -22,6 +22,7 @@ import os
 from .. import procinfo, protocol
 from ..clock import Clock
 from ..config import HostConfig
+from ..durations import exact
 from ..errors import SlotqError
 from ..spec import RunSpec
 from .hostqueue import Waiter
@@ -84,7 +85,7 @@ class Launch:
             name = slot_name(pool, index)
         # What the command knows of its slot (a per-slot port or database).
         slot_env = {"SLOTQ_POOL": pool or spec.cls, "SLOTQ_SLOT": name, "SLOTQ_SLOT_INDEX": str(index),
-                    "SLOTQ_BUDGET": f"{self.budget:g}"}
+                    "SLOTQ_BUDGET": _seconds(self.budget)}
         run: dict[str, object] = {"run_id": spec.run_id, "label": spec.label, "class": spec.cls, "host": self.host,
                                   "pool": pool, "slot": name, "phases": dict(self.phases)}
         plan = KeeperPlan(
@@ -222,3 +223,9 @@ def start_now(spec: RunSpec, config: HostConfig, state_dir: str, ticket: Ticket)
     except OSError:
         pass
     return early
+
+
+def _seconds(value: float) -> str:
+    """A number of seconds for a command's environment: `90` (shell
+    arithmetic reads it), `0.5`, `1036800` -- never `1.0368e+06`."""
+    return str(int(value)) if value == int(value) else exact(value)[:-1]

@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import sys
 
+from ..durations import exact
 from ..signals import start_thread
 from ..spec import MAX_BIND
 from .base import Transport
@@ -56,7 +57,7 @@ def keep_args(lease: float | None, log_max: int | None, idle: float | None, cred
     for name, value in (("--lease", lease), ("--log-max", log_max), ("--idle", idle),
                         ("--credit-dir", credit_dir), ("--attach-for", attach_for)):
         if value is not None:
-            args += [name, f"{value:g}" if isinstance(value, float) else str(value)]
+            args += [name, exact(value) if isinstance(value, float) else str(value)]
     if slurm_options is not None:
         args += ["--slurm", *(f"--slurm-option={o}" for o in slurm_options)]
     return args + (["--detach"] if detach else [])
@@ -123,7 +124,7 @@ def attach_args(run_id: str, attach_for: float | None, from_start: bool) -> list
     """`slotq host attach`'s arguments."""
     args = ["attach", run_id]
     if attach_for is not None:
-        args += ["--for", f"{attach_for:g}"]
+        args += ["--for", exact(attach_for)]
     return args + (["--from-start"] if from_start else [])
 
 
