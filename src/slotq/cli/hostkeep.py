@@ -34,8 +34,8 @@ KEEP = Parser(
                 "attach to it: its stream on stdout. Used by transports, not by people.",
     options=[
         Opt("--request-stdin", kind=FLAG, required=True, help="read the request as one JSON line from stdin"),
-        Opt("--lease", metavar="D", convert=duration(minimum=10.0),
-            help="how long the run waits for an attacher to come back (10s to 30d)"),
+        Opt("--lease", metavar="D", convert=duration(minimum=1.0),
+            help="how long the run waits for an attacher to come back (1s to 30d)"),
         Opt("--log-max", metavar="BYTES", convert=positive_int, help="the bound of the run's output log"),
         Opt("--idle", metavar="D", convert=duration(), help="the no-output watchdog, from the command's start"),
         Opt("--credit-dir", metavar="DIR", help="record the run's wait in the wait ledger under DIR"),

@@ -201,7 +201,7 @@ def duration_arg(args: dict[str, object], key: str, default: float | None = None
     if seconds <= 0:
         raise ToolError(f"{key!r} must be more than 0 seconds")
     if key == "lease" and seconds < LEASE_MIN:
-        raise ToolError(f"'lease' must be at least {LEASE_MIN:.0f} seconds (a lease that lapses as the call "
+        raise ToolError(f"'lease' must be at least {LEASE_MIN:.0f} second (a lease that lapses as the call "
                         "leaves ends the run with it)")
     return seconds
 

@@ -91,9 +91,9 @@ PARSER = Parser(
         Opt("--no-attach", kind=FLAG,
             help="a plain run, whatever $SLOTQ_ATTACH_FOR or [defaults] attach_for say: it ends with its "
                  "caller"),
-        Opt("--lease", metavar="D", convert=duration(minimum=10.0),
+        Opt("--lease", metavar="D", convert=duration(minimum=1.0),
             help="a kept run waits this long for someone to attach again (every attach renews it); then it "
-                 "ends as caller_gone: withdrawn if waiting, stopped if running (default: 15m; 10s to 30d)"),
+                 "ends as caller_gone: withdrawn if waiting, stopped if running (default: 15m; 1s to 30d)"),
         Opt("--log-max", metavar="SIZE", convert=byte_size,
             help="a kept run's output is logged for attachers up to SIZE (e.g. 64M, the default); past it "
                  "the middle is dropped, its head and tail kept"),

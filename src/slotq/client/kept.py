@@ -122,7 +122,7 @@ def submit(what: RunSpec | list[str], *, idle: float | None = None, lease: float
         except ValueError as e:
             raise UsageError(str(e)) from None
         if lease < LEASE_MIN:
-            raise UsageError(f"lease must be at least {LEASE_MIN:.0f} seconds (a lease that lapses as the call "
+            raise UsageError(f"lease must be at least {LEASE_MIN:.0f} second (a lease that lapses as the call "
                              f"leaves ends the run with it), got {lease!r}")
     spec = what if isinstance(what, RunSpec) else RunSpec(what)
     spec.cwd = spec.cwd or os.getcwd()

@@ -36,9 +36,9 @@ from ..records import from_json, to_json
 KEPT_MAX_BYTES = 64 << 20  # a kept run's log, default (--log-max)
 LEASE_S = 15 * 60.0  # how long a kept run waits for someone to come back (--lease)
 # ... at the least: a lease that lapses as the call leaves ends the run with
-# it -- a plain run (`--no-attach`), not a kept one. Longer than the reports
-# an attacher sees (an MCP client's progress, every 5 s).
-LEASE_MIN = 10.0
+# it -- a plain run (`--no-attach`), not a kept one; a second is a harness's
+# moment between two calls.
+LEASE_MIN = 1.0
 MAX_REQUEST_FILE = 4 << 20
 _HEADER = protocol.HEADER_SIZE
 
