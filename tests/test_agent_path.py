@@ -140,3 +140,31 @@ def test_a_lease_shorter_than_its_floor_is_refused_saying_what_it_would_do(state
 
     with pytest.raises(UsageError, match="at least 1 second"):
         api.submit(["true"], lease=0.001)
+
+
+# ---------------------------------------------------------------- 3: options in any order
+
+@pytest.mark.timeout(60)
+def test_attach_and_cancel_take_their_options_anywhere_before_the_run_id_or_after(state_dir: Path, runs: Start,
+                                                                                   tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    start_holder(runs, state_dir, gate)
+    run_id = slotq("run", "--detach", "--", "echo", "hi").stdout.strip()
+    for argv in (["-q", run_id, "--for", "1s"], [run_id, "-q", "--for", "1s"], ["--for", "1s", "-q", run_id]):
+        proc = slotq("attach", *argv)
+        assert proc.returncode == 75, (argv, proc.stderr)  # before: 64, "unexpected argument '--for'"
+    other = slotq("run", "--detach", "--label", "other", "--", "true").stdout.strip()
+    cancel = slotq("cancel", "--label", "other", other)
+    assert cancel.returncode == 0 and f"cancelled run {other}" in cancel.stderr, cancel.stderr
+    gate.touch()
+    assert slotq("attach", run_id, "-q").stdout == "hi\n"
+
+
+@pytest.mark.timeout(30)
+def test_a_bare_word_before_the_double_dash_is_a_usage_error_naming_it(state_dir: Path, tmp_path: Path) -> None:
+    proc = slotq("run", "--budget", "10", "minutes", "--", "touch", str(tmp_path / "ran"))
+    assert proc.returncode == 64, proc.stderr  # before: 127, "command not found: 'minutes'"
+    assert "unexpected argument 'minutes' before `--`" in proc.stderr and proc.stderr.count("\n") == 1
+    assert not (tmp_path / "ran").exists()
+    # Without a `--`, the command starts at the first word that is no option, as ever.
+    assert slotq("run", "-q", "touch", str(tmp_path / "ran")).returncode == 0 and (tmp_path / "ran").exists()

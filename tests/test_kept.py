@@ -190,9 +190,10 @@ def test_another_user_cannot_attach_to_or_cancel_a_kept_run(
 
 
 @pytest.mark.timeout(30)
-def test_attach_of_an_unknown_run_is_one_line_and_exit_64(state_dir: Path) -> None:
+def test_attach_of_an_unknown_run_is_one_line_and_exit_66_as_cancel_says_it(state_dir: Path) -> None:
     proc = slotq("attach", "nosuchrun1")
-    assert proc.returncode == 64
+    assert proc.returncode == 66  # EX_NOINPUT: `slotq cancel`'s "no such run" too (it was 64 here, 66 there)
+    assert slotq("cancel", "nosuchrun1").returncode == 66
     assert proc.stderr.strip() == ("slotq attach: error: host: no kept run nosuchrun1 of yours on this host "
                                    "(nor in its history)") or "no kept run nosuchrun1" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1

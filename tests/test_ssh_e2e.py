@@ -398,3 +398,28 @@ def test_the_handshake_is_once_per_master_connection(remote: Remote, tmp_path: P
     assert calls[3:] == ["host hello", "host run --request-stdin --await-sync"], calls
 
 
+
+
+@pytest.mark.timeout(90)
+def test_a_remote_run_left_says_the_attach_that_comes_back_to_it(remote: Remote, runs: Start,
+                                                                 tmp_path: Path) -> None:
+    # Issue 66: the hint said `slotq attach ID` without the --host it
+    # needs; following it gave 64 (no such run here).
+    import shlex
+
+    runs(*remote.args, "--", *remote.gate_cmd(), name="holder")
+    wait_for(remote.holder_running, timeout=20, what="remote holder")
+    base = f"$HOME/st-{remote.tag}"
+    args = [a if a != remote.remote_slotq else f"SLOTQ_STATE_DIR={base} SLOTQ_LEDGER={base}/l/ledger.sqlite slotq"
+            for a in remote.args]
+    left = subprocess.run(slotq_cmd() + ["run", "--attach-for", "1s", *args, "--", "echo", "came"],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path, stdin=subprocess.DEVNULL)
+    assert left.returncode == 75, left.stderr
+    hint = left.stderr.strip().splitlines()[-1]
+    said = hint.split("come back with `", 1)[1].split("`", 1)[0]
+    argv = shlex.split(said)
+    assert argv[:2] == ["slotq", "attach"] and "--host" in argv, hint
+    remote.ssh(f"touch {remote.gate()}")
+    back = subprocess.run(slotq_cmd() + argv[1:], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                          stdin=subprocess.DEVNULL)
+    assert back.returncode == 0 and back.stdout == "came\n", back.stderr  # the hint, followed, works

@@ -78,6 +78,13 @@ class WorkTreeError(SlotqError):
     exit_code = 66  # EX_NOINPUT: an input file did not exist or was not readable
 
 
+class NoSuchRun(SlotqError):
+    """No such run of yours here (attach, cancel): neither live nor in the
+    history."""
+
+    exit_code = 66  # EX_NOINPUT, as `slotq cancel` says it
+
+
 class AdmissionRefused(SlotqError):
     """The host's admission policy turned a run away (a named policy, never
     a timeout). A run reports it as `not_admitted`."""

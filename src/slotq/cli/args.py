@@ -2,9 +2,13 @@
 argparse, which (with `re`, which it imports) costs a noticeable share of
 `slotq run`'s start-up (benchmarks/).
 
-Options: `--name VALUE`, `--name=VALUE`, flags, repeatable options. The
-command starts after `--`, or at the first argument that is not an option.
-Every bad argument is a one-line `UsageError` (exit 64, EX_USAGE) naming the option.
+Options: `--name VALUE`, `--name=VALUE`, flags, repeatable options, in any
+order. The command starts after `--`, or -- when no `--` is given -- at the
+first argument that is not an option; where a `--` is given, a bare word
+before it is an error (`--budget 10 minutes -- true` would run `minutes`).
+A command of RUN_IDs and the like (`positional`) takes them anywhere among
+its options. Every bad argument is a one-line `UsageError` (exit 64,
+EX_USAGE) naming the option.
 """
 
 from __future__ import annotations
@@ -71,7 +75,9 @@ class Namespace:
 class Parser:
     def __init__(self, prog: str, usage: str, description: str, options: list[Opt], epilog: str = "",
                  command: str = "none", hints: dict[str, str] | None = None) -> None:
-        """command: "none" (no trailing command), "optional" or "required".
+        """command: "none" (no trailing command), "optional" or "required"
+        (a command line: after `--`, or from the first word that is not an
+        option), or "positional" (words among the options: RUN_IDs).
         hints: what to say of an option this command does not take but a
         user may try (another command's)."""
         self.prog = prog
@@ -89,18 +95,26 @@ class Parser:
                                      for o in self.options}
         seen: set[str] = set()
         command: list[str] = []
+        dashdash = "--" in args  # (never an option's value: `--budget -- pytest` is refused below)
         i = 0
         while i < len(args):
             arg = args[i]
             if arg == "--":
-                command = args[i + 1 :]
+                command += args[i + 1 :]
                 break
             if arg in ("-h", "--help"):
                 write_out(self.help())
                 raise SystemExit(0)
             if not arg.startswith("-") or arg == "-":
+                if self.command == "positional":
+                    command.append(arg)
+                    i += 1
+                    continue
                 if self.command == "none":
                     raise self.error(f"unexpected argument {arg!r}")
+                if dashdash:
+                    raise self.error(f"unexpected argument {shown(arg)} before `--`: the command comes after it "
+                                     "(an option's value is one word: --budget 10m)")
                 command = args[i:]
                 break
             name, eq, inline = arg.partition("=")
@@ -319,12 +333,10 @@ def byte_size(text: str) -> int:
 
 
 def run_id_and_options(parser: Parser, args: list[str]) -> tuple[str, Namespace]:
-    """RUN_ID first or last, options around it."""
+    """RUN_ID and options, in any order (a parser of command="positional")."""
     from slotq.spec import is_run_id
 
-    first = args[:1] and not args[0].startswith("-")
-    opts, rest = parser.parse(args[1:] if first else args)
-    ids = args[:1] + rest if first else rest
+    opts, ids = parser.parse(args)
     if len(ids) != 1:
         raise parser.error("name one run id" if not ids else f"unexpected argument {ids[1]!r}")
     if not is_run_id(ids[0]):

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 PARSER = Parser(
     prog="slotq attach", usage="slotq attach RUN_ID [--for D] [--from-start] [--json FILE] [-q]",
-    command="optional",
+    command="positional",
     description="Come back to a kept run of yours (slotq run --attach-for / --detach): show where it is, "
                 "its output from where you last read, and if it ends within --for, its result and exit code "
                 "as `slotq run` gives them; otherwise leave it again, exit 75. Every attach renews the run's "

@@ -20,7 +20,7 @@ LISTEN_WAIT = 2.0  # how long a live run's runner is given to open its control s
 
 PARSER = Parser(
     prog="slotq cancel", usage="slotq cancel [RUN_ID...] [--label PATTERN] [--mine] [--host HOST | --slurm]",
-    command="optional",
+    command="positional",
     description="Cancel queued or running runs of yours: a queued run leaves the line, a running command is "
                 "stopped (TERM, grace, KILL). Its caller ends `cancelled` (exit 130) with a message naming "
                 "who cancelled it. Run ids are shown by `slotq status`. Another user's run is refused.",
@@ -279,11 +279,9 @@ def _remote(opts: Namespace, args: list[str]) -> int:
 
 
 def _ids_and_options(args: list[str]) -> tuple[Namespace, list[str]]:
-    """RUN_ID... first or last, options around them (`cancel ID --host H`,
-    as the MCP server's cancel_run says it)."""
-    lead = next((i for i, a in enumerate(args) if a.startswith("-")), len(args))
-    opts, rest = PARSER.parse(args[lead:])
-    return opts, args[:lead] + rest
+    """RUN_IDs and options, in any order (`cancel ID --host H`, as the MCP
+    server's cancel_run says it, and `cancel --host H ID`)."""
+    return PARSER.parse(args)
 
 
 def _kept_here(run_id: str) -> bool:

@@ -54,7 +54,7 @@ KEEP = Parser(
 
 
 ATTACH = Parser(
-    prog="slotq host attach", usage="slotq host attach RUN_ID [options]", command="optional",
+    prog="slotq host attach", usage="slotq host attach RUN_ID [options]", command="positional",
     description="Attach to a kept run of yours: its stream on stdout, from where the last attacher left off, "
                 "until it ends or --for passes. Used by transports, not by people.",
     options=[

@@ -497,7 +497,7 @@ class _Call:
             self.beat_at = INF
             self.result.queue_s = max(0.0, clock.monotonic() - self.queue_start - (now - end))
         self.exited = on_event(ev, self.result, self.dogs, self.say, self.spec, self.o.live,
-                               self.o.others_as_data) or self.exited
+                               self.o.others_as_data, self.transport.attach_options()) or self.exited
 
     def _close_stream(self) -> None:
         try:

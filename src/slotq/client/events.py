@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from .. import protocol
 from ..durations import format_duration, seconds_in
-from ..errors import ProtocolError, StateDirError, UsageError, WorkTreeError
+from ..errors import NoSuchRun, ProtocolError, StateDirError, UsageError, WorkTreeError
 from ..outcome import Outcome
 from ..spec import RunSpec
 from .result import RunResult, detached_message
@@ -78,7 +78,7 @@ def first_says_id(result: RunResult) -> str:
 
 def on_event(ev: dict[str, object], result: RunResult, dogs: Watchdogs,
               say: Callable[[str], None], spec: RunSpec, live: Callable[[str], None] | None = None,
-              others_as_data: bool = False) -> bool:
+              others_as_data: bool = False, attach_options: list[str] | None = None) -> bool:
     """Apply one event; True when it is the final `exited`. `others_as_data`:
     status lines without what other users wrote (waitlines.format_queued)."""
     name = ev.get("event")
@@ -136,6 +136,8 @@ def on_event(ev: dict[str, object], result: RunResult, dogs: Watchdogs,
         message = printable(ev.get("message") or "error", 2000)
         if ev.get("kind") == "usage":
             raise UsageError(message)
+        if ev.get("kind") == "no_run":
+            raise NoSuchRun(message)
         if ev.get("kind") == "worktree":  # (late binding: the winner's transfer, transports/bound.py)
             raise WorkTreeError(message)
         if ev.get("kind") == "state":
@@ -151,7 +153,7 @@ def on_event(ev: dict[str, object], result: RunResult, dogs: Watchdogs,
             say(f"slotq: warning: {printable(w, 1000)}")
     elif name == protocol.DETACHED:
         result.outcome = Outcome.DETACHED
-        result.message = detached_message(ev)
+        result.message = detached_message(ev, attach_options)
         return True
     return False
 

@@ -99,8 +99,9 @@ def summary_line(result: RunResult) -> str:
     return line
 
 
-def detached_message(ev: dict[str, object]) -> str:
-    """Where the kept run is, and how to come back to it."""
+def detached_message(ev: dict[str, object], attach_options: list[str] | None = None) -> str:
+    """Where the kept run is, and how to come back to it (`slotq attach
+    RUN_ID`, with the transport's `attach_options`: a remote host's)."""
     run_id, phase = ev.get("run_id"), ev.get("phase")
     if phase == "running":
         where = f"running for {format_duration(seconds_in(ev.get('ran_s')))}"
@@ -110,8 +111,13 @@ def detached_message(ev: dict[str, object]) -> str:
         pos = ev.get("position")
         where = f"waiting at position {pos}" if isinstance(pos, int) else "waiting for a slot"
     lease = format_duration(seconds_in(ev.get("lease_s")))
-    return (f"run {run_id} goes on, {where}: come back with `slotq attach {run_id}` within {lease} "
-            f"(its lease), or give it up with `slotq cancel {run_id}`")
+    more = ""
+    if attach_options:
+        import shlex
+
+        more = " " + shlex.join(attach_options)
+    return (f"run {run_id} goes on, {where}: come back with `slotq attach {run_id}{more}` within {lease} "
+            f"(its lease), or give it up with `slotq cancel {run_id}{more}`")
 
 
 def kept_wait(result: RunResult, now: float) -> float | None:

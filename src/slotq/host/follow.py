@@ -314,7 +314,7 @@ def _from_history(run_id: str, why: str, out_fd: int) -> None:
         event(protocol.HELLO, now, protocol=protocol.PROTOCOL_VERSION, version=__version__)
         what = f"{why} (nor in its history" + (
             f": only a line by {printable(', '.join(others), 200)} names it, not a record of yours)" if others else ")")
-        event(protocol.ERROR, now, kind="usage", message=what)
+        event(protocol.ERROR, now, kind="no_run", message=what)
     else:
         rec = found[-1]
         ph: dict[str, object] = rec["phases"]  # type: ignore[assignment]

@@ -82,6 +82,12 @@ class Transport:
         stays, saying why."""
         return "not a local run of `slotq run`"
 
+    def attach_options(self) -> list[str]:
+        """What `slotq attach RUN_ID` needs besides the run id to come back
+        to a kept run of this transport's (ssh: the host, and how it is
+        reached); [] for this machine."""
+        return []
+
     def describe(self) -> dict[str, object]:
         """Facts about the connection for the result (e.g. master reuse)."""
         return {"kind": "local"}

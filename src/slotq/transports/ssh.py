@@ -436,6 +436,11 @@ class SshTransport(Transport):
     def notes(self) -> list[str]:
         return [self.sync_note] if self.sync_note else []
 
+    def attach_options(self) -> list[str]:
+        return ["--host", self.host, *(["--ssh-config", self.ssh.config] if self.ssh.config else []),
+                *(o for opt in self.ssh.options for o in ("--ssh-option", opt)),
+                *(["--remote-slotq", self.ssh.remote_slotq] if self.ssh.remote_slotq != "slotq" else [])]
+
     def prepare(self, spec: RunSpec) -> None:
         """Master, handshake (once per master), work tree. The host runner
         is started before the rsync and starts up while it runs; it joins
