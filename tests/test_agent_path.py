@@ -168,3 +168,41 @@ def test_a_bare_word_before_the_double_dash_is_a_usage_error_naming_it(state_dir
     assert not (tmp_path / "ran").exists()
     # Without a `--`, the command starts at the first word that is no option, as ever.
     assert slotq("run", "-q", "touch", str(tmp_path / "ran")).returncode == 0 and (tmp_path / "ran").exists()
+
+
+# ---------------------------------------------------------------- 4: an attach shows what is new
+
+def _waited(stderr: str) -> list[float]:
+    """The waits the `waiting ...` status lines say, in order."""
+    from slotq.durations import parse_duration
+
+    return [parse_duration(line.split()[2].rstrip(";"), allow_zero=True)
+            for line in stderr.splitlines() if line.startswith("slotq: waiting ")]
+
+
+@pytest.mark.timeout(60)
+def test_an_attach_shows_the_reports_since_the_last_attacher_then_one_current_line(state_dir: Path, runs: Start,
+                                                                                  tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    start_holder(runs, state_dir, gate)
+    left = slotq("run", "--attach-for", "1.5s", "--report-every", "0.3s", "--json", str(tmp_path / "r.json"), "--",
+                 "echo", "hi")
+    assert left.returncode == 75, left.stderr
+    run_id = json.loads((tmp_path / "r.json").read_text())["run_id"]
+    first = _waited(left.stderr)
+    assert len(first) >= 3, left.stderr
+    again = slotq("attach", run_id, "--for", "0.3s")
+    assert again.returncode == 75
+    seen = _waited(again.stderr)
+    # Only reports after the first caller left (before: every one from the
+    # run's start again, the first a stale "waiting 1ms").
+    assert seen and min(seen) > max(first), (first, seen, again.stderr)
+    time.sleep(1.0)  # sleep-ok: reports pile up in the log while nobody is attached
+    now = slotq("attach", run_id, "--for", "0.1s")
+    shown = _waited(now.stderr)
+    assert 1 <= len(shown) <= 5 and min(shown) > max(seen), (seen, shown, now.stderr)
+    quick = slotq("attach", run_id, "--for", "0s")
+    current = _waited(quick.stderr)
+    assert len(current) == 1 and current[0] >= max(shown), (shown, quick.stderr)  # one line: where it is now
+    gate.touch()
+    assert slotq("attach", run_id).stdout == "hi\n"

@@ -8,6 +8,7 @@ a result (blame work), never a tool error; bad arguments are."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -345,3 +346,33 @@ def test_a_lease_of_twelve_days_through_the_mcp_server_keeps_the_run(state_dir: 
             short = await s.call_tool("run_command", {"command": ["true"], "lease": 0.5})
             assert short.is_error and "'lease' must be at least 1 second" in short.content[0].text
     drive(body)
+
+
+def test_attach_run_reports_what_is_new_not_every_report_since_the_run_began(state_dir: Path, runs: Start,
+                                                                            tmp_path: Path) -> None:
+    # Issue 66: every attach replayed every past status line; an hour at 5 s
+    # reports was ~720 progress notifications per attach_run.
+    gate = tmp_path / "gate"
+    start_holder(runs, state_dir, gate)
+    run_id = subprocess.run(slotq_cmd() + ["run", "--detach", "--report-every", "0.1s", "--", "true"],
+                            capture_output=True, text=True, timeout=30).stdout.strip()
+    wait_for(lambda: len(list((tmp_path / "kept" / run_id).glob("seg.*"))) > 0, what="its log")
+    time.sleep(2.0)  # sleep-ok: twenty reports pile up in its log while nobody is attached
+    messages: list[str] = []
+
+    async def progress(done: float, total: float | None, message: str | None) -> None:
+        messages.append(message or "")
+
+    async def body() -> None:
+        async with server(tmp_path) as s:
+            left = structured(await s.call_tool("attach_run", {"run_id": run_id, "wait_for": 0.5},
+                                                progress_callback=progress))
+            assert left["outcome"] == "detached"
+    drive(body)
+    from slotq.durations import parse_duration
+
+    waited = [parse_duration(m.split()[1].rstrip(";")) for m in messages if m.startswith("waiting")]
+    # Where it is now, then the reports as they come (its period 0.1 s):
+    # not the twenty from before (the first of them a stale `waiting 1ms`).
+    assert waited and waited[0] >= 2.0 and len(waited) <= 8, messages
+    gate.touch()

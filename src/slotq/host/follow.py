@@ -46,8 +46,10 @@ class Follower:
         self.start_pos = 0 if from_start else _read_pos(path)
         self.pos = 0  # the next stream byte to read
         self.reading = kept.Reading()
-        self.read_upto = self.start_pos
+        self.read_upto = self.start_pos  # past the last frame sent: where the next attacher starts
         self.until_placed = False
+        self.last_report: dict[str, object] | None = None  # the newest `queued` of the log's catch-up
+        self.catching_up = True  # the first read: what the log holds from before we came
 
     def follow(self, until: float | None = None, until_placed: bool = False) -> bool:
         """Send the stream until the run ends (True) or we leave (False).
@@ -61,6 +63,9 @@ class Follower:
             self._send(protocol.MAGIC)
             while True:
                 self._read_new()
+                if self.catching_up:
+                    self.catching_up = False
+                    self._report_now()
                 if self.reading.ended:
                     return True
                 hello = protocol.HELLO in self.reading.seen  # (a detached event comes after it)
@@ -142,15 +147,34 @@ class Follower:
             if used < len(data):
                 return  # a frame still being written: the rest comes later
 
+    def _report_now(self) -> None:
+        """What an attacher sees of a run still in line: where it is now --
+        the newest report the log holds, its wait brought up to now, once
+        -- then the reports as they come; never every report since the run
+        began (an hour of them at 5 s, to an MCP client, was 720
+        notifications, the first a stale `waiting 1ms`)."""
+        report = self.last_report
+        if report is None or protocol.SLOT in self.reading.seen or self.reading.ended:
+            return
+        at, waited = report.get("at"), report.get("waited_s")
+        now = time.time()
+        if isinstance(at, (int, float)) and isinstance(waited, (int, float)) and not isinstance(waited, bool):
+            report = dict(report, at=now, waited_s=round(float(waited) + max(0.0, now - float(at)), 3))
+        self._send(protocol.frame(protocol.EVENT, to_json(report).encode()))
+
     def _frame(self, kind: bytes, payload: bytes, at: int) -> None:
+        end = at + protocol.HEADER_SIZE + len(payload)
         if kind != protocol.EVENT:
             if at >= self.start_pos:
                 self._send(protocol.frame(kind, payload))
-                self.read_upto = at + protocol.HEADER_SIZE + len(payload)
+                self.read_upto = end
             return
         name = self.reading.note(payload)
-        if name == protocol.QUEUED and at < self.start_pos:
-            return  # an old report: the newer ones say where the run is
+        if name == protocol.QUEUED and self.catching_up:
+            ev = from_json(payload.decode("utf-8", "replace"), protocol.EVENT_DEPTH)
+            self.last_report = ev if isinstance(ev, dict) else None
+            return  # a past report: only the newest is shown (_report_now)
+        self.read_upto = max(self.read_upto, end)
         if name == protocol.HELLO:
             ev = from_json(payload.decode("utf-8", "replace"), protocol.EVENT_DEPTH)
             request = self.terms.get("request")
