@@ -108,9 +108,13 @@ def test_a_call_that_waits_past_wait_for_is_detached_and_attach_run_returns_the_
     async def body() -> None:
         async with server(tmp_path) as s:
             start = time.monotonic()
-            record = structured(await s.call_tool("run_command", {"command": ["echo", "done here"], "wait_for": 2}))
+            result = await s.call_tool("run_command", {"command": ["echo", "done here"], "wait_for": 2})
+            record = structured(result)
             took = time.monotonic() - start
             assert record["outcome"] == "detached" and record["blame"] == "none", record
+            # The words of the tools, not the CLI's (a model has no `slotq attach` to run).
+            for text in (result.content[0].text, record["message"]):
+                assert "attach_run" in text and "slotq attach" not in text, text
             assert 1.5 <= took < 10, took
             assert "attach_run" in record["next"] and record["run_id"] in record["next"]
             assert len(live_tickets(state_dir)) == 1, "it keeps its place in line"
@@ -194,6 +198,15 @@ def test_bad_arguments_are_tool_errors_with_one_line(state_dir: Path, tmp_path: 
     assert not live_tickets(state_dir), "nothing joined the line"
 
 
+def test_check_says_it_is_ready_and_help_says_repeatable_once(tmp_path: Path) -> None:
+    proc = subprocess.run(slotq_cmd() + ["mcp", "--check", "--allow-dir", str(tmp_path)], capture_output=True,
+                          text=True, timeout=30)
+    assert proc.returncode == 0 and proc.stdout.startswith("slotq mcp: ready: the MCP SDK "), proc  # before: nothing
+    assert str(tmp_path) in proc.stdout
+    usage = subprocess.run(slotq_cmd() + ["mcp", "--help"], capture_output=True, text=True, timeout=30).stdout
+    assert "(repeatable) (repeatable)" not in usage and "--wait-for D" in usage
+
+
 def test_without_the_sdk_it_says_how_to_install_it(tmp_path: Path) -> None:
     import subprocess
 
@@ -204,8 +217,8 @@ def test_without_the_sdk_it_says_how_to_install_it(tmp_path: Path) -> None:
                            "from slotq.cli import main; sys.exit(main(['mcp']))", str(site)],
                           capture_output=True, text=True, timeout=30, cwd=tmp_path)
     assert done.returncode == 69
-    assert done.stderr == "slotq mcp: error: the MCP SDK is not installed: pip install 'slotq[mcp]' " \
-                          "(or pip install mcp)\n"
+    assert done.stderr == ("slotq mcp: error: the MCP SDK is not installed: pip install mcp (into slotq's own "
+                           "environment; from a clone: pip install '.[mcp]', or scripts/install --mcp)\n")
 
 
 def test_a_message_over_a_mebibyte_is_dropped_and_the_server_goes_on(state_dir: Path, tmp_path: Path) -> None:

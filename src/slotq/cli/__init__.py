@@ -27,7 +27,7 @@ commands:
   history  finished runs on this host, sacct-like:  slotq history --since 7d --user alice
   report   a timeline page of the runs:  slotq report --html runs.html --since 7d
   completion  print a shell completion script:  slotq completion bash|zsh|fish
-  mcp      serve the queue to an agent's harness over MCP (stdio; pip install 'slotq[mcp]')
+  mcp      serve the queue to an agent's harness over MCP (stdio; pip install mcp, or from a clone pip install '.[mcp]')
   host     host-side commands used by transports (slotq host run ...)
 
 Run `slotq <command> --help` for its options. Exit codes: see `slotq run --help`.

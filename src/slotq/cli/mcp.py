@@ -22,11 +22,11 @@ PARSER = Parser(
     description="Serve slotq to an agent's harness over the Model Context Protocol (stdio): tools run_command, "
                 "attach_run, run_result, cancel_run and queue_status. A run that has not ended within a call's "
                 "wait_for (default 50 s) is left in line, in its place, and attach_run comes back to it; a "
-                "cancelled call leaves the run too. Needs the MCP SDK: pip install 'slotq[mcp]'. See "
+                "cancelled call leaves the run too. Needs the MCP SDK: pip install mcp (from a clone: pip install '.[mcp]'). See "
                 "docs/mcp.md.",
     options=[
         Opt("--allow-dir", metavar="DIR", kind="append", default=[],
-            help=f"runs may use DIR or a directory below it as their work dir (repeatable; default: "
+            help=f"runs may use DIR or a directory below it as their work dir (default: "
                  f"${ENV_ALLOW}, ':'-separated, else the directory the server starts in)"),
         Opt("--host", metavar="HOST", help="run on HOST over OpenSSH by default (default: this machine)"),
         Opt("--slurm", kind=FLAG, help="run on the Slurm cluster by default, as $SLOTQ_BACKEND=slurm does (a "
@@ -35,8 +35,8 @@ PARSER = Parser(
         Opt("--budget", metavar="D", convert=duration(), help="the runs' budget by default (default: the host's)"),
         Opt("--lease", metavar="D", convert=duration(minimum=1.0),
             help="how long a left run waits for an attach_run (default: 15m; 1s to 30d)"),
-        Opt("--wait-for", metavar="SECONDS", convert=duration(allow_zero=True),
-            help="how long a call blocks by default (default: 50s)"),
+        Opt("--wait-for", metavar="D", convert=duration(allow_zero=True),
+            help="how long a call blocks by default (default: 50s; a call's own wait_for wins)"),
         Opt("--check", kind=FLAG, help="only check that the server can start (the SDK, the dirs), then exit 0"),
     ],
 )
@@ -69,11 +69,23 @@ def main(args: list[str]) -> int:
     try:
         import mcp  # noqa: F401
     except ImportError:
-        sys.stderr.write("slotq mcp: error: the MCP SDK is not installed: pip install 'slotq[mcp]' "
-                         "(or pip install mcp)\n")
+        sys.stderr.write("slotq mcp: error: the MCP SDK is not installed: pip install mcp (into slotq's own "
+                         "environment; from a clone: pip install '.[mcp]', or scripts/install --mcp)\n")
         return EX_UNAVAILABLE
     if opts.check:
+        where = opts.host or ("the Slurm cluster" if opts.slurm else "this machine")
+        sys.stdout.write(f"slotq mcp: ready: the MCP SDK {_sdk_version()} is installed; runs go to {where} and "
+                         f"may use {', '.join(settings.allowed)} as their work dir\n")
         return 0
     from slotq.cli.mcpserver import serve
 
     return serve(settings)
+
+
+def _sdk_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("mcp")
+    except PackageNotFoundError:
+        return "(version unknown)"

@@ -119,6 +119,8 @@ async def _follow(ctx: Any, work: Any, interrupt: Any, progress: Progress,
 
 def _record(result: Any) -> dict[str, object]:
     record: dict[str, object] = result.to_dict()
+    if record.get("outcome") == "detached":
+        record["message"] = t.for_a_model(record)  # the tools' words, not the CLI's
     record["output"] = t.output_tail(t.output_file(result.run_id))
     step = t.next_step(record)
     if step:

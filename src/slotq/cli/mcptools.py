@@ -426,12 +426,25 @@ def sentence(record: dict[str, object]) -> str:
     if outcome in ("unavailable", "backstop", "not_admitted"):
         return f"the infrastructure gave no slot or no result: not a failure of your change ({message})"
     if outcome == "detached":
-        return f"not finished yet: {message}"
+        return f"not finished yet: {for_a_model(record)}"
     if outcome == "cancelled":
         return f"the run was cancelled before it finished ({message}): nothing is known about your change"
     if outcome == "caller_gone":
         return f"the run ended because nobody attached to it in time ({message}): not a failure of your change"
     return f"{outcome}: {message}"
+
+
+def for_a_model(record: dict[str, object]) -> str:
+    """A left run's message in the words of this server's tools: where it
+    is, and attach_run or cancel_run -- not the CLI's `slotq attach ID`,
+    which a model reading a tool's result has no way to run."""
+    message = str(record.get("message") or "")
+    if "call attach_run" in message:
+        return message  # said so already
+    where = message.split(": come back with", 1)[0]
+    run_id = record.get("run_id")
+    return (f"{where}; call attach_run with run_id {run_id!r} to wait for it again (within its lease), or "
+            "cancel_run to give it up")
 
 
 def next_step(record: dict[str, object]) -> str | None:
