@@ -88,7 +88,8 @@ def _seed_history(state: str, ran_s: float, runs: int = 5) -> None:
         history.append(state, history.run_record(
             run_id=f"seed{i}", label="earlier suite", cls="shared", host=os.uname().nodename, outcome="passed",
             exit_code=0, message="", pool="shared",
-            phases={"submitted": t, "slot": t, "started": t, "ended": t + ran_s}))
+            phases={"submitted": t, "slot": t, "started": t, "ended": t + ran_s},
+            slot=None, ticket=None, budget=None, kept=None))
 
 
 def _away(pids: list[int]) -> int:

@@ -97,7 +97,8 @@ def _seed_slow_history(state: Path) -> None:
         for k in range(3):
             history.append(str(state), history.run_record(
                 run_id=f"seed{pool}{k}", label="seed", cls=pool, host="h", outcome="passed", exit_code=0,
-                message="", pool=pool, phases={"submitted": t, "slot": t, "started": t, "ended": t + 60}))
+                message="", pool=pool, phases={"submitted": t, "slot": t, "started": t, "ended": t + 60},
+                slot=None, ticket=None, budget=None, kept=None))
 
 
 def run_chaos(work: Path, callers: int = 60, kill_share: float = 0.2, hung_share: float = 0.15,

@@ -31,7 +31,8 @@ def seed_history(state_dir: Path, ran_s: float = 60.0, runs: int = 3) -> None:
     for i in range(runs):
         history.append(str(state_dir), history.run_record(
             run_id=f"seed{i}", label="seed", cls="shared", host="h", outcome="passed", exit_code=0, message="",
-            pool="shared", phases={"submitted": now, "slot": now, "started": now, "ended": now + ran_s}))
+            pool="shared", phases={"submitted": now, "slot": now, "started": now, "ended": now + ran_s},
+            slot=None, ticket=None, budget=None, kept=None))
 
 
 def line_of(runs: Start, state_dir: Path, log: Path, n: int, *extra: str) -> list[Run]:

@@ -27,7 +27,8 @@ def record(i: int, ended: float, **extra: object) -> dict[str, object]:
                                        "ended": ended}
     rec = history.run_record(run_id=f"run{i:07d}", label=f"job {i}", cls="shared", host="h",
                              outcome="passed" if i % 3 else "failed", exit_code=0 if i % 3 else 1,
-                             message="", phases=phases, pool="shared", slot="shared#0")
+                             message="", phases=phases, pool="shared", slot="shared#0",
+                             ticket=None, budget=None, kept=None)
     rec.update(extra)
     return rec
 

@@ -176,6 +176,12 @@ def test_every_host_free_the_run_takes_one_and_the_others_are_free_while_it_runs
         code = run.wait(timeout=60)
         Path(gate).unlink()
     assert code == 0, run.err
+    # Its work tree went to the winner once its slot was won (issue 66: the
+    # record said `transferred` at the connections, and their time only).
+    rec = run.result()
+    ph = rec["phases"]
+    assert ph["submitted"] <= ph["slot"] <= ph["transferred"] <= ph["started"] <= ph["ended"], ph
+    assert rec["transfer_s"] >= rec["transport"]["rsync_s"] > 0, rec
 
 
 @pytest.mark.timeout(120)

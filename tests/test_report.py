@@ -61,10 +61,12 @@ def seed(state_dir: Path, n: int) -> float:
         history.append(str(state_dir), history.run_record(
             run_id=f"run{i:05d}", label=f"pytest part {i}", cls="shared", host="h", pool="shared",
             slot=f"shared#{i % 2}", outcome="failed" if i % 3 == 0 else "passed", exit_code=1 if i % 3 == 0 else 0,
-            message="", phases={"submitted": sub, "slot": got, "started": got, "ended": got + 6}))
+            message="", phases={"submitted": sub, "slot": got, "started": got, "ended": got + 6},
+            ticket=None, budget=None, kept=None))
     history.append(str(state_dir), history.run_record(
         run_id="gaveup", label="gave up", cls="shared", host="h", pool="shared", outcome="cancelled",
-        exit_code=None, message="", phases={"submitted": now - 50, "ended": now - 20}))
+        exit_code=None, message="", phases={"submitted": now - 50, "ended": now - 20},
+        slot=None, ticket=None, budget=None, kept=None))
     return first
 
 
@@ -118,7 +120,8 @@ def test_labels_and_pools_anyone_could_write_neither_break_the_page_nor_run(stat
         history.append(str(state_dir), history.run_record(
             run_id=f"run{i}", label=label, cls="shared", host="h", pool=pool, slot="shared#0",
             outcome="passed", exit_code=0, message="", phases={"submitted": got - 1, "slot": got, "started": got,
-                                                                 "ended": got + 5}))
+                                                                 "ended": got + 5},
+                                                                 ticket=None, budget=None, kept=None))
     page = tmp_path / "runs.html"
     proc = subprocess.run(slotq_cmd() + ["report", "--html", str(page), "--since", "1h"], capture_output=True,
                           text=True, timeout=60)

@@ -423,3 +423,44 @@ def test_a_remote_run_left_says_the_attach_that_comes_back_to_it(remote: Remote,
     back = subprocess.run(slotq_cmd() + argv[1:], capture_output=True, text=True, timeout=60, cwd=tmp_path,
                           stdin=subprocess.DEVNULL)
     assert back.returncode == 0 and back.stdout == "came\n", back.stderr  # the hint, followed, works
+
+
+@pytest.mark.timeout(120)
+def test_a_remote_runs_record_reads_the_same_live_attached_and_in_the_hosts_history(
+        remote: Remote, runs: Start, tmp_path: Path) -> None:
+    # Issue 66: `transferred` came after `slot`, even after `ended` (an
+    # attach's own connection, made when the run was long over), and its
+    # transfer_s was the attach's 2 ms against the submission's 66.
+    from slotq import record
+
+    base = f"$HOME/st-{remote.tag}"
+    args = [a if a != remote.remote_slotq else f"SLOTQ_STATE_DIR={base} SLOTQ_LEDGER={base}/l/ledger.sqlite slotq"
+            for a in remote.args]
+    runs(*args, "--", *remote.gate_cmd(), name="holder")
+    wait_for(remote.holder_running, timeout=20, what="remote holder")
+    plain = runs("-q", *args, "--label", "plain", "--", "sh", "-c", "exit 3", name="plain")
+    left = subprocess.run(slotq_cmd() + ["run", "--attach-for", "1s", "--json", str(tmp_path / "left.json"), *args,
+                                         "--", "sh", "-c", "exit 4"],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path, stdin=subprocess.DEVNULL)
+    assert left.returncode == 75, left.stderr
+    kept_id = json.loads((tmp_path / "left.json").read_text())["run_id"]
+    remote.ssh(f"touch {remote.gate()}")
+    assert plain.wait(timeout=60) == 3
+    live = plain.result()
+    back = subprocess.run(slotq_cmd() + ["attach", kept_id, "--json", str(tmp_path / "back.json"), *args],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path, stdin=subprocess.DEVNULL)
+    assert back.returncode == 4, back.stderr
+    attached = json.loads((tmp_path / "back.json").read_text())
+    listed = subprocess.run(slotq_cmd() + ["history", "--json", *args], capture_output=True, text=True, timeout=60,
+                            stdin=subprocess.DEVNULL)
+    by_id = {r["run_id"]: r for r in json.loads(listed.stdout)}
+    ph = live["phases"]
+    assert ph["submitted"] <= ph["transferred"] <= ph["slot"] <= ph["started"] <= ph["ended"], ph
+    assert 0 < live["transfer_s"] <= live["waited_s"], live
+    assert attached["phases"]["transferred"] is None and attached["transfer_s"] is None, attached  # not the attach's
+    for mine, theirs in ((live, by_id[live["run_id"]]), (attached, by_id[kept_id])):
+        for name in record.NAMES:
+            if name not in ("transfer_s", "transport"):
+                got = {**theirs["phases"], "transferred": mine["phases"]["transferred"]} if name == "phases" \
+                    else theirs[name]
+                assert mine[name] == got, (name, mine[name], theirs[name])

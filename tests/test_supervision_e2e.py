@@ -184,6 +184,10 @@ def test_when_runner_and_supervisor_both_die_the_next_head_ends_the_orphan(
         assert f"ended the orphaned command of run {run_id}" in nxt.err
     [line] = history_of(state_dir, run_id)
     assert line["outcome"] == "caller_gone" and "ended by the next in line" in str(line["message"])
+    # The record's every field, from the holder record (issue 66: this line
+    # had no slot, ticket or budget).
+    assert line["slot"] == "shared#0" and line["pool"] == "shared" and line["budget"] == 600.0, line
+    assert isinstance(line["ticket"], int) and "kept" in line and line["kept"] is None, line
 
 
 @pytest.mark.timeout(40)

@@ -289,7 +289,8 @@ now = time.time() - 3600
 for i in range(3):
     history.append(sys.argv[1], history.run_record(
         run_id='seed%d' % i, label='seed', cls='shared', host='h', outcome='passed', exit_code=0, message='',
-        pool='shared', phases={'submitted': now, 'slot': now, 'started': now, 'ended': now + 60}))
+        pool='shared', phases={'submitted': now, 'slot': now, 'started': now, 'ended': now + 60},
+        slot=None, ticket=None, budget=None, kept=None))
 """
 
 

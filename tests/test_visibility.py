@@ -121,7 +121,8 @@ def test_in_a_pipe_the_waiting_lines_are_plain_with_an_eta_once_runs_are_known(
     for i in range(5):
         history.append(str(state_dir), history.run_record(
             run_id=f"seed{i}", label="seed", cls="shared", host="h", outcome="passed", exit_code=0, message="",
-            pool="shared", phases={"submitted": now - 60, "slot": now - 60, "started": now - 60, "ended": now - 30}))
+            pool="shared", phases={"submitted": now - 60, "slot": now - 60, "started": now - 60, "ended": now - 30},
+            slot=None, ticket=None, budget=None, kept=None))
     gate.unlink()
     holder = start_holder(runs, state_dir, gate)
     waiter = runs("--report-every", "0.2", "--", "true", name="waiter2")
@@ -143,7 +144,7 @@ def test_the_eta_of_the_third_in_line_is_within_25_percent_when_run_times_are_kn
         history.append(str(state_dir), history.run_record(
             run_id=f"old{i}", label="old", cls="shared", host="h", outcome="passed", exit_code=0, message="",
             pool="shared", phases={"submitted": now - 100, "slot": now - 100, "started": now - 100,
-                                   "ended": now - 100 + run_s}))
+                                   "ended": now - 100 + run_s}, slot=None, ticket=None, budget=None, kept=None))
     gate = tmp_path / "gate"
     holder = runs("--", "sh", "-c", f'while [ ! -e "{gate}" ]; do sleep 0.01; done; sleep {run_s}', name="h")
     wait_for(lambda: not live_tickets(state_dir) and json.loads(cli("status", "--json").stdout)["pools"][0]
@@ -329,7 +330,7 @@ def test_one_vocabulary_in_status_json_and_absolute_paths_in_task_json(state_dir
     snap = json.loads(cli("status", "--json").stdout)
     last = snap["history"][-1]
     assert last["class"] == "shared" and "cls" not in last
-    assert set(last["phases"]) == {"submitted", "slot", "prepared", "started", "ended"}
+    assert tuple(last["phases"]) == ("submitted", "transferred", "slot", "prepared", "started", "ended")  # a record's
     proc = cli("task", "--budget", "10s", "--json", "-", "--", "true", cwd=tmp_path)
     res = json.loads(proc.stdout)
     assert os.path.isabs(res["credit_dir"]) and res["credit_dir"] == os.path.realpath(tmp_path), res

@@ -51,7 +51,7 @@ RUN_MODULES = (
     "slotq.host.terminate", "slotq.host.ticket", "slotq.host.verdict",
     "slotq.history", "slotq.history.eta",
     "slotq.clock", "slotq.config", "slotq.durations", "slotq.errors", "slotq.outcome", "slotq.procinfo",
-    "slotq.protocol", "slotq.records", "slotq.signals", "slotq.spec", "slotq.statefile",
+    "slotq.protocol", "slotq.record", "slotq.records", "slotq.signals", "slotq.spec", "slotq.statefile",
 )
 
 

@@ -333,8 +333,8 @@ def is_number(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) < 1e12
 
 
-_STATE_INTS = ("pid", "pid_start", "keeper", "keeper_start", "cmd", "cmd_start", "uid")
-_STATE_NUMBERS = ("since", "budget", "grace")
+_STATE_INTS = ("pid", "pid_start", "keeper", "keeper_start", "cmd", "cmd_start", "uid", "ticket")
+_STATE_NUMBERS = ("since", "budget", "grace", "kept")
 _STATE_TEXT = ("run_id", "label", "cls", "host", "phase")
 
 

@@ -81,9 +81,19 @@ class RunSpec:
         self.work_id = work_id  # a synced work dir on a remote host (instead of cwd)
         self.max_wait = max_wait
         self.quiet = quiet
-        self.submitted = submitted  # if before its runner started (a Slurm job waits in Slurm's line first)
+        self.submitted = submitted  # when the caller submitted it (its clock): see submitted_on
         self.kept: float | None = None  # a kept run's lease (client/standin.py), for status and the history
         self.bind: list[str] | None = None  # late-bound (transports/bound.py): the other hosts it waits on
+
+    def submitted_on(self, now: float) -> float:
+        """When the run was submitted, on a host's clock reading `now`: the
+        caller's time, sent with the request -- before its transfer, or its
+        wait in Slurm's line -- where it is plausible: not after `now` (a
+        caller's clock ahead by a moment) nor more than MAX_IN_FLIGHT before
+        it (a clock that is wrong); else `now`. The record's `submitted`
+        phase, and so its `waited_s`, on every path (record.py)."""
+        sent = self.submitted
+        return min(sent, now) if sent is not None and sent > now - MAX_IN_FLIGHT else now
 
     def to_request(self) -> bytes:
         """One JSON line. Arguments are JSON strings: no shell sees them.
@@ -164,6 +174,9 @@ class RunSpec:
 
 
 MAX_REQUEST = 4 * 1024 * 1024
+# A run that says it was submitted longer ago than this (a Slurm job may
+# pend for days) has a caller whose clock is wrong, not a wait.
+MAX_IN_FLIGHT = 30 * 86400.0
 MAX_BIND = 64  # hosts a late-bound run waits on besides this one
 
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import os
 
+from .. import record
 from ..durations import exact, format_duration, parse_duration
 from ..host.kept import LEASE_MIN
-from ..outcome import Outcome
 
 WAIT_FOR = 50.0  # seconds a call blocks by default: under the common 60 s tool-call timeout
 MAX_WAIT_FOR = 3600.0
@@ -57,30 +57,12 @@ _WAIT_FOR = {"type": "number", "minimum": 0, "maximum": MAX_WAIT_FOR,
 
 RECORD_SCHEMA: dict[str, object] = {
     "type": "object",
-    "description": "the run record of `slotq run --json`, and the output's tail",
+    "description": "the run record of `slotq run --json` (docs/schema/run-record.json), and the output's tail",
     "properties": {
-        "outcome": {"type": "string", "enum": [o.value for o in Outcome.members()]},
-        "blame": {"type": "string", "enum": ["work", "infrastructure", "caller", "task", "none"],
-                  "description": "whose problem the ending is: work (your command), infrastructure (no slot, "
-                                 "host down), caller, task (an outer deadline), none (not ended yet)"},
-        "exit_code": {"type": "integer", "description": "what `slotq run` would exit with"},
-        "command_exit_code": {"type": ["integer", "null"], "description": "the command's own exit code"},
-        "run_id": {"type": "string"},
-        "label": {"type": ["string", "null"]},
-        "class": {"type": ["string", "null"]},
-        "host": {"type": ["string", "null"]},
-        "slot": {"type": ["string", "null"]},
-        "ticket": {"type": ["integer", "null"]},
-        "budget": {"type": ["number", "null"]},
-        "message": {"type": "string"},
-        "phases": {"type": "object", "additionalProperties": {"type": ["number", "null"]},
-                   "description": "epoch seconds: submitted, transferred, slot, prepared, started, ended"},
-        "waited_s": {"type": ["number", "null"], "description": "time in line, until the slot"},
-        "ran_s": {"type": ["number", "null"], "description": "the command's run time"},
-        "transfer_s": {"type": ["number", "null"]},
-        "transport": {"type": "object"},
+        **record.properties(),
         "output": {
             "type": "object",
+            "description": "the output's tail",
             "properties": {
                 "text": {"type": "string", "description": "stdout and stderr as they came, the tail (32 KiB; "
                                                           "its first 4 KiB and the rest's tail if longer)"},
@@ -89,9 +71,8 @@ RECORD_SCHEMA: dict[str, object] = {
                 "file": {"type": "string", "description": "all of it, in this file"},
             },
         },
-        "next": {"type": "string", "description": "what to do next, for a detached run"},
     },
-    "required": ["outcome", "blame", "exit_code", "run_id", "output"],
+    "required": [*record.NAMES, "output"],
 }
 
 STATUS_SCHEMA: dict[str, object] = {"type": "object", "description": "`slotq status --json`"}

@@ -181,7 +181,9 @@ class _Call:
         self.say = options.status or silent
         self.result = RunResult(spec, transport.host)
         self.result.details = transport.details
-        self.result.phases["submitted"] = transport.queued_since or clock.wall()
+        # One time of submission, the host's too (RunSpec.submitted_on): when
+        # the run joined its line (a local run's early ticket), or was made.
+        self.result.phases["submitted"] = spec.submitted = transport.queued_since or spec.submitted or clock.wall()
         self.dogs = Watchdogs(clock, options.idle, options.backstop_margin)
         self.workdir = options.credit_dir or spec.cwd or os.getcwd()
         self._recorder: WaitRecorder | None = None
@@ -322,7 +324,11 @@ class _Call:
         run: cancelled, with its result, as later. False if the run ended
         here (its result is said)."""
         result, clock, transport = self.result, self.clock, self.transport
-        self.waits().open("transfer", result.phases["submitted"] or clock.wall())
+        # An attacher connects; the run's transfer was its submitter's (the
+        # record's `transferred` and `transfer_s` are that caller's to say).
+        mine = not transport.attaching
+        if mine:
+            self.waits().open("transfer", result.phases["submitted"] or clock.wall())
         preparing = [True]
 
         def stop_transfer(signum: int, frame: object) -> None:
@@ -350,22 +356,25 @@ class _Call:
             else:
                 result.message = str(e)
             result.phases["ended"] = clock.wall()
-            result.transfer_s = clock.monotonic() - self.queue_start
+            if mine:
+                result.transfer_s = clock.monotonic() - self.queue_start
+                self.waits().finish(clock.wall())
             result.transport = transport.describe()
-            self.waits().finish(clock.wall())
             self.say(summary_line(result))
             return False
         finally:
             self._restore(held)
-        result.phases["transferred"] = clock.wall()
-        result.transfer_s = clock.monotonic() - self.queue_start
+        if mine:
+            result.phases["transferred"] = clock.wall()
+            result.transfer_s = clock.monotonic() - self.queue_start
         result.transport = transport.describe()
         for note in transport.notes():
             from ..records import printable
 
             self.say(f"slotq: warning: {printable(note, 1000)}")
         self.queue_start = clock.monotonic()
-        self.waits().close(clock.wall())
+        if mine:
+            self.waits().close(clock.wall())
         return True
 
     # ---------------------------------------------------------------- the stream
@@ -488,6 +497,10 @@ class _Call:
             if self.result.host != self.transport.host:  # late-bound over several hosts (transports/bound.py)
                 self.result.host = self.transport.host
                 self.result.transport = self.transport.describe()  # the one that won, and its transfer
+                sent = self.transport.tree_sent
+                if sent is not None and not self.transport.attaching:
+                    self.result.phases["transferred"] = sent[0]
+                    self.result.transfer_s = (self.result.transfer_s or 0.0) + sent[1]
                 self.say(f"slotq: host {self.result.host} gave the first slot: the run goes there, its places "
                          f"in the other lines withdrawn")
             now = clock.wall()

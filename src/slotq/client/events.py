@@ -126,8 +126,10 @@ def on_event(ev: dict[str, object], result: RunResult, dogs: Watchdogs,
         result.not_started = ev.get("not_started") is True
         phases = ev.get("phases")
         if isinstance(phases, dict):
-            for k in ("slot", "prepared", "started", "ended"):
-                if isinstance(phases.get(k), (int, float)):
+            # The host's phases, `submitted` too: when the host took the run
+            # (its history says so), on the clock its other phases are on.
+            for k in ("submitted", "slot", "prepared", "started", "ended"):
+                if isinstance(phases.get(k), (int, float)) and not isinstance(phases.get(k), bool):
                     result.phases[k] = float(phases[k])
         return True
     elif name == protocol.ERROR:

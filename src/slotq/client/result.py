@@ -3,6 +3,7 @@ prints) and the one summary line."""
 
 from __future__ import annotations
 
+from .. import record
 from ..durations import format_duration, seconds_in
 from ..outcome import Outcome, exit_code_for
 from ..spec import RunSpec
@@ -11,7 +12,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-PHASES = ("submitted", "transferred", "slot", "prepared", "started", "ended")
+from ..record import PHASES
 
 
 class RunResult:
@@ -55,20 +56,20 @@ class RunResult:
 
     @property
     def waited_s(self) -> float | None:
-        """Time in the host's queue, until the slot (or the end, without one)."""
-        return None if self.queue_s is None else round(self.queue_s, 3)
+        """As the phases say (record.waited_s: the one definition the history
+        line, attach and the MCP server share); a run the host never
+        answered: the caller's own measure."""
+        waited = record.waited_s(self.phases)
+        return waited if waited is not None or self.queue_s is None else round(self.queue_s, 3)
 
     @property
     def ran_s(self) -> float | None:
-        start, end = self.phases["started"], self.phases["ended"]
-        return round(max(0.0, end - start), 3) if start is not None and end is not None else None
+        return record.ran_s(self.phases)
 
     def to_dict(self) -> dict[str, object]:
         """The run record (record.py; docs/schema/run-record.json)."""
-        from ..record import SCHEMA_VERSION
-
         return {
-            "schema_version": SCHEMA_VERSION, "outcome": self.outcome.value, "blame": self.blame, "exit_code": self.exit_code,
+            "schema_version": record.SCHEMA_VERSION, "outcome": self.outcome.value, "blame": self.blame, "exit_code": self.exit_code,
             "command_exit_code": self.command_code, "run_id": self.run_id, "label": self.label,
             "class": self.cls, "host": self.host, "slot": self.slot, "ticket": self.ticket, "budget": self.budget,
             "message": self.message, "phases": dict(self.phases),

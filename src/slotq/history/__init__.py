@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import os
 
+from .. import record
 from ..records import from_json, is_number, to_json, valid_text
 
 SPOOL_BYTES = 1 << 20  # the spool moves to its segment past this
@@ -46,7 +47,7 @@ LOCK_WAIT = 2.0  # seconds a history lock is waited for (anyone may hold one by 
 # A spool past this was grown by hand (ours moves at SPOOL_BYTES): it is not
 # read into memory to be moved, only appended to and read from its end.
 SPOOL_LIMIT = 64 << 20
-PHASES = ("submitted", "slot", "prepared", "started", "ended")
+PHASES = record.HOST_PHASES
 
 
 MAX_ENTRIES = 200_000  # names in history/ looked at, at most (a directory past it: said)
@@ -501,19 +502,19 @@ def _user_name(uid: int) -> str:
     return _names[uid]
 
 
-def run_record(*, run_id: object, label: object, cls: object, host: object, outcome: str,
-               exit_code: int | None, message: str, phases: dict[str, float | None], pool: object = None,
-               slot: object = None, uid: int | None = None) -> dict[str, object]:
-    """A history line, in the one vocabulary; `waited_s` from the phases
-    (submitted -> slot, or -> the end for a run that never got one: a wait
-    cancelled in line keeps its wait), `ran_s` started -> ended."""
+def run_record(*, run_id: object, label: object, cls: object, host: object, pool: object, slot: object,
+               ticket: object, budget: object, kept: object, outcome: str, exit_code: int | None, message: str,
+               phases: dict[str, float | None], uid: int | None = None) -> dict[str, object]:
+    """A history line: the run record's fields a host writes (record.LINE_KEYS,
+    its `exit_code` the command's own) and its writer's uid. Every field is
+    asked for, by every path that writes one (the runner, the keeper, a
+    buried ticket, a healed orphan, Slurm's relay and sentinel): None where
+    the path does not know it."""
     uid = os.getuid() if uid is None else uid  # the name is looked up by readers (clean_record): not a run's cost
-    sub, got, started, ended = (phases.get(k) for k in ("submitted", "slot", "started", "ended"))
-    until = got if got is not None else ended
     return {
         "run_id": run_id, "uid": uid, "label": label, "class": cls, "pool": pool,
-        "slot": slot, "host": host, "outcome": outcome, "exit_code": exit_code, "message": message,
+        "slot": slot, "host": host, "ticket": ticket, "budget": budget, "kept": kept,
+        "outcome": outcome, "exit_code": exit_code, "message": message,
         "phases": {k: phases.get(k) for k in PHASES},
-        "waited_s": round(max(0.0, until - sub), 3) if sub is not None and until is not None else None,
-        "ran_s": round(max(0.0, ended - started), 3) if started is not None and ended is not None else None,
+        "waited_s": record.waited_s(phases), "ran_s": record.ran_s(phases),
     }

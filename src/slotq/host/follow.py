@@ -343,15 +343,19 @@ def _from_history(run_id: str, why: str, out_fd: int) -> None:
         rec = found[-1]
         ph: dict[str, object] = rec["phases"]  # type: ignore[assignment]
         request = {"argv": ["?"], "run_id": run_id, "label": rec.get("label"), "cls": rec.get("class"),
-                   "submitted": ph.get("submitted")}
+                   "submitted": ph.get("submitted"), "budget": rec.get("budget")}
         event(protocol.HELLO, now, protocol=protocol.PROTOCOL_VERSION, version=__version__,
               request={k: v for k, v in request.items() if v is not None})
+        if ph.get("slot") is None and rec.get("ticket") is not None:
+            event(protocol.QUEUED, ph.get("submitted"), waited_s=0.0, ticket=rec.get("ticket"),
+                  budget=rec.get("budget"))  # its place's number, though it never had a slot
         if ph.get("slot") is not None:
-            event(protocol.SLOT, ph["slot"], slot=str(rec.get("slot") or "?"))
+            event(protocol.SLOT, ph["slot"], slot=str(rec.get("slot") or "?"), ticket=rec.get("ticket"),
+                  **({"budget": rec["budget"]} if rec.get("budget") is not None else {}))
         if ph.get("started") is not None:
             event(protocol.STARTED, ph["started"])
         code = rec.get("exit_code")
         event(protocol.EXITED, ph.get("ended"), outcome=str(rec.get("outcome")),
               exit_code=code if isinstance(code, int) else None, message=str(rec.get("message") or ""),
-              phases={k: v for k, v in ph.items() if k in ("slot", "prepared", "started", "ended")})
+              phases={k: v for k, v in ph.items() if k in ("submitted", "slot", "prepared", "started", "ended")})
     protocol.write_all(out_fd, b"".join(out))

@@ -67,7 +67,7 @@ def _prepare_then_run(run: HostRun, lease: SlotLease, prepare: str) -> Outcome:
     wall = run.phases["slot"] or run.clock.wall()  # (a late-bound run's: when it was offered, runner._offer)
     run.phases["slot"] = wall
     waited = wall - (run.phases["submitted"] or wall)
-    record = run.launch.holder_record("prepare")
+    record = run.launch.holder_record("prepare", run.ticket_seq())
     record["since"] = wall
     slot_event = protocol.event_frame(protocol.SLOT, wall, slot=lease.name, waited_s=round(waited, 3),
                                       budget=run.budget, ticket=run.ticket_seq())

@@ -103,11 +103,9 @@ class HostRun:
         p = self.phases
         exit_code = end.exit_code if end is not None and not end.lost and not end.setup_error else None
         record = history.run_record(run_id=spec.run_id, label=spec.label, cls=spec.cls, host=self.host,
-                                    outcome=outcome.value, exit_code=exit_code, message=message, phases=dict(p),
-                                    pool=self.config.classes.get(spec.cls), slot=self.slot)
-        record["ticket"], record["budget"] = self.ticket_seq(), self.budget  # (the run record's: record.py)
-        if spec.kept is not None:
-            record["kept"] = spec.kept  # a kept run (DESIGN.md 1a): its lease, for history and the report
+                                    pool=self.config.classes.get(spec.cls), slot=self.slot, ticket=self.ticket_seq(),
+                                    budget=self.budget, kept=spec.kept, outcome=outcome.value, exit_code=exit_code,
+                                    message=message, phases=dict(p))
         # not_started: the command could not be started (not found, not
         # executable); -q still says so, as a shell would.
         self.link.event(protocol.EXITED, outcome=outcome.value, exit_code=exit_code,

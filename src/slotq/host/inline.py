@@ -138,7 +138,7 @@ class LineWait:
         run = self.run
         reserved, self.reserved = self.reserved, None
         since = reserved.info["since"] if reserved is not None else None
-        now_wall = since if isinstance(since, float) else run.clock.wall()
+        now_wall = since if isinstance(since, float) else run.spec.submitted_on(run.clock.wall())
         run.phases["submitted"] = now_wall
         info = reserved.info if reserved is not None else run_info(run.spec, run.config, now_wall)
         in_line, self.in_line = self.in_line, None

@@ -406,7 +406,9 @@ def _orphan_history(plan: KeeperPlan, status: int | None, what: str) -> None:
     code = None if status is None else ChildEnd(status, None, True).exit_code
     hist.append(state_dir, hist.run_record(
         run_id=record.get("run_id"), label=record.get("label"), cls=record.get("class"), host=record.get("host"),
-        pool=record.get("pool"), slot=record.get("slot"), outcome="caller_gone", exit_code=code, phases=phases,
+        pool=record.get("pool"), slot=record.get("slot") if phases.get("slot") is not None else None,
+        ticket=record.get("ticket"), budget=record.get("budget"), kept=record.get("kept"),
+        outcome="caller_gone", exit_code=code, phases=phases,
         message=f"caller gone (its host runner vanished); {what}"))
 
 

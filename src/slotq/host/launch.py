@@ -23,6 +23,7 @@ from .. import procinfo, protocol
 from ..clock import Clock
 from ..config import HostConfig
 from ..durations import exact
+from ..record import HOST_PHASES
 from ..errors import SlotqError
 from ..spec import RunSpec
 from .hostqueue import Waiter
@@ -47,7 +48,7 @@ class Launch:
         self.budget = spec.budget if spec.budget is not None else config.budget
         self.grace = spec.kill_grace if spec.kill_grace is not None else config.kill_grace
         self.started_at = 0.0  # (monotonic) just before the keeper that starts the command was forked
-        self.phases: dict[str, float | None] = dict.fromkeys(("submitted", "slot", "prepared", "started", "ended"))
+        self.phases: dict[str, float | None] = dict.fromkeys(HOST_PHASES)
         self.slot_path: str | None = None  # the slot our command holds
         self.ack_w = -1  # a byte here tells our keeper we wrote the history line
         self.children: list[Child] = []  # keepers to reap at the end
@@ -67,7 +68,7 @@ class Launch:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         if wait_for is not None:  # the keeper writes the holder record once it has the slot
-            record = self.holder_record("running")
+            record = self.holder_record("running", ticket.seq if ticket is not None else None)
         elif lease is not None and record is not None:
             # Who holds the slot, before anything is started: a record that
             # names a live runner is never taken for an orphan's. The keeper
@@ -87,7 +88,8 @@ class Launch:
         slot_env = {"SLOTQ_POOL": pool or spec.cls, "SLOTQ_SLOT": name, "SLOTQ_SLOT_INDEX": str(index),
                     "SLOTQ_BUDGET": _seconds(self.budget)}
         run: dict[str, object] = {"run_id": spec.run_id, "label": spec.label, "class": spec.cls, "host": self.host,
-                                  "pool": pool, "slot": name, "phases": dict(self.phases)}
+                                  "pool": pool, "slot": name, "budget": self.budget, "kept": spec.kept,
+                                  "ticket": (record or {}).get("ticket"), "phases": dict(self.phases)}
         plan = KeeperPlan(
             Command(argv, spec.cwd, spec.env, spec.run_id, slot_env, self.grace),
             Streams(out_w, err_w, inherit_fds=(lease.fd,) if lease is not None and lease.fd >= 0 else ()),
@@ -122,7 +124,7 @@ class Launch:
         wall = self.clock.wall()
         slot_at = self.phases["slot"] or wall  # a late-bound run's slot was offered before: runner._offer
         self.phases["slot"], self.phases["started"] = slot_at, wall
-        record = self.holder_record("running")
+        record = self.holder_record("running", waiter.ticket.seq if waiter else None)
         record["since"] = wall
         events = self.slot_events(lease.name, wall, waiter.ticket.seq if waiter else None, slot_at)
         self.started_at = self.clock.monotonic()
@@ -141,11 +143,13 @@ class Launch:
                                      budget=self.budget, ticket=ticket)
                 + protocol.event_frame(protocol.STARTED, wall, budget=self.budget))
 
-    def holder_record(self, phase: str) -> dict[str, object]:
+    def holder_record(self, phase: str, ticket: int | None) -> dict[str, object]:
+        """What the slot's holder record says of the run (`slotq status`, and
+        the history line of an orphan healed: host/orphans.py)."""
         spec = self.spec
         record = {"run_id": spec.run_id, "label": spec.label, "pid": os.getpid(), "pid_start": procinfo.own_start(),
                   "uid": os.getuid(), "phase": phase, "budget": self.budget, "grace": self.grace, "cls": spec.cls,
-                  "host": self.host}
+                  "host": self.host, "ticket": ticket}
         if spec.kept is not None:
             record["kept"] = spec.kept  # a kept run's lease (host/kept.py), for `slotq status`
         return record

@@ -330,9 +330,11 @@ def bury(path: str, fd: int) -> None:
     if isinstance(info, dict):
         info = clean_state(info)
         since = info.get("since")
+        stem = os.path.basename(path)[: -len(TICKET_SUFFIX)]
         record = history.run_record(
             run_id=info.get("run_id"), label=info.get("label"), cls=info.get("cls"), host=info.get("host"),
-            pool=os.path.basename(os.path.dirname(path)), outcome="caller_gone", exit_code=None,
+            pool=os.path.basename(os.path.dirname(path)), slot=None, ticket=int(stem) if stem.isdigit() else None,
+            budget=info.get("budget"), kept=info.get("kept"), outcome="caller_gone", exit_code=None,
             message="caller gone while waiting in line (its ticket was found dead)"
             + ("" if info.get("kept") is not None else f"; {KEEP_PLACE}"), uid=owner,
             phases={"submitted": since if isinstance(since, (int, float)) else None,  # clean: a number or None

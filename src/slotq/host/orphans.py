@@ -326,9 +326,11 @@ def end_orphan(state_dir: str, info: dict[str, object], grace: float, by: str,
     # line again: the history keeps one per run id.
     since = info.get("since")
     since = since if isinstance(since, (int, float)) else None
+    pool, _, index = os.path.basename(path).rpartition(".")  # slots/<pool>.<n>
     history.append(state_dir, history.run_record(
-        run_id=run_id, label=info.get("label"), cls=info.get("cls"), host=info.get("host"),
-        outcome="caller_gone", exit_code=None, uid=uid,
+        run_id=run_id, label=info.get("label"), cls=info.get("cls"), host=info.get("host"), pool=pool or None,
+        slot=f"{pool}#{index}" if pool and index.isdigit() else None, ticket=info.get("ticket"),
+        budget=info.get("budget"), kept=info.get("kept"), outcome="caller_gone", exit_code=None, uid=uid,
         message=f"runner and keeper gone; its orphaned command (pids {', '.join(map(str, sorted(procs)))}) "
                 f"was ended by {by}",
         phases={"slot": since, "started": since, "ended": time.time()}))

@@ -38,10 +38,6 @@ if TYPE_CHECKING:
 
     from .inline import LineWait
 
-# A scheduler's job that says it was submitted longer ago than this has a
-# clock that is wrong, not a wait: its runner's start is taken instead.
-MAX_SCHEDULER_WAIT = 30 * 86400.0
-
 
 class Arrival:
     """What a run brings to its runner besides its request: a slot or a
@@ -195,7 +191,7 @@ class HostRunner:
 
         run = self.run_state
         run.phases["slot"] = run.clock.wall()  # its wait ends here: the caller's transfer is not a wait
-        lease.record(**dict(run.launch.holder_record("offered"), since=run.phases["slot"]))
+        lease.record(**dict(run.launch.holder_record("offered", run.ticket_seq()), since=run.phases["slot"]))
         run.link.event(protocol.OFFERED, slot=lease.name, ticket=run.ticket_seq())
         link = run.link
         while not link.went:
@@ -231,11 +227,8 @@ class HostRunner:
             ensure_state_dir(run.state_dir)
         except StateDirError as e:
             return self._error("state", str(e))
-        # Its wait was in the scheduler's line, from the client's submission
-        # (a clock ahead of ours by a moment is not a wait in the future).
-        now = run.clock.wall()
-        sent = run.spec.submitted
-        run.phases["submitted"] = min(sent, now) if sent is not None and sent > now - MAX_SCHEDULER_WAIT else now
+        # Its wait was in the scheduler's line, from the client's submission.
+        run.phases["submitted"] = run.spec.submitted_on(run.clock.wall())
         return holding.hold(run, GrantedSlot(allocation))
 
     def _unrunnable(self) -> int | None:

@@ -40,10 +40,16 @@ class Transport:
     waits_by_caller = False
     # The run is a kept run (transports/kept.py): its caller is an attacher.
     kept = False
+    # ... that comes back to it (`slotq attach`), not the caller that
+    # submitted it: it sends no work tree, and says no transfer.
+    attaching = False
     # When this machine knew the run had its slot, if before the host's
     # `slot` event came (late binding, transports/bound.py: the winner's
     # offer; its work tree is sent after it): the wait ends there.
     slot_seen: float | None = None
+    # ... and when its work tree reached that host, and how long sending it
+    # took: the record's `transferred` comes after its `slot` then.
+    tree_sent: tuple[float, float] | None = None
 
     def prepare(self, spec: RunSpec) -> None:
         """Connect, check the host's slotq, transfer the work tree. Raises

@@ -331,6 +331,7 @@ class Relay:
                             "kind": "worktree" if isinstance(e, WorkTreeError) else "unavailable"})
                 return
             self.bound.transfer_s = time.monotonic() - t0
+            self.bound.tree_sent = (time.time(), self.bound.transfer_s)
         _write(t._fds[0], b"go\n")
 
 

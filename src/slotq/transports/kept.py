@@ -138,6 +138,7 @@ def over_ssh(transport: SshTransport, host_args: list[str]) -> SshTransport:
     transport.host_command = "host " + " ".join(_quote(a) for a in host_args)
     transport.waits_by_caller = True
     transport.kept = True
+    transport.attaching = host_args[0] == "attach"
     return transport
 
 
@@ -167,6 +168,7 @@ class KeptTransport(Transport):
         second interpreter would be most of an attach's time."""
         transport = cls(attach_args(run_id, attach_for, from_start), send_request=False)
         transport.here = (run_id, attach_for, from_start)
+        transport.attaching = True
         return transport
 
     def start(self, spec: RunSpec) -> tuple[int, int]:

@@ -119,7 +119,8 @@ class SlurmTransport(Transport):
 
     # ----------------------------------------------------------- the run
     def start(self, spec: RunSpec) -> tuple[int, int]:
-        spec.submitted = time.time()  # the node's runner counts the run's wait in Slurm's line from here
+        if spec.submitted is None:  # (the caller's: the node's runner counts the run's wait from there)
+            spec.submitted = time.time()
         ctl_r, ctl_w = os.pipe()
         ev_r, ev_w = os.pipe()
         argv = self.srun_argv(spec)
@@ -132,6 +133,7 @@ class SlurmTransport(Transport):
         try:
             gone: dict[str, object] | None = {
                 "run_id": spec.run_id, "label": spec.label, "cls": spec.cls, "submitted": spec.submitted,
+                "budget": spec.budget if spec.budget is not None else self.config.budget, "kept": spec.kept,
                 "state_dir": state_dir_from_env(), "name": self.name, "user": user}
         except SlotqError:  # no state dir to write to (the run's own line is lost the same way)
             gone = None

@@ -173,7 +173,9 @@ class JobEnding:
                 run_id=self.spec.run_id, label=self.spec.label, cls=self.spec.cls, host=self.t.node or "slurm",
                 outcome=str(ev.get("outcome")), exit_code=code if isinstance(code, int) else None,
                 message=str(ev.get("message") or ""), phases=phases, pool=self.spec.cls,
-                slot=f"slurm job {job}" if job and self.allocated_at is not None else None)
+                slot=f"slurm job {job}" if job and self.allocated_at is not None else None, ticket=None,
+                budget=self.t.config.budget if self.spec.budget is None else self.spec.budget,
+                kept=self.spec.kept)
             append(state_dir, dict(line, relay=True))  # never replaced by the node's, written first or last
         except Exception:  # (a state dir that cannot be used: the run's result is what matters)
             pass

@@ -109,9 +109,10 @@ def last_word(arg: str) -> None:
 
     try:
         ensure_state_dir(state_dir)
+        budget, kept = (v if is_number(v) else None for v in (rec.get("budget"), rec.get("kept")))
         append(state_dir, run_record(
-            run_id=run_id, label=str(rec.get("label")), cls=str(rec.get("cls")), host="slurm", outcome="caller_gone",
-            exit_code=None, message=message, phases={"submitted": float(submitted), "ended": ended},  # type: ignore[arg-type]
-            pool=str(rec.get("cls")), slot=None))
+            run_id=run_id, label=str(rec.get("label")), cls=str(rec.get("cls")), host="slurm", pool=str(rec.get("cls")),
+            slot=None, ticket=None, budget=budget, kept=kept, outcome="caller_gone", exit_code=None, message=message,
+            phases={"submitted": float(submitted), "ended": ended}))  # type: ignore[arg-type]
     except Exception:  # nobody is left to tell
         pass
