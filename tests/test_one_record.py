@@ -69,7 +69,8 @@ def test_a_history_line_has_every_field_a_host_writes_and_every_writer_must_give
     assert given <= set(params)
     for name in given:  # none left out by a path that writes a line (the keeper's, a buried ticket, Slurm's)
         assert params[name].default is inspect.Parameter.empty, name
-    line = history.run_record(**{**{name: None for name in given}, "outcome": "passed", "phases": {}})
+    args: dict[str, Any] = {**{name: None for name in given}, "outcome": "passed", "phases": {}}
+    line = history.run_record(**args)
     assert set(line) == set(record.LINE_KEYS) | {"uid"}
 
 
@@ -95,7 +96,8 @@ def test_the_mcp_tools_output_schema_is_the_records() -> None:
     for name, schema in record.properties().items():
         if name != "output":  # (the tools' own, with its parts)
             assert props[name] == schema, name
-    assert set(record.NAMES) <= set(RECORD_SCHEMA["required"])  # type: ignore[arg-type]
+    required = RECORD_SCHEMA["required"]
+    assert isinstance(required, list) and set(record.NAMES) <= set(required)
 
 
 # ---------------------------------------------------------------- the same run, every way
