@@ -322,17 +322,7 @@ class HostConfig:
         unknown = set(data) - {"pools", "classes", "defaults", "admission", "slurm", "history", "waiting", "groups"}
         if unknown:
             raise ConfigError(f"host config {path}: unknown section(s) {sorted(unknown)}", path)
-        pools_raw = data.get("pools", DEFAULT_POOLS)
-        if not isinstance(pools_raw, dict) or not pools_raw:
-            raise ConfigError(f"host config {path}: [pools] must map pool names to slot counts", path)
-        pools: dict[str, int] = {}
-        for name, n in pools_raw.items():
-            if not isinstance(n, int) or isinstance(n, bool) or n < 1 or n > 1024:
-                raise ConfigError(f"host config {path}: pool {name!r} needs 1..1024 slots, got {n!r}", path)
-            if not _is_name(name):
-                raise ConfigError(f"host config {path}: pool name {name!r} must be 1-64 letters, digits, - or _",
-                                  path)
-            pools[name] = n
+        pools = _pools(data.get("pools", DEFAULT_POOLS), path)
         classes_raw = data.get("classes", {})
         if not isinstance(classes_raw, dict) or not all(isinstance(v, str) for v in classes_raw.values()):
             raise ConfigError(f"host config {path}: [classes] must map class names to pool names", path)
@@ -340,29 +330,7 @@ class HostConfig:
             if not _is_name(name):
                 raise ConfigError(f"host config {path}: class name {name!r} must be 1-64 letters, digits, - or _",
                                   path)
-        defaults = data.get("defaults", {})
-        if not isinstance(defaults, dict):
-            raise ConfigError(f"host config {path}: [defaults] must be a table", path)
-        known = {"budget", "kill_grace", "prepare_timeout", "attach_for"}
-        if set(defaults) - known:
-            raise ConfigError(f"host config {path}: unknown default(s) {sorted(set(defaults) - known)}", path)
-        attach_for = None
-        if "attach_for" in defaults:
-            try:
-                attach_for = parse_duration(str(defaults["attach_for"]), what="[defaults] attach_for", allow_zero=True)
-            except ValueError as e:
-                raise ConfigError(f"host config {path}: {e}", path) from None
-        values: dict[str, float] = {}
-        for key, fallback in (
-            ("budget", DEFAULT_BUDGET),
-            ("kill_grace", DEFAULT_KILL_GRACE),
-            ("prepare_timeout", DEFAULT_PREPARE_TIMEOUT),
-        ):
-            v = defaults.get(key, fallback)
-            try:
-                values[key] = parse_duration(str(v), what=key, allow_zero=key == "kill_grace")
-            except ValueError as e:
-                raise ConfigError(f"host config {path}: {e}", path) from None
+        values, attach_for = _defaults(data.get("defaults", {}), path)
         admission = data.get("admission", {})
         if not isinstance(admission, dict):
             raise ConfigError(f"host config {path}: [admission] must be a table", path)
@@ -402,6 +370,41 @@ class HostConfig:
         config.groups = _groups(data.get("groups", {}), path)
         config.attach_for = attach_for
         return config
+
+
+def _pools(raw: object, path: str | None) -> dict[str, int]:
+    """[pools]: name -> slot count (1..1024); ConfigError if not."""
+    if not isinstance(raw, dict) or not raw:
+        raise ConfigError(f"host config {path}: [pools] must map pool names to slot counts", path)
+    pools: dict[str, int] = {}
+    for name, n in raw.items():
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1 or n > 1024:
+            raise ConfigError(f"host config {path}: pool {name!r} needs 1..1024 slots, got {n!r}", path)
+        if not _is_name(name):
+            raise ConfigError(f"host config {path}: pool name {name!r} must be 1-64 letters, digits, - or _", path)
+        pools[name] = n
+    return pools
+
+
+def _defaults(raw: object, path: str | None) -> tuple[dict[str, float], float | None]:
+    """[defaults]: budget, kill_grace, prepare_timeout (their values, the
+    built-in ones where not set) and attach_for (None where not set)."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"host config {path}: [defaults] must be a table", path)
+    known = {"budget", "kill_grace", "prepare_timeout", "attach_for"}
+    if set(raw) - known:
+        raise ConfigError(f"host config {path}: unknown default(s) {sorted(set(raw) - known)}", path)
+    values: dict[str, float] = {}
+    attach_for = None
+    try:
+        if "attach_for" in raw:
+            attach_for = parse_duration(str(raw["attach_for"]), what="[defaults] attach_for", allow_zero=True)
+        for key, fallback in (("budget", DEFAULT_BUDGET), ("kill_grace", DEFAULT_KILL_GRACE),
+                              ("prepare_timeout", DEFAULT_PREPARE_TIMEOUT)):
+            values[key] = parse_duration(str(raw.get(key, fallback)), what=key, allow_zero=key == "kill_grace")
+    except ValueError as e:
+        raise ConfigError(f"host config {path}: {e}", path) from None
+    return values, attach_for
 
 
 def _groups(raw: object, path: str | None) -> dict[str, list[str]]:

@@ -153,7 +153,7 @@ def main(args: list[str]) -> int:
         try:
             transport = _remote(opts)
         except _ChoiceStopped as stop:
-            return _cancelled_while_choosing(opts, _spec(opts, command, report_every), stop.signum)
+            return _cancelled_while_choosing(opts, _spec(opts, command, report_every), stop)
     else:
         transport = local = _local(opts.cls, class_given, config)
     spec = _spec(opts, command, report_every)
@@ -222,11 +222,12 @@ def _attach_default(opts: Namespace) -> "HostConfig | None":
 
 
 def _keep_place_hint(result: "RunResult") -> None:
-    """A plain run stopped in line lost its place with its call: say how to
-    keep it next time (a harness that kills its calls after a fixed time)."""
+    """A plain run stopped in line (it had a ticket, not yet a slot) lost its
+    place with its call: say how to keep it next time (a harness that kills
+    its calls after a fixed time). Stopped before its ticket, it had no place."""
     from slotq.outcome import KEEP_PLACE, Outcome
 
-    if result.outcome is Outcome.CANCELLED and result.phases.get("slot") is None:
+    if result.outcome is Outcome.CANCELLED and result.ticket is not None and result.phases.get("slot") is None:
         _stderr_line(f"slotq: {KEEP_PLACE}")
 
 
@@ -255,7 +256,7 @@ def _kept(opts: Namespace, command: list[str]) -> int:
     try:
         spec, transport = kept_call(opts, command)
     except _ChoiceStopped as stop:
-        return _cancelled_while_choosing(opts, _spec(opts, command, opts.report_every), stop.signum)
+        return _cancelled_while_choosing(opts, _spec(opts, command, opts.report_every), stop)
     except CannotStart as e:
         return e.tell(json_result)
     try:
@@ -389,14 +390,15 @@ def _spec(opts: Namespace, command: list[str], report_every: float) -> "RunSpec"
 
 
 class _ChoiceStopped(Exception):
-    """A stop signal while the hosts were asked for their status."""
+    """A stop signal while the hosts were asked for their status (asked
+    from `since`: the run's submission, its wait's start)."""
 
-    def __init__(self, signum: int) -> None:
+    def __init__(self, signum: int, since: float) -> None:
         super().__init__(signum)
-        self.signum = signum
+        self.signum, self.since = signum, since
 
 
-def _cancelled_while_choosing(opts: Namespace, spec: "RunSpec", signum: int) -> int:
+def _cancelled_while_choosing(opts: Namespace, spec: "RunSpec", stop: _ChoiceStopped) -> int:
     """The run's ending when a stop signal came while several hosts were
     asked which has the shortest wait: cancelled, its line and its result."""
     import time
@@ -408,9 +410,9 @@ def _cancelled_while_choosing(opts: Namespace, spec: "RunSpec", signum: int) -> 
     json_result = JsonResult(opts.json)
     result = RunResult(spec, opts.host)
     result.outcome = Outcome.CANCELLED
-    result.message = f"cancelled ({stop_name(signum)}) while choosing among hosts {opts.host}; " \
+    result.message = f"cancelled ({stop_name(stop.signum)}) while choosing among hosts {opts.host}; " \
                      "nothing ran"
-    result.phases["ended"] = time.time()
+    result.phases["submitted"], result.phases["ended"] = stop.since, time.time()
     _stderr_line(summary_line(result))
     try:
         json_result.write(result.to_json, open_line=result.open_line)
@@ -441,6 +443,8 @@ def _chosen_hosts(opts: Namespace) -> list[str]:
 def _best_hosts(opts: Namespace, hosts: list[str], n: int) -> list[str]:
     """The `n` hosts with the shortest expected wait, asked now (the
     choice said in one line, even with -q)."""
+    import time
+
     from slotq.client.choose import describe_choice, rank_hosts
     from slotq.transports.ssh import SshHost
 
@@ -459,8 +463,9 @@ def _best_hosts(opts: Namespace, hosts: list[str], n: int) -> list[str]:
         stops.append(signum)
         end_all()
 
+    since = time.time()
     if signals.early:  # a stop signal while slotq started: no host is asked
-        raise _ChoiceStopped(signals.early[0])
+        raise _ChoiceStopped(signals.early[0], since)
     held = signals.catch_stops(stop)
     try:
         ranked = rank_hosts(hosts, opts.cls, fetch)
@@ -468,7 +473,7 @@ def _best_hosts(opts: Namespace, hosts: list[str], n: int) -> list[str]:
         for sig, handler in held.items():
             signals.signal(sig, handler)  # type: ignore[arg-type]
     if stops:
-        raise _ChoiceStopped(stops[0])
+        raise _ChoiceStopped(stops[0], since)
     _stderr_line(describe_choice(ranked, n))  # the choice is always said, even with -q
     return [host for _, host, _ in ranked[:n]]
 

@@ -87,18 +87,7 @@ def on_event(ev: dict[str, object], result: RunResult, dogs: Watchdogs,
     if name in (protocol.QUEUED, protocol.STARTED):
         collect_from_now_on()
     if name == protocol.QUEUED:
-        ticket, budget = ev.get("ticket"), ev.get("budget")
-        if result.ticket is None and isinstance(ticket, int) and not isinstance(ticket, bool):
-            result.ticket = ticket  # known in line: a run cancelled there still has its place's number
-        if isinstance(budget, (int, float)) and not isinstance(budget, bool):
-            result.budget = float(budget)
-        if live is not None or say is not silent:  # (-q: a report every 30 s, formatted for nobody)
-            from .waitlines import format_queued
-
-            if live is not None:
-                live(format_queued(ev, compact=True))
-            else:
-                say(format_queued(ev, others_as_data=others_as_data) + first_says_id(result))
+        _on_queued(ev, result, say, live, others_as_data)
     elif name == protocol.SLOT:
         result.phases["slot"] = at
         result.slot = str(ev.get("slot"))
@@ -119,18 +108,7 @@ def on_event(ev: dict[str, object], result: RunResult, dogs: Watchdogs,
         result.phases["started"] = at
         dogs.on_started()
     elif name == protocol.EXITED:
-        result.outcome = Outcome(str(ev.get("outcome")))
-        code = ev.get("exit_code")
-        result.command_code = code if isinstance(code, int) else None
-        result.message = str(ev.get("message") or "")
-        result.not_started = ev.get("not_started") is True
-        phases = ev.get("phases")
-        if isinstance(phases, dict):
-            # The host's phases, `submitted` too: when the host took the run
-            # (its history says so), on the clock its other phases are on.
-            for k in ("submitted", "slot", "prepared", "started", "ended"):
-                if isinstance(phases.get(k), (int, float)) and not isinstance(phases.get(k), bool):
-                    result.phases[k] = float(phases[k])
+        _on_exited(ev, result)
         return True
     elif name == protocol.ERROR:
         from ..records import printable
@@ -158,4 +136,37 @@ def on_event(ev: dict[str, object], result: RunResult, dogs: Watchdogs,
         result.message = detached_message(ev, attach_options)
         return True
     return False
+
+
+def _on_queued(ev: dict[str, object], result: RunResult, say: Callable[[str], None],
+               live: Callable[[str], None] | None, others_as_data: bool) -> None:
+    """A report from the line: the ticket and budget it names, said."""
+    ticket, budget = ev.get("ticket"), ev.get("budget")
+    if result.ticket is None and isinstance(ticket, int) and not isinstance(ticket, bool):
+        result.ticket = ticket  # known in line: a run cancelled there still has its place's number
+    if isinstance(budget, (int, float)) and not isinstance(budget, bool):
+        result.budget = float(budget)
+    if live is not None or say is not silent:  # (-q: a report every 30 s, formatted for nobody)
+        from .waitlines import format_queued
+
+        if live is not None:
+            live(format_queued(ev, compact=True))
+        else:
+            say(format_queued(ev, others_as_data=others_as_data) + first_says_id(result))
+
+
+def _on_exited(ev: dict[str, object], result: RunResult) -> None:
+    """The run's end: its outcome, code, message and the host's phases."""
+    result.outcome = Outcome(str(ev.get("outcome")))
+    code = ev.get("exit_code")
+    result.command_code = code if isinstance(code, int) else None
+    result.message = str(ev.get("message") or "")
+    result.not_started = ev.get("not_started") is True
+    phases = ev.get("phases")
+    if isinstance(phases, dict):
+        # The host's phases, `submitted` too: when the host took the run
+        # (its history says so), on the clock its other phases are on.
+        for k in ("submitted", "slot", "prepared", "started", "ended"):
+            if isinstance(phases.get(k), (int, float)) and not isinstance(phases.get(k), bool):
+                result.phases[k] = float(phases[k])
 
