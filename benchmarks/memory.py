@@ -100,11 +100,26 @@ def _away(pids: list[int]) -> int:
     return sum(1 for pid in pids if is_away(pid))
 
 
-def line_of(n: int, slots: int, windows: int = 2, slow: bool = True) -> dict[str, object]:
+def _kept_pids(state: str, run_ids: set[str]) -> list[int]:
+    """The processes of kept runs, by their tickets (each names its pid)."""
+    sys.path.insert(0, str(REPO / "src"))
+    from slotq.host.line import list_tickets, pool_dir, read_info
+
+    out = []
+    for _, path in list_tickets(pool_dir(state, "shared")):
+        info = read_info(path) or {}
+        if info.get("run_id") in run_ids and isinstance(info.get("pid"), int):
+            out.append(int(info["pid"]))
+    return out
+
+
+def line_of(n: int, slots: int, windows: int = 2, slow: bool = True, kept: bool = False) -> dict[str, object]:
     """`slow`: the pool's history says its runs take a minute (a line of
     test suites: far-back quiet runs wait away); else a fresh pool, with
     no history (nobody knows the line is slow: every run keeps its
-    interpreter)."""
+    interpreter). `kept`: the callers are kept runs (`run --detach`,
+    what agents are told to use), each its own process once its caller
+    left; their results taken with `slotq attach` after."""
     work = tempfile.mkdtemp(prefix="slotq-bench-waiters-")
     try:
         state = os.path.join(work, "state")
@@ -123,8 +138,13 @@ def line_of(n: int, slots: int, windows: int = 2, slow: bool = True) -> dict[str
             time.sleep(0.05)
         time.sleep(0.5)
         order_file = os.path.join(work, "order")
-        procs = []
+        procs, run_ids = [], []
         for i in range(n):
+            if kept:
+                run_ids.append(subprocess.run([SLOTQ, "run", "--detach", "--", "sh", "-c", f"echo {i} >> {order_file}"],
+                                              env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                              timeout=60).stdout.strip())
+                continue
             procs.append(subprocess.Popen([SLOTQ, "run", "-q", "--json", os.path.join(work, f"r{i}.json"), "--",
                                            "sh", "-c", f"echo {i} >> {order_file}"], env=env,
                                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL))
@@ -132,7 +152,7 @@ def line_of(n: int, slots: int, windows: int = 2, slow: bool = True) -> dict[str
         while len(glob.glob(os.path.join(state, "tickets", "shared", "*.t"))) < n and time.time() < end:
             time.sleep(0.2)
         settle(cap=60.0)  # first status reports and standby keepers done: the line is in place
-        pids = {p.pid for p in procs}
+        pids = set(_kept_pids(state, set(run_ids))) if kept else {p.pid for p in procs}
         helpers = _children(pids)
         everyone = [*pids, *helpers]
         pss = sum(_pss_kb(p) for p in everyone)
@@ -150,7 +170,12 @@ def line_of(n: int, slots: int, windows: int = 2, slow: bool = True) -> dict[str
         pss_later = sum(_pss_kb(p) for p in [*pids, *_children(pids)])  # (helpers may come and go)
         with open(gate, "w"):
             pass
-        codes = [p.wait(timeout=600) for p in procs]
+        if kept:
+            codes = [subprocess.run([SLOTQ, "attach", run_id, "--json", os.path.join(work, f"r{i}.json")], env=env,
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    timeout=600).returncode for i, run_id in enumerate(run_ids)]
+        else:
+            codes = [p.wait(timeout=600) for p in procs]
         for h in holders:
             h.wait(timeout=60)
         # A caller that wrote no result (it failed before its end) counts
@@ -161,7 +186,7 @@ def line_of(n: int, slots: int, windows: int = 2, slow: bool = True) -> dict[str
         started = [int(x) for x in open(order_file).read().split()]
         by_ticket = sorted(range(n), key=lambda i: tickets[i])
         inversions = sum(1 for a, b in zip(started, started[1:]) if tickets[a] > tickets[b]) if slots == 1 else None
-        return {"n": n, "slots": slots, "slow": slow, "away": away, "pss_mb_per_caller": round(pss / n / 1024, 2),
+        return {"n": n, "slots": slots, "slow": slow, "kept": kept, "away": away, "pss_mb_per_caller": round(pss / n / 1024, 2),
                 "pss_mb_per_caller_later": round(pss_later / n / 1024, 2), "in_line_s": windows * WINDOW_S,
                 "helpers": len(helpers), "idle_cpu_s": round(cpu, 3),
                 "idle_cpu_next_window_s": None if steady is None else round(steady, 3),
@@ -181,15 +206,18 @@ def _result(path: str) -> dict[str, object]:
 
 
 def run(ns: tuple[int, ...] = (100, 1000), two_slots: int | None = None, windows: int = 2,
-        fresh: int | None = 100) -> dict[str, object]:
-    """Slow one-slot lines of each N in `ns`, a fresh one-slot pool of
-    `fresh` callers (none: skipped), then a two-slot line of `two_slots`
-    callers (default: the last N); each measured over `windows` report
-    periods (--quick: one)."""
+        fresh: int | None = 100, kept: int | None = 100) -> dict[str, object]:
+    """Slow one-slot lines of each N in `ns`, and of `kept` kept runs (none:
+    skipped), a fresh one-slot pool of `fresh` callers (none: skipped),
+    then a two-slot line of `two_slots` callers (default: the last N); each
+    measured over `windows` report periods (--quick: one)."""
     out: dict[str, object] = {}
     for n in ns:
         out[f"one_slot_{n}"] = line_of(n, 1, windows)
         print(f"waiters: {out[f'one_slot_{n}']}", file=sys.stderr)
+    if kept:
+        out[f"one_slot_{kept}_kept"] = line_of(kept, 1, windows, kept=True)
+        print(f"waiters: {out[f'one_slot_{kept}_kept']}", file=sys.stderr)
     if fresh:
         out[f"one_slot_{fresh}_fresh"] = line_of(fresh, 1, 1, slow=False)
         print(f"waiters: {out[f'one_slot_{fresh}_fresh']}", file=sys.stderr)
@@ -204,7 +232,8 @@ def targets(r: dict[str, object]) -> list[tuple[str, bool, str]]:
     for v in r.values():
         d: dict[str, float] = v  # type: ignore[assignment]
         n, slots = int(d["n"]), int(d["slots"])
-        where = f"{slots} slot(s), N={n}" + ("" if d.get("slow", True) else ", fresh pool")
+        where = f"{slots} slot(s), N={n}" + ("" if d.get("slow", True) else ", fresh pool") \
+            + (" kept runs" if d.get("kept") else "")
         out.append((f"waiters, {where}: every run passed" + (", in ticket order" if slots == 1 else ""),
                     d["passed"] == n and (slots != 1 or bool(d["in_ticket_order"])),
                     f"{d['passed']} of {n} passed" + (f", {d['inversions']} inversions" if slots == 1 else "")))
@@ -230,7 +259,8 @@ def format_waiters(r: dict[str, object]) -> list[str]:
             if d["slots"] == 1 else "–"
         later = d.get("pss_mb_per_caller_later")
         nxt = d.get("idle_cpu_next_window_s")
-        pool = f"{d['slots']} slot(s)" + (f", runs of {SLOW_RUN_S:g} s" if d.get("slow", True) else ", fresh")
+        pool = f"{d['slots']} slot(s)" + (f", runs of {SLOW_RUN_S:g} s" if d.get("slow", True) else ", fresh") \
+            + (", kept runs (`run --detach`)" if d.get("kept") else "")
         lines.append(f"| {pool} | {d['n']} | {d.get('away', '–')} | {d['pss_mb_per_caller']}"
                      f"{'' if later is None else f' / {later}'} MB (after {d.get('in_line_s', WINDOW_S):g} s) "
                      f"| {d['idle_cpu_s']}{'' if nxt is None else f' / {nxt}'} s "

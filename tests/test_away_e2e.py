@@ -363,6 +363,49 @@ def test_a_run_that_comes_back_to_look_while_still_far_back_goes_away_again(
     assert far.result()["run_id"] == info["run_id"]
 
 
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("slot_free", [False, True])
+def test_the_waiting_shell_looks_as_often_as_told_and_comes_back_only_then(tmp_path: Path, slot_free: bool) -> None:
+    # The shell's own loop, its flock a logging stand-in: it waits on the
+    # ticket ahead `looks` times, checking the slot after each, and comes
+    # back after the last -- or at once when the slot is free behind a
+    # ticket that stays. Its count was overwritten by the line it read from
+    # /proc (`read -r k v`): every run far back came back at its first look
+    # (every 10 s, an interpreter each: 100 waiters kept a core busy).
+    import fcntl
+    import shutil
+
+    from slotq.transports.away import _SCRIPT, NAME
+
+    ahead, slot, own, log = (tmp_path / n for n in ("ahead", "slot", "own", "log"))
+    for f in (ahead, slot, own):
+        f.touch()
+    stand_in = tmp_path / "flock"
+    stand_in.write_text(f'#!/bin/sh\necho "$*" >> {log}\nexec {shutil.which("flock")} "$@"\n')
+    stand_in.chmod(0o755)
+    held = [os.open(ahead, os.O_RDONLY)] + ([] if slot_free else [os.open(slot, os.O_RDONLY)])
+    for fd in held:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    fds = (os.open(ahead, os.O_RDONLY), os.open(own, os.O_RDONLY))
+
+    def place() -> None:
+        os.dup2(fds[0], 4)
+        os.dup2(fds[1], 5)
+
+    try:
+        done = subprocess.run(["sh", "-c", _SCRIPT.format(own=5, ahead=4, run_id="r"), NAME, str(stand_in), "0.05",
+                               "4", str(slot), "echo", "BACK"], capture_output=True, text=True, timeout=20,
+                              preexec_fn=place, stdin=subprocess.DEVNULL)
+    finally:
+        for fd in (*held, *fds):
+            os.close(fd)
+    assert done.stdout == "BACK\n", done.stderr
+    calls = log.read_text().splitlines()
+    waits = [c for c in calls if c.startswith("-s -w")]
+    checks = [c for c in calls if c.startswith("-n -s")]
+    assert (len(waits), len(checks)) == ((1, 1) if slot_free else (4, 3)), calls
+
+
 @pytest.mark.timeout(10)
 def test_the_shell_gets_its_descriptors_where_nothing_else_of_ours_is_open() -> None:
     # It took the lowest close-on-exec descriptor below 10, ours or not:
@@ -389,3 +432,99 @@ def test_the_shell_gets_its_descriptors_where_nothing_else_of_ours_is_open() -> 
     done = subprocess.run([sys.executable, "-c", probe, src], capture_output=True, text=True, timeout=10)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "refused: [Errno 0] no two descriptors below 10 to give the shell\n", done.stdout
+
+
+# ---------------------------------------------------------------- kept runs (issue 66, item 7)
+
+def kept_far(state_dir: Path, tmp_path: Path, *extra: str, command: str = "true") -> tuple[str, int]:
+    """A kept run (`run --detach`) behind the slow line: its run id and its
+    process's pid, once that process waits away."""
+    left = subprocess.run(slotq_cmd() + ["run", "--detach", "--credit-dir", str(tmp_path), *extra, "--",
+                                         "sh", "-c", command], capture_output=True, text=True, timeout=30,
+                          stdin=subprocess.DEVNULL, cwd=tmp_path)
+    assert left.returncode == 0, left.stderr
+    run_id = left.stdout.strip()
+    from slotq.host.line import list_tickets, pool_dir, read_info
+
+    def its_pid() -> int | None:
+        for _, path in list_tickets(pool_dir(str(state_dir), "shared")):
+            info = read_info(path) or {}
+            pid = info.get("pid")
+            if info.get("run_id") == run_id and isinstance(pid, int):
+                return pid
+        return None
+
+    pid = wait_for(its_pid, what="the kept run in line")
+    wait_for(lambda: away_pid(pid), what="the kept run waiting away")
+    return run_id, pid
+
+
+def test_a_kept_run_far_back_waits_as_a_shell_its_attacher_says_its_place_and_it_runs_in_its_turn(
+        state_dir: Path, runs: Start, tmp_path: Path, slow_line: Path) -> None:
+    # Before: a kept run far back was two interpreters (its process and its
+    # standby keeper), about twice a plain quiet waiter's memory away.
+    run_id, pid = kept_far(state_dir, tmp_path, "--report-every", "1", command=f"echo kept >> {slow_line}")
+    helpers = wait_for(lambda: h if len(h := children_of(pid)) == 2 else None, what="its flock and its watcher")
+    total = pss_kb(pid) + sum(pss_kb(p) for p in helpers)
+    assert total < 1024, f"a kept run waiting away is {total} kB (sh, flock and its watcher)"
+    # Its attacher reports its place itself: the run's process says nothing away.
+    seen = subprocess.run(slotq_cmd() + ["attach", run_id, "--for", "3.5s"], capture_output=True, text=True,
+                          timeout=30, stdin=subprocess.DEVNULL)
+    assert seen.returncode == 75, seen.stderr
+    places = [line for line in seen.stderr.splitlines() if line.startswith("slotq: waiting")]
+    assert len(places) >= 3 and all(f"position {AWAY_AHEAD + 2} " in p for p in places), seen.stderr
+    assert away_pid(pid), "an attacher does not bring it back"
+    release_and_see_the_others_run(tmp_path, slow_line)
+    back = subprocess.run(slotq_cmd() + ["attach", run_id, "--json", str(tmp_path / "r.json")],
+                          capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert back.returncode == 0, back.stderr
+    assert slow_line.read_text().split()[-1] == "kept"
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["outcome"] == "passed" and result["ticket"] is not None, result
+    key = f"{run_id}:queue"
+    ledger = os.environ["SLOTQ_LEDGER"]
+    assert len(spool_ops(ledger, key, "open")) == 1 and len(spool_ops(ledger, key, "close")) == 1
+    assert spool_ops(ledger, key, "close")[0]["end"] == pytest.approx(result["phases"]["slot"], abs=0.5)
+    assert [r["outcome"] for r in history_of(state_dir, run_id)] == ["passed"]
+
+
+def test_a_kept_run_waiting_away_is_cancelled_by_slotq_cancel(state_dir: Path, runs: Start, tmp_path: Path,
+                                                               slow_line: Path) -> None:
+    run_id, pid = kept_far(state_dir, tmp_path)
+    done = subprocess.run(slotq_cmd() + ["cancel", run_id], capture_output=True, text=True, timeout=20)
+    assert done.returncode == 0, done.stderr
+    wait_for(lambda: history_of(state_dir, run_id), what="its history line")
+    (line,) = history_of(state_dir, run_id)
+    assert line["outcome"] == "cancelled" and "slotq cancel" in line["message"], line
+    assert len(live_tickets(state_dir)) == AWAY_AHEAD + 1, "its place left the line; the others kept theirs"
+
+
+def test_a_kept_run_whose_lease_lapses_while_away_ends_caller_gone_in_time(
+        state_dir: Path, runs: Start, tmp_path: Path, slow_line: Path) -> None:
+    began = time.monotonic()
+    run_id, pid = kept_far(state_dir, tmp_path, "--lease", "3s")
+    wait_for(lambda: history_of(state_dir, run_id), timeout=15, what="its history line")
+    assert time.monotonic() - began < 3 + 8, "back at its lease's end, not at its next look (5m)"
+    (line,) = history_of(state_dir, run_id)
+    assert line["outcome"] == "caller_gone" and "nobody attached within the 3.0s lease" in line["message"], line
+
+
+def test_a_kept_run_killed_while_away_is_caller_gone_and_its_attacher_says_so(
+        state_dir: Path, runs: Start, tmp_path: Path, slow_line: Path) -> None:
+    run_id, pid = kept_far(state_dir, tmp_path)
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: history_of(state_dir, run_id), what="its watcher's line")
+    back = subprocess.run(slotq_cmd() + ["attach", run_id, "--json", str(tmp_path / "r.json")],
+                          capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert back.returncode == 129, back.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["outcome"] == "caller_gone"
+    assert len(live_tickets(state_dir)) == AWAY_AHEAD + 1
+
+
+def test_a_stop_signal_to_a_kept_run_waiting_away_cancels_it(state_dir: Path, runs: Start, tmp_path: Path,
+                                                             slow_line: Path) -> None:
+    run_id, pid = kept_far(state_dir, tmp_path)
+    os.kill(pid, signal.SIGTERM)  # as to its process, never away: a cancel
+    wait_for(lambda: history_of(state_dir, run_id), what="its history line")
+    (line,) = history_of(state_dir, run_id)
+    assert line["outcome"] == "cancelled" and "SIGTERM" in line["message"], line

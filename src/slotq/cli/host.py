@@ -65,6 +65,8 @@ the test host, over ssh or in a Slurm job.
   away-gone                     a run that waited away died: close its wait
                                 and bury its ticket (started by the run's
                                 watcher, with $SLOTQ_AWAY_GONE)
+  keep-back RUN_ID FD           a kept run back from waiting away (run by
+                                its shell, with $SLOTQ_AWAY)
 """,
     "hello": """\
 usage: slotq host hello
@@ -97,10 +99,11 @@ def main(args: list[str]) -> int:
         return hello()
     if args == ["away-gone"]:
         return away_gone()
-    if args[:1] in (["keep"], ["attach"]):
+    if args[:1] in (["keep"], ["attach"], ["keep-back"]):
         from slotq.cli import hostkeep
 
-        return hostkeep.keep(args[1:]) if args[0] == "keep" else hostkeep.attach(args[1:])
+        run = {"keep": hostkeep.keep, "attach": hostkeep.attach, "keep-back": hostkeep.keep_back}[args[0]]
+        return run(args[1:])
     if args[:1] == ["reap"]:
         if len(args) != 2 or not (args[1].isalnum() and args[1].isascii()):
             raise UsageError("usage: slotq host reap RUN_ID")
@@ -239,10 +242,11 @@ def away_gone() -> int:
         sys.stderr.write(f"slotq host away-gone: error: the lock of {what['path']} is not held by this "
                          "watcher: nothing done\n")
         return 1
-    from slotq.client.ledger import WaitRecorder
+    if what["ledger"]:  # (none: a kept run whose wait its remote caller records)
+        from slotq.client.ledger import WaitRecorder
 
-    WaitRecorder(run_id=str(what["run_id"]), workdir=str(what["workdir"]), host=str(what["host"]),
-                 path=str(what["ledger"]), warn=lambda line: None).closer("queue")(now)
+        WaitRecorder(run_id=str(what["run_id"]), workdir=str(what["workdir"]), host=str(what["host"]),
+                     path=str(what["ledger"]), warn=lambda line: None).closer("queue")(now)
     from slotq.host.line import bury
 
     bury(str(what["path"]), int(what["fd"]))

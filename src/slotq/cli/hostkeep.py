@@ -80,6 +80,7 @@ def keep(args: list[str]) -> int:
     terms = {"request": from_json(spec.to_request().decode(), 6), "lease_s": opts.lease or kept.LEASE_S,
              "log_max": opts.log_max or kept.KEPT_MAX_BYTES, "idle": opts.idle, "credit_dir": opts.credit_dir,
              "queued_since": spec.submitted or time.time(), "kill_grace": spec.kill_grace,
+             "state_dir": state_dir_from_env(),
              "ledger": not opts.waits_by_caller,
              "slurm": list(opts.slurm_option or []) if opts.slurm else None, "hosts": opts.hosts}
     kept.write_file(os.path.join(path, "request"), kept.to_json_line(terms))
@@ -107,6 +108,8 @@ def _start(path: str, spec: RunSpec, terms: dict[str, object]) -> None:
             alive = kept.lock_file(os.path.join(path, "alive"), fcntl.LOCK_EX)
             os.write(w, b"1" if alive is not None else b"")
             os.close(w)
+            if alive is None:
+                return  # (said: the caller's error)
             null = os.open(os.devnull, os.O_RDWR)
             err = os.open(os.path.join(path, "stderr"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             os.dup2(null, 0)
@@ -114,7 +117,7 @@ def _start(path: str, spec: RunSpec, terms: dict[str, object]) -> None:
             os.dup2(err, 2)
             from slotq.client.standin import run_kept
 
-            run_kept(path, spec, terms)
+            run_kept(path, spec, terms, alive)
         finally:
             os._exit(0)
     os.close(w)
@@ -125,6 +128,46 @@ def _start(path: str, spec: RunSpec, terms: dict[str, object]) -> None:
         from slotq.errors import HostUnavailable
 
         raise HostUnavailable(f"the kept run's process could not start ({path})", os.uname().nodename)
+
+
+def keep_back(args: list[str]) -> int:
+    """`slotq host keep-back RUN_ID ALIVE_FD`: a kept run back from waiting
+    away (host/away.py: its process was a shell meanwhile, the same pid,
+    holding the run's `alive` lock on ALIVE_FD and its ticket): its runner
+    and stand-in again, its place in line taken back. Run by that shell,
+    never by people."""
+    import fcntl
+
+    from slotq.client.standin import run_kept
+    from slotq.config import state_dir_from_env
+    from slotq.host import kept
+    from slotq.records import to_json
+    from slotq.spec import RunSpec, is_run_id
+    from slotq.transports import away
+
+    if len(args) != 2 or not is_run_id(args[0]) or not args[1].isdigit():
+        raise UsageError("usage: slotq host keep-back RUN_ID ALIVE_FD (run by a kept run's shell)")
+    run_id, alive = args[0], int(args[1])
+    try:
+        path = kept.open_run_dir(run_id)
+        st, named = os.fstat(alive), os.lstat(os.path.join(path, "alive"))
+        if (st.st_dev, st.st_ino) != (named.st_dev, named.st_ino):
+            raise UsageError(f"descriptor {alive} is not run {run_id}'s alive lock")
+        fcntl.flock(alive, fcntl.LOCK_EX | fcntl.LOCK_NB)  # ours already: a no-op; another's: refused
+        os.set_inheritable(alive, False)
+        terms = kept.read_request(path)
+        spec = RunSpec.from_request(to_json(terms.get("request")).encode())
+        back = away.back(state_dir_from_env())
+    except (kept.KeptError, OSError, ValueError, away.BackError) as e:
+        raise UsageError(f"run {run_id} cannot come back: {getattr(e, 'strerror', None) or e}") from None
+    if back is None:
+        raise UsageError(f"run {run_id} was not waiting away (no ${away.ENV})")
+    from slotq import signals
+    from slotq.host.away import SIGUSR1
+
+    signals.signal(SIGUSR1, signals.SIG_IGN)  # `slotq cancel`'s wake-up, if it comes late
+    run_kept(path, spec, terms, alive, back)
+    return 0
 
 
 def attach(args: list[str]) -> int:

@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import os
 import select
-import signal
+import sys
 
 from .. import protocol
+from .. import signals as signal
 from ..clock import INF, Clock
 from ..host import kept
 from ..signals import start_thread
@@ -33,7 +34,11 @@ from .watchdogs import Watchdogs
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ..config import HostConfig
+    from ..transports.away import Back
+    from .ledger import WaitRecorder
     from ..host.inotify import Watcher
     from ..spec import RunSpec
 
@@ -47,11 +52,13 @@ POLL_LOOK_S = 1.0
 
 class StandIn:
     def __init__(self, path: str, log: kept.KeptLog, ctl_fd: int, terms: dict[str, object], clock: Clock,
-                 run_id: str, host: str) -> None:
+                 run_id: str, host: str, away: Away | None = None) -> None:
         self.path = path
         self.log = log
         self.ctl_fd = ctl_fd
         self.clock = clock
+        self.run_id = run_id
+        self.away = away
         lease, idle = terms.get("lease_s"), terms.get("idle")
         self.lease_s = float(lease) if isinstance(lease, (int, float)) else kept.LEASE_S
         self.dogs = Watchdogs(clock, float(idle) if isinstance(idle, (int, float)) else None)
@@ -68,6 +75,16 @@ class StandIn:
             self.recorder = WaitRecorder(run_id=run_id, workdir=credit_dir, host=host, warn=lambda line: None)
         self.queued_since = float(queued_since) if isinstance(queued_since, (int, float)) else None
         self.slot_at: float | None = None
+        if away is not None and away.back is not None:
+            # Back from waiting away: the stream's header and hello are in the
+            # log already, and so is the run's open queue wait in the ledger.
+            self.skip = [protocol.HELLO]
+            if self.recorder is not None:
+                self.recorder.adopt("queue")
+            if away.back.stop is not None:  # the shell was sent a stop signal: as to our process
+                self._say(f"cancel {signal.stop_word(away.back.stop)}", "stop")
+        else:
+            self.skip = []
 
     def run(self, from_fd: int) -> None:
         """Read the runner's stream until it ends."""
@@ -91,7 +108,8 @@ class StandIn:
             if not magic:
                 if len(buf) < len(protocol.MAGIC):
                     continue
-                self.log.write(buf[:len(protocol.MAGIC)], True)
+                if not self.log.pos:
+                    self.log.write(buf[:len(protocol.MAGIC)], True)
                 buf, magic = buf[len(protocol.MAGIC):], True
             frames, used = kept.split_frames(buf)
             at = 0
@@ -112,6 +130,12 @@ class StandIn:
             self.log.write(raw, False)
             return
         name = kept.event_name(payload)
+        if name in self.skip:
+            self.skip.remove(name)
+            return
+        if name == protocol.AWAY:
+            self._go_away(payload)  # returns only if we stay
+            return
         self.log.write(raw, name != protocol.QUEUED)
         if name in (protocol.QUEUED, protocol.SLOT, protocol.PREPARED, protocol.STARTED):
             self._on_event(name, payload)
@@ -140,6 +164,45 @@ class StandIn:
         elif name == protocol.STARTED:
             self.dogs.on_started()
 
+    def _go_away(self, payload: bytes) -> None:
+        """The runner offers the run to wait away (host/away.py): far back
+        in a slow line, this process becomes a shell -- the run's ticket
+        and `alive` lock still held -- until a few places before its turn,
+        the end of the lease or a look again ([waiting] away_look), then
+        `slotq host keep-back` carries the run on (cli/hostkeep.py). An
+        attacher meanwhile reports the run's place itself (host/follow.py).
+        Where it cannot go, or should not, we say `stay`."""
+        from ..records import from_json
+        from ..transports import away as shell
+
+        ev = from_json(payload.decode("utf-8", "replace"), protocol.EVENT_DEPTH)
+        plan = self.away
+        fields = (ev.get("ticket_fd"), ev.get("ahead_fd"), ev.get("ticket"), ev.get("slot"), ev.get("busy")) \
+            if isinstance(ev, dict) else None
+        if plan is not None and fields is not None and self.said is None:
+            ends = kept.lease_ends(self.path, self.lease_s)
+            if ends is None:
+                ends = self.clock.wall() + self.lease_s  # an attacher is here: it renews the lease as it leaves
+            ticket_fd, ahead_fd, path, slot, busy = fields
+            if isinstance(ticket_fd, int) and isinstance(ahead_fd, int) and isinstance(path, str) \
+                    and isinstance(slot, str) and isinstance(busy, list) and all(isinstance(f, int) for f in busy):
+                from ..host.ticket import Ticket
+
+                look = min(plan.look, max(1.0, ends - self.clock.wall()))  # back to end the run if the lease lapses
+                left = ev.get("max_wait_s") if isinstance(ev, dict) else None
+                if isinstance(left, (int, float)):
+                    look = min(look, float(left))
+                rec = self.recorder
+                gone = {"run_id": self.run_id, "ledger": rec.path if rec is not None else "",
+                        "workdir": rec.workdir if rec is not None else "", "host": rec.host if rec else ""}
+                os.set_inheritable(plan.alive, True)  # the shell holds it: the run is alive, away
+                again = shell.Return([sys.executable, "-m", "slotq"], ["host", "keep-back", self.run_id,
+                                                                        str(plan.alive)])
+                shell.go(Ticket(path, ticket_fd, 0, "", {}), ahead_fd, look, gone, stopped=[], busy=busy, slot=slot,
+                         again=again)
+                os.set_inheritable(plan.alive, False)  # (it did not go)
+        self._tell("stay")
+
     def _keep_clocks(self) -> None:
         now = self.clock.monotonic()
         if now >= self.given_up_at:
@@ -154,16 +217,40 @@ class StandIn:
             ends = kept.lease_ends(self.path, self.lease_s)
             left = LEASE_LOOK_S if ends is None else ends - self.clock.wall()
             if left <= 0:
-                self._say(f"lapsed {self.lease_s:g}", "lease")
+                self._say(f"lapsed {float(self.lease_s)!r}", "lease")  # read back exactly (callerlink)
                 left = INF
             self.lease_look = now + min(left, LEASE_LOOK_S if self.watch is not None else POLL_LOOK_S)
 
     def _say(self, line: str, what: str) -> None:
         self.said = what
+        self._tell(line)
+
+    def _tell(self, line: str) -> None:
         try:
             os.write(self.ctl_fd, line.encode() + b"\n")
         except OSError:
             pass
+
+
+class Away:
+    """What a kept run here needs to wait away: its process's `alive` lock
+    (the shell holds it meanwhile), how long it may stay away before it
+    looks again ([waiting] away_look), and -- a run back from away -- how
+    it came back (transports/away.Back)."""
+
+    __slots__ = ("alive", "look", "back")
+
+    def __init__(self, alive: int, look: float, back: Back | None) -> None:
+        self.alive, self.look, self.back = alive, look, back
+
+
+def _closer(rec: WaitRecorder) -> Callable[[float], None]:
+    """How the runner's standby keeper closes the run's queue wait (a
+    recorder of its own: made in the runner's thread, as for a caller)."""
+    from .ledger import WaitRecorder
+
+    return WaitRecorder(run_id=rec.run_id, workdir=rec.workdir, host=rec.host, path=rec.path,
+                        warn=lambda line: None).closer("queue")
 
 
 def _watch(path: str) -> Watcher | None:
@@ -180,11 +267,12 @@ def _watch(path: str) -> Watcher | None:
     return w
 
 
-def run_kept(path: str, spec: RunSpec, terms: dict[str, object]) -> None:
+def run_kept(path: str, spec: RunSpec, terms: dict[str, object], alive: int, back: Back | None = None) -> None:
     """The kept run's process: the run's carrier -- this host's runner,
     (terms["slurm"]: its srun options) the srun of its Slurm job, or
     (terms["hosts"]) its reservations on several hosts -- and the stand-in
-    reading its stream; returns when both are done."""
+    reading its stream; returns when both are done. `alive`: the run's
+    lock, held for its life; `back`: a run here back from waiting away."""
     from ..config import HostConfig, state_dir_from_env
 
     state_dir = state_dir_from_env()
@@ -192,14 +280,14 @@ def run_kept(path: str, spec: RunSpec, terms: dict[str, object]) -> None:
     lease = terms.get("lease_s")
     spec.kept = float(lease) if isinstance(lease, (int, float)) else kept.LEASE_S
     log_max = terms.get("log_max")
-    log = kept.KeptLog(path, int(log_max) if isinstance(log_max, int) else kept.KEPT_MAX_BYTES)
+    log = kept.KeptLog(path, int(log_max) if isinstance(log_max, int) else kept.KEPT_MAX_BYTES, resume=back is not None)
     slurm, reach = terms.get("slurm"), terms.get("hosts")
     if isinstance(slurm, list):
         _in_slurm(path, spec, terms, log, config, [str(o) for o in slurm])
     elif isinstance(reach, dict):
         _late_bound(path, spec, terms, log, reach)
     else:
-        _here(path, spec, terms, log, config, state_dir)
+        _here(path, spec, terms, log, config, state_dir, Away(alive, config.away_look, back))
 
 
 def _in_slurm(path: str, spec: RunSpec, terms: dict[str, object], log: kept.KeptLog, config: HostConfig,
@@ -268,15 +356,21 @@ def _ended(message: str, host: str) -> tuple[int, int]:
 
 
 def _here(path: str, spec: RunSpec, terms: dict[str, object], log: kept.KeptLog, config: HostConfig,
-          state_dir: str) -> None:
-    """This host's runner in this thread, the stand-in in another."""
+          state_dir: str, away: Away) -> None:
+    """This host's runner in this thread, the stand-in in another. Far
+    back in a slow line, the process may wait away (StandIn._go_away)."""
     import _thread
 
-    from ..host.runner import HostRunner
+    from ..host.runner import Arrival, HostRunner
 
     ctl_r, ctl_w = os.pipe()
     out_r, out_w = os.pipe()
-    stand_in = StandIn(path, log, ctl_w, terms, Clock(), spec.run_id, os.uname().nodename)
+    stand_in = StandIn(path, log, ctl_w, terms, Clock(), spec.run_id, os.uname().nodename, away)
+    rec = stand_in.recorder
+    back = away.back
+    arrival = Arrival(ticket=back.ticket if back is not None else None, came_back=back is not None,
+                      wait_closer=(lambda: _closer(rec)) if rec is not None else None,
+                      may_go_away=back is None or back.looking)
     done = _thread.allocate_lock()
     done.acquire()
 
@@ -287,7 +381,7 @@ def _here(path: str, spec: RunSpec, terms: dict[str, object], log: kept.KeptLog,
             done.release()
 
     start_thread(_thread.start_new_thread, read, ())
-    runner = HostRunner(spec, state_dir=state_dir, config=config, in_fd=ctl_r, out_fd=out_w)
+    runner = HostRunner(spec, state_dir=state_dir, config=config, in_fd=ctl_r, out_fd=out_w, arrival=arrival)
     try:
         runner.run()
     finally:

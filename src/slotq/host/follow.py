@@ -22,13 +22,20 @@ import time
 
 from .. import protocol
 from ..records import from_json, to_json
+from ..spec import REPORT_EVERY
 from . import kept
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from ..history.eta import Basis
     from .inotify import Watcher
 
 POLL_S = 0.5  # without inotify: how often the log is looked at
+# A run in line that has not reported for its report period and this much
+# more (its process waits away as a shell, host/away.py, or is quiet): the
+# attacher looks at the line itself and says what the run's report would.
+QUIET_MARGIN = 2.0
+HISTORY_WAIT_S = 3.0  # a run's process gone without a result: how long its history line may take
 # An attacher renews the lease this often while attached: killed (a
 # harness's SIGKILL), it has said when it was last there.
 RENEW_S = 5.0
@@ -48,8 +55,14 @@ class Follower:
         self.reading = kept.Reading()
         self.read_upto = self.start_pos  # past the last frame sent: where the next attacher starts
         self.until_placed = False
-        self.last_report: dict[str, object] | None = None  # the newest `queued` of the log's catch-up
+        self.last_report: dict[str, object] | None = None  # the newest `queued` report read
         self.catching_up = True  # the first read: what the log holds from before we came
+        request = self.terms.get("request")
+        every = request.get("report_every") if isinstance(request, dict) else None
+        self.report_every = float(every) if isinstance(every, (int, float)) and every > 0 else REPORT_EVERY
+        self.margin = min(QUIET_MARGIN, self.report_every / 2)
+        self.look_at = time.monotonic() + self.report_every + self.margin  # when we report, if the run has not
+        self.typical: Basis | None = None  # the pool's typical run, for our reports' ETA (lineview.report)
 
     def follow(self, until: float | None = None, until_placed: bool = False) -> bool:
         """Send the stream until the run ends (True) or we leave (False).
@@ -68,6 +81,8 @@ class Follower:
                     self._report_now()
                 if self.reading.ended:
                     return True
+                if time.monotonic() >= self.look_at:
+                    self._look_ourselves()
                 hello = protocol.HELLO in self.reading.seen  # (a detached event comes after it)
                 if hello and (until_placed and self.reading.placed
                               or until is not None and time.monotonic() >= until):
@@ -75,7 +90,7 @@ class Follower:
                     return False
                 if not kept.held(os.path.join(self.path, "alive")):
                     self._read_new()  # its last words, written before it let go
-                    return self.reading.ended
+                    return self.reading.ended or self._end_from_history()
                 if time.monotonic() >= self.renewed + RENEW_S:
                     kept.renew(self.path)
                     self.renewed = time.monotonic()
@@ -96,7 +111,7 @@ class Follower:
         """Until the log changes (or a moment passes): "go" on; "leave" if
         our client says `cancel` (it was stopped), "gone" if it closed our
         stdin."""
-        timeout = POLL_S if watch is None else RENEW_S
+        timeout = min(POLL_S if watch is None else RENEW_S, max(0.0, self.look_at - time.monotonic()))
         if until is not None:
             timeout = max(0.0, min(timeout, until - time.monotonic()))
         fds = [self.in_fd] + ([watch.fileno()] if watch is not None else [])
@@ -162,6 +177,53 @@ class Follower:
             report = dict(report, at=now, waited_s=round(float(waited) + max(0.0, now - float(at)), 3))
         self._send(protocol.frame(protocol.EVENT, to_json(report).encode()))
 
+    def _end_from_history(self) -> bool:
+        """The run's process is gone without its last word (killed: waiting
+        away, its watcher writes its history line; in line or running, its
+        keeper does). Its end as that line tells it, once it is there (a
+        moment: at most HISTORY_WAIT_S); False if it never comes."""
+        give_up = time.monotonic() + HISTORY_WAIT_S
+        while True:
+            rec, _ = _history_of(self.run_id)
+            if rec is not None:
+                self._send(_history_events(self.run_id, rec, time.time())[-1])  # its `exited`
+                return True
+            if time.monotonic() >= give_up:
+                return False
+            time.sleep(0.1)
+
+    def _look_ourselves(self) -> None:
+        """The run waits and has said nothing for a report period: its
+        process waits away, or is quiet. What its report would say now --
+        its place, the holders, the load, the expected wait -- from our own
+        look at the line (lineview.Onlooker), its wait brought up to now."""
+        self.look_at = time.monotonic() + self.report_every
+        last = self.last_report
+        if last is None or protocol.SLOT in self.reading.seen or self.reading.ended:
+            return
+        pool, seq, at, waited = (last.get(k) for k in ("pool", "ticket", "at", "waited_s"))
+        if not (isinstance(pool, str) and isinstance(seq, int) and isinstance(at, (int, float))
+                and isinstance(waited, (int, float))) or isinstance(seq, bool):
+            return
+        from ..config import HostConfig, state_dir_from_env
+        from ..errors import SlotqError
+        from . import lineview
+
+        try:
+            state_dir = self.terms.get("state_dir")
+            state_dir = state_dir if isinstance(state_dir, str) else state_dir_from_env()
+            slots = HostConfig.load(state_dir=state_dir).pools.get(pool)
+            if not slots:
+                return
+            now = time.time()
+            fields, self.typical = lineview.report(state_dir, pool, lineview.Onlooker(state_dir, pool, seq, slots),
+                                                   now, lambda table: [], self.typical, True)
+        except (OSError, SlotqError):
+            return  # no look to be had: the run's own next report, or none
+        waited_s = round(float(waited) + max(0.0, now - float(at)), 3)
+        self._send(protocol.event_frame(protocol.QUEUED, now, waited_s=waited_s, **fields, ticket=seq,
+                                        budget=last.get("budget")))
+
     def _frame(self, kind: bytes, payload: bytes, at: int) -> None:
         end = at + protocol.HEADER_SIZE + len(payload)
         if kind != protocol.EVENT:
@@ -170,10 +232,12 @@ class Follower:
                 self.read_upto = end
             return
         name = self.reading.note(payload)
-        if name == protocol.QUEUED and self.catching_up:
+        if name == protocol.QUEUED:
             ev = from_json(payload.decode("utf-8", "replace"), protocol.EVENT_DEPTH)
-            self.last_report = ev if isinstance(ev, dict) else None
-            return  # a past report: only the newest is shown (_report_now)
+            self.last_report = ev if isinstance(ev, dict) else self.last_report
+            self.look_at = time.monotonic() + self.report_every + self.margin
+            if self.catching_up:
+                return  # a past report: only the newest is shown (_report_now)
         self.read_upto = max(self.read_upto, end)
         if name == protocol.HELLO:
             ev = from_json(payload.decode("utf-8", "replace"), protocol.EVENT_DEPTH)
@@ -310,52 +374,67 @@ def prune() -> None:
             _remove_if_done(path)
 
 
-def _from_history(run_id: str, why: str, out_fd: int) -> None:
-    """A run whose directory is gone: its result from the history, as a
-    stream (hello, its phases, exited); or an error saying there is none."""
-    from .. import __version__
+def _history_of(run_id: str) -> tuple[dict[str, object] | None, list[str]]:
+    """Our history line of run `run_id` (the newest), and if there is none,
+    who else's lines name it."""
     from ..config import HostConfig, state_dir_from_env
     from ..history.index import Index
-    from ..records import printable
 
     state_dir = state_dir_from_env()
-    config = HostConfig.load(state_dir=state_dir)
-    index = Index(state_dir, config.retention)
+    index = Index(state_dir, HostConfig.load(state_dir=state_dir).retention)
     try:
         index.catch_up()
-        found = [r for r in (index.find(run_id),) if r is not None]
-        others = [] if found else sorted({str(r.get("recorded_by") or r.get("user") or "?")
-                                          for r in index.claims(run_id)})
+        rec = index.find(run_id)
+        others = [] if rec is not None else sorted({str(r.get("recorded_by") or r.get("user") or "?")
+                                                    for r in index.claims(run_id)})
     finally:
         index.close()
-    out = [protocol.MAGIC]
-    now = time.time()
+    return rec, others
+
+
+def _history_events(run_id: str, rec: dict[str, object], now: float) -> list[bytes]:
+    """The stream of a run told by its history line `rec`: hello, its
+    place or slot, its start, exited."""
+    from .. import __version__
+
+    out = []
 
     def event(name: str, at: object, **fields: object) -> None:
         out.append(protocol.event_frame(name, float(at) if isinstance(at, (int, float)) else now, **fields))
 
-    if not found:
-        event(protocol.HELLO, now, protocol=protocol.PROTOCOL_VERSION, version=__version__)
+    ph: dict[str, object] = rec["phases"]  # type: ignore[assignment]
+    request = {"argv": ["?"], "run_id": run_id, "label": rec.get("label"), "cls": rec.get("class"),
+               "submitted": ph.get("submitted"), "budget": rec.get("budget")}
+    event(protocol.HELLO, now, protocol=protocol.PROTOCOL_VERSION, version=__version__,
+          request={k: v for k, v in request.items() if v is not None})
+    if ph.get("slot") is None and rec.get("ticket") is not None:
+        event(protocol.QUEUED, ph.get("submitted"), waited_s=0.0, ticket=rec.get("ticket"),
+              budget=rec.get("budget"))  # its place's number, though it never had a slot
+    if ph.get("slot") is not None:
+        event(protocol.SLOT, ph["slot"], slot=str(rec.get("slot") or "?"), ticket=rec.get("ticket"),
+              **({"budget": rec["budget"]} if rec.get("budget") is not None else {}))
+    if ph.get("started") is not None:
+        event(protocol.STARTED, ph["started"])
+    code = rec.get("exit_code")
+    event(protocol.EXITED, ph.get("ended"), outcome=str(rec.get("outcome")),
+          exit_code=code if isinstance(code, int) else None, message=str(rec.get("message") or ""),
+          phases={k: v for k, v in ph.items() if k in ("submitted", "slot", "prepared", "started", "ended")})
+    return out
+
+
+def _from_history(run_id: str, why: str, out_fd: int) -> None:
+    """A run whose directory is gone: its result from the history, as a
+    stream (hello, its phases, exited); or an error saying there is none."""
+    from .. import __version__
+    from ..records import printable
+
+    rec, others = _history_of(run_id)
+    now = time.time()
+    if rec is None:
         what = f"{why} (nor in its history" + (
             f": only a line by {printable(', '.join(others), 200)} names it, not a record of yours)" if others else ")")
-        event(protocol.ERROR, now, kind="no_run", message=what)
+        events = [protocol.event_frame(protocol.HELLO, now, protocol=protocol.PROTOCOL_VERSION, version=__version__),
+                  protocol.event_frame(protocol.ERROR, now, kind="no_run", message=what)]
     else:
-        rec = found[-1]
-        ph: dict[str, object] = rec["phases"]  # type: ignore[assignment]
-        request = {"argv": ["?"], "run_id": run_id, "label": rec.get("label"), "cls": rec.get("class"),
-                   "submitted": ph.get("submitted"), "budget": rec.get("budget")}
-        event(protocol.HELLO, now, protocol=protocol.PROTOCOL_VERSION, version=__version__,
-              request={k: v for k, v in request.items() if v is not None})
-        if ph.get("slot") is None and rec.get("ticket") is not None:
-            event(protocol.QUEUED, ph.get("submitted"), waited_s=0.0, ticket=rec.get("ticket"),
-                  budget=rec.get("budget"))  # its place's number, though it never had a slot
-        if ph.get("slot") is not None:
-            event(protocol.SLOT, ph["slot"], slot=str(rec.get("slot") or "?"), ticket=rec.get("ticket"),
-                  **({"budget": rec["budget"]} if rec.get("budget") is not None else {}))
-        if ph.get("started") is not None:
-            event(protocol.STARTED, ph["started"])
-        code = rec.get("exit_code")
-        event(protocol.EXITED, ph.get("ended"), outcome=str(rec.get("outcome")),
-              exit_code=code if isinstance(code, int) else None, message=str(rec.get("message") or ""),
-              phases={k: v for k, v in ph.items() if k in ("submitted", "slot", "prepared", "started", "ended")})
-    protocol.write_all(out_fd, b"".join(out))
+        events = _history_events(run_id, rec, now)
+    protocol.write_all(out_fd, protocol.MAGIC + b"".join(events))

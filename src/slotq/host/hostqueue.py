@@ -32,7 +32,7 @@ import time
 from ..config import HostConfig
 from ..errors import AdmissionRefused, StateDirError
 from ..procinfo import MARKER
-from .line import Table, ahead_entries, list_tickets, live_tickets, pool_dir, probe
+from .line import Table, ahead_entries, place, pool_dir, probe
 from .slot import SlotLease, SlotProbe
 from .ticket import Ticket, take_ticket
 
@@ -335,20 +335,7 @@ class Waiter:
         """(live tickets ahead of ours, total live tickets in the pool, their
         numbers in line order). `table`: the kernel's lock table
         (proclocks.owners()), read here if not given."""
-        pdir = pool_dir(self.state_dir, self.pool)
-        mine = self.ticket.path
-        if table is None:
-            from .proclocks import owners
-
-            table = owners()
-        live = live_tickets(pdir, table)
-        if live is None:  # no /proc/locks: probe each ticket
-            live = [(seq, path) for seq, path in list_tickets(pdir) if path == mine or probe(path)]
-        paths = [path for _, path in live]
-        seqs = [seq for seq, _ in live]
-        if mine not in paths:
-            return len(paths), len(paths) + 1, seqs
-        return paths.index(mine), len(paths), seqs
+        return place(pool_dir(self.state_dir, self.pool), self.ticket.path, table)
 
     def _drop_probe(self) -> None:
         if self._probe is not None:

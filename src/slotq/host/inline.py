@@ -111,7 +111,11 @@ class LineWait:
                                     _not_admitted(waiter, pool, now - start, spec.max_wait))
                 if now >= self.next_report:
                     self._report_turn(waiter, pool, start, now)
-                if standby is None and self.keeps_wait and self.may_go_away and spec.quiet and not waiter.is_head:
+                # A quiet caller far back (its keeper closes its wait if it
+                # dies), or a kept run's stand-in (client/standin.py), which
+                # nobody waits with: their process may become a shell.
+                may = self.keeps_wait and spec.quiet if spec.kept is None else self.by_keeper
+                if standby is None and may and self.may_go_away and not waiter.is_head:
                     self.may_go_away = False  # one look: a run that stays, stays
                     from . import away  # only runs far back in a slow line pay for it
 

@@ -219,7 +219,9 @@ def event_name(payload: bytes) -> str:
 class KeptLog:
     """The writer: the run's stream, appended frame by frame, bounded."""
 
-    def __init__(self, path: str, max_bytes: int = KEPT_MAX_BYTES) -> None:
+    def __init__(self, path: str, max_bytes: int = KEPT_MAX_BYTES, resume: bool = False) -> None:
+        """`resume`: the log goes on where it ends (a run back from waiting
+        away, client/standin.py); its segments so far are kept."""
         self.path = path
         self.max_bytes = max(max_bytes, 1 << 16)
         self.seg_bytes = max(1 << 14, self.max_bytes // 16)
@@ -228,6 +230,14 @@ class KeptLog:
         self.fd = -1
         self.seg_start = 0
         self.on_disk: list[list[int]] = []  # [start, size, keep] of each segment still there
+        if resume:
+            for start, name in segments(path):
+                self.on_disk.append([start, os.stat(name).st_size, 1])
+            if self.on_disk:
+                self.seg_start, size, _ = self.on_disk[-1]
+                self.pos = self.seg_start + size
+                self.fd = os.open(os.path.join(path, f"seg.{self.seg_start:016d}"),
+                                  os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
 
     def write(self, data: bytes, important: bool) -> None:
         """One whole frame (or the stream's header). `important`: it holds

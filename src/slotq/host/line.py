@@ -383,6 +383,24 @@ def live_tickets(pdir: str, table: Table | None) -> list[tuple[int, str]] | None
     return [(e.seq, e.path) for e in scan(pdir) if held_by_owner(e, table, uids)]
 
 
+def place(pdir: str, mine: str, table: Table | None = None) -> tuple[int, int, list[int]]:
+    """(live tickets ahead of ticket `mine`, live tickets in the pool, their
+    numbers in line order). `table`: the kernel's lock table
+    (proclocks.owners()), read here if not given."""
+    if table is None:
+        from .proclocks import owners
+
+        table = owners()
+    live = live_tickets(pdir, table)
+    if live is None:  # no /proc/locks: probe each ticket
+        live = [(seq, path) for seq, path in list_tickets(pdir) if path == mine or probe(path)]
+    paths = [path for _, path in live]
+    seqs = [seq for seq, _ in live]
+    if mine not in paths:
+        return len(paths), len(paths) + 1, seqs
+    return paths.index(mine), len(paths), seqs
+
+
 def held_by_owner(e: Entry, table: Table, uids: dict[int, int | None] | None = None) -> bool:
     """Is the ticket `e` locked, by its owner? (proclocks.held_by_owner)"""
     from .proclocks import held_by_owner as held

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from .hostqueue import Waiter
 
 
-def survey(state_dir: str, pool: str, waiter: Waiter, now: float,
+def survey(state_dir: str, pool: str, waiter: Waiter | Onlooker, now: float,
            heal: Callable[[dict[tuple[int, int], list[int]] | None], list[str]], typical: Typical | None = None
            ) -> tuple[int, int, list[dict[str, object]], list[str], Typical | None]:
     """The line as `waiter`'s status report tells it: (ahead, waiting,
@@ -80,7 +80,7 @@ def survey(state_dir: str, pool: str, waiter: Waiter, now: float,
     return ahead, total, slots, notes, None
 
 
-def report(state_dir: str, pool: str, waiter: Waiter, now: float,
+def report(state_dir: str, pool: str, waiter: Waiter | Onlooker, now: float,
            heal: Callable[[dict[tuple[int, int], list[int]] | None], list[str]], typical: Typical | None,
            with_eta: bool) -> tuple[dict[str, object], Typical | None]:
     """What `waiter`'s `queued` event says besides its wait: its place in
@@ -105,6 +105,27 @@ def report(state_dir: str, pool: str, waiter: Waiter, now: float,
         fields = eta.report_fields(slots, ahead, typical)
     return {"ahead": ahead, "position": ahead + 1, "waiting": total, "pool": pool, "holders": slots,
             "notes": healed, **fields, **load()}, typical
+
+
+class Onlooker:
+    """A run's place in line as one who is not its runner sees it: the
+    attacher of a kept run whose process waits away (host/away.py) or
+    quietly says nothing (host/follow.py). What `survey` and `report` need
+    of a waiter: its ticket (`seq`, `path`), the pool's slots, `line`."""
+
+    def __init__(self, state_dir: str, pool: str, seq: int, slot_count: int) -> None:
+        from .line import TICKET_SUFFIX, pool_dir
+
+        self.pdir = pool_dir(state_dir, pool)
+        self.seq = seq
+        self.path = os.path.join(self.pdir, f"{seq:016d}{TICKET_SUFFIX}")
+        self.slot_count = slot_count
+        self.ticket = self
+
+    def line(self, table: dict[tuple[int, int], list[int]] | None = None) -> tuple[int, int, list[int]]:
+        from .line import place
+
+        return place(self.pdir, self.path, table)
 
 
 def view_path(state_dir: str, pool: str) -> str:

@@ -61,7 +61,7 @@ shift 4
 n=0
 while [ $n -lt 100 ]; do
   m=
-  while read -r k v; do [ "$k" = SigBlk: ] && m=$v; done </proc/$$/status
+  while read -r x v; do [ "$x" = SigBlk: ] && m=$v; done </proc/$$/status
   case $m in *[1-9a-f]*) ;; *) break ;; esac
   sleep 0.01 </dev/null >/dev/null 2>&1
   n=$((n + 1))
@@ -89,8 +89,23 @@ def _launcher() -> list[str]:
     return [sys.executable, *orig[1:len(orig) - len(sys.argv) + 1]]
 
 
+class Return:
+    """How the waiting sh comes back: the `slotq` it runs (how a slotq is
+    started: `python -m slotq`) and its `args`."""
+
+    __slots__ = ("slotq", "args")
+
+    def __init__(self, slotq: list[str], args: list[str]) -> None:
+        self.slotq, self.args = slotq, args
+
+    @classmethod
+    def as_started(cls) -> "Return":
+        """This very process again: its launcher and its own arguments."""
+        return cls(_launcher(), sys.argv[1:])
+
+
 def go(ticket: Ticket, ahead_fd: int, look: float, gone: dict[str, str], *, stopped: list[int],
-       busy: list[int], slot: str) -> str:
+       busy: list[int], slot: str, again: Return | None = None) -> str:
     """Exec the waiting `sh` (never returns), or say why not: a stop signal
     came first (`stopped`: the caller's list of them), or the watcher or
     the exec failed. `look`: come back after at most that many seconds
@@ -98,9 +113,11 @@ def go(ticket: Ticket, ahead_fd: int, look: float, gone: dict[str, str], *, stop
     pool's `slot` (its file) is free at one of the looks LOOK_MOST apart
     (host/claim.py); `gone`: what the watcher
     needs to close the run's wait should it die away (run_id, ledger,
-    workdir, host). Called in the caller's main thread; the runner thread
-    has blocked the stop signals and waits for `stay` on the descriptors
-    `busy`."""
+    workdir, host; an empty ledger: no wait of ours to close). Called in
+    the caller's main thread (or a kept run's stand-in, client/standin.py);
+    the runner thread has blocked the stop signals and waits for `stay` on
+    the descriptors `busy`. Back, the sh runs `again` (default: this very
+    process, Return.as_started)."""
     flock = program("flock")
     if flock is None:
         return "no flock(1)"
@@ -109,7 +126,8 @@ def go(ticket: Ticket, ahead_fd: int, look: float, gone: dict[str, str], *, stop
     try:
         if _came(stopped):
             return "a stop signal came"
-        watcher = _watch(flock, ticket.path, **gone)
+        again = again or Return.as_started()
+        watcher = _watch(flock, ticket.path, again.slotq, **gone)
         from ..records import to_json
 
         env = dict(os.environ)
@@ -126,7 +144,7 @@ def go(ticket: Ticket, ahead_fd: int, look: float, gone: dict[str, str], *, stop
             except (OSError, ValueError, AttributeError):
                 pass
         script = _SCRIPT.format(own=own, ahead=ahead, run_id=_plain(gone["run_id"]))
-        argv = ["sh", "-c", script, NAME, flock, f"{each:.3f}", str(looks), slot, *_launcher(), *sys.argv[1:]]
+        argv = ["sh", "-c", script, NAME, flock, f"{each:.3f}", str(looks), slot, *again.slotq, *again.args]
         saved = _place({own: ticket.fd, ahead: ahead_fd})
         try:
             # The stop signals stay blocked across the exec: one sent from
@@ -217,7 +235,7 @@ def _came(stopped: list[int]) -> bool:
     return bool(stopped)
 
 
-def _watch(flock: str, path: str, **gone: str) -> int:
+def _watch(flock: str, path: str, slotq: list[str], **gone: str) -> int:
     """Start the watcher: `flock -x` on a new descriptor of our ticket (the
     lock comes when we die), in a session of its own, holding nothing else
     of ours, then `slotq host away-gone`."""
@@ -243,7 +261,7 @@ def _watch(flock: str, path: str, **gone: str) -> int:
                             actions.append((os.POSIX_SPAWN_CLOSE, other))
                     except OSError:
                         pass
-            return os.posix_spawn(flock, [flock, "-x", f"/dev/fd/{fd}", *_launcher(), "host", "away-gone"], env,
+            return os.posix_spawn(flock, [flock, "-x", f"/dev/fd/{fd}", *slotq, "host", "away-gone"], env,
                                   file_actions=actions, setsid=True, setsigmask=())
         finally:
             os.close(null)
