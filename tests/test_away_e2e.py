@@ -375,7 +375,8 @@ def test_the_waiting_shell_looks_as_often_as_told_and_comes_back_only_then(tmp_p
     import fcntl
     import shutil
 
-    from slotq.transports.away import _SCRIPT, NAME
+    from slotq.host.away import NAME
+    from slotq.transports.away import _SCRIPT
 
     ahead, slot, own, log = (tmp_path / n for n in ("ahead", "slot", "own", "log"))
     for f in (ahead, slot, own):
