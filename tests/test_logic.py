@@ -389,6 +389,46 @@ def test_srun_options_that_break_a_run_are_named(opt: str, refused: str | None) 
     assert (why is None) if refused is None else (why is not None and refused in why), why
 
 
+def test_an_eta_says_what_is_known_a_free_slot_a_bound_from_the_budgets_or_the_typical_run() -> None:
+    # A fresh pool said "unknown" for everything, "a new run would wait
+    # unknown" with a slot free (it waits 0), in a 230-character line.
+    from slotq.history.eta import eta_words, pool_etas
+
+    free = {"slot": "shared#0", "held": False}
+    held = {"slot": "shared#0", "held": True, "held_s": 100.0, "budget": 600.0, "label": "suite", "user": "bob"}
+    two = [{"slot": "shared#1", "held": True, "held_s": 10.0, "budget": 300.0}]
+    few = [{"label": "x", "uid": 99999, "pool": "shared", "ran_s": 10.0}] * 2  # 2 runs: no typical run yet
+    pool: dict[str, object] = {"pool": "shared", "slots": [free], "waiting": []}
+    new = pool_etas(pool, [])
+    assert (new["s"], new["at_most_s"], new["how"]) == (0.0, None, "a slot is free")
+    assert eta_words(new["s"], new["at_most_s"]) == "0 (a slot is free)"
+    # A slot free with a run ahead: that run takes it; the bound is its budget.
+    pool["waiting"] = [{"label": "lint", "user": "carol", "budget": 120.0}]
+    new = pool_etas(pool, few)
+    assert (new["s"], new["at_most_s"]) == (None, 120.0), new
+    assert pool["waiting"][0]["eta"]["s"] == 0.0  # type: ignore[index]
+    # Held: the holder's budget left, then each run ahead's whole budget,
+    # on the slot that frees first.
+    pool.update(slots=[held], waiting=[])
+    new = pool_etas(pool, few)
+    assert (new["s"], new["at_most_s"]) == (None, 500.0), new
+    assert new["how"] == "the holders' budgets left; typical run unknown until 5 runs of this pool, 2 so far"
+    assert eta_words(new["s"], new["at_most_s"]) == "at most 8m20s"
+    pool.update(slots=[held, *two], waiting=[{"budget": 120.0}, {"budget": 60.0}])
+    assert pool_etas(pool, few)["at_most_s"] == 470.0  # shared#1 free by 290 s, +120 s, +60 s; shared#0 by 500 s
+    # A run ahead whose budget is not known: no bound.
+    pool.update(slots=[held], waiting=[{"label": "?"}])
+    new = pool_etas(pool, few)
+    assert (new["s"], new["at_most_s"]) == (None, None) and eta_words(None, None) == "unknown"
+    assert new["how"] == "typical run unknown until 5 runs of this pool, 2 so far"
+    # Five runs: the estimate, as before.
+    records = [{"label": "x", "uid": 99999, "pool": "shared", "ran_s": 400.0}] * 5
+    pool.update(slots=[held], waiting=[])
+    new = pool_etas(pool, records)
+    assert (new["s"], new["at_most_s"], new["typical_run_s"]) == (300.0, None, 400.0), new
+    assert eta_words(new["s"], None) == "~5m00s more"
+
+
 def test_an_eta_counts_each_run_as_runs_like_it_and_says_so() -> None:
     # Every run took the pool's typical time: a 5-minute suite holding the
     # slot was expected to free it in seconds because most runs were lints.

@@ -96,7 +96,8 @@ def test_on_a_terminal_the_waiting_line_is_redrawn_in_place_and_replaced_by_the_
     redraws = re.findall(r"\r\x1b\[2K(slotq: waiting [^\r\n]*)", text)
     assert len(redraws) >= 2, text
     assert "#1 in shared" in redraws[-1] and "placeholder" in redraws[-1], redraws
-    assert "ETA" not in redraws[-1], "a new pool's wait is not known: no ETA rather than a guess"
+    assert "ETA ~" not in redraws[-1], "a new pool's typical run is not known: no estimate rather than a guess"
+    assert "ETA ≤" in redraws[-1], "... but the holder's budget bounds the wait"
     # The slot line replaces the live one (erased first), then ordinary lines.
     assert re.search(r"\r\x1b\[2Kslotq: slot shared#0 acquired after", text), text
     assert "\n" not in text.split("slotq: slot shared#0")[0].replace("\r\n", "\n").rstrip("\n"), \
@@ -109,10 +110,13 @@ def test_in_a_pipe_the_waiting_lines_are_plain_with_an_eta_once_runs_are_known(
     gate = tmp_path / "gate"
     holder = start_holder(runs, state_dir, gate)
     waiter = runs("--report-every", "0.2", "--", "true", name="waiter")
-    # A new pool (one run so far: the holder's is not over): unknown, and why.
-    wait_for(lambda: "expected wait unknown" in waiter.err, what="a waiting line saying the wait is unknown")
+    # A new pool (no run over yet): no estimate, but the holder's budget
+    # bounds the wait, and the line says so -- briefly.
+    wait_for(lambda: "expected wait at most" in waiter.err, what="a waiting line saying the bound")
     line = next(ln for ln in waiter.err.splitlines() if "expected wait" in ln)
-    assert "typical run unknown (no runs of this pool yet; 5 needed)" in line, line
+    assert re.search(r"expected wait at most (59m\d\ds|1h00m) \(the holders' budgets left; typical run unknown "
+                     r"until 5 runs of this pool, 0 so far\)", line), line
+    assert len(line) < 250, line
     gate.touch()
     assert waiter.wait() == 0 and holder.wait() == 0
     from slotq import history

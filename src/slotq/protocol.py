@@ -86,7 +86,7 @@ _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
             "warnings": (list,), "request": (dict,), "lease_s": _NUM, "credit_dir": (str,)},
     QUEUED: {"waited_s": _NUM, "ahead": (int,), "position": (int,), "waiting": (int,), "pool": (str,),
              "holders": (list,), "notes": (list,), "slurm": (dict,), "load1": _NUM, "load5": _NUM, "load15": _NUM,
-             "cores": (int,), "eta_s": _NUM, "eta_how": (str,), "wait_kept": (bool,), "ticket": _OPT_INT,
+             "cores": (int,), "eta_s": _NUM, "eta_max_s": _NUM, "eta_how": (str,), "wait_kept": (bool,), "ticket": _OPT_INT,
              "budget": _OPT_NUM},
     SLOT: {"slot": (str,), "waited_s": _NUM, "budget": _NUM, "ticket": _OPT_INT},
     PREPARED: {"ok": (bool,), "exit_code": _OPT_INT},

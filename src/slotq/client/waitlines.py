@@ -41,11 +41,11 @@ def format_queued(ev: dict[str, object], compact: bool = False, others_as_data: 
         from ..host.status import describe_orphan
 
         parts += [describe_orphan(h) for h in held if h.get("phase") == "orphaned"]
-    if isinstance(ev.get("eta_s"), (int, float)):
-        parts.append(f"expected wait ~{format_duration(seconds_in(ev.get('eta_s')))} more "
+    if ev.get("eta_how"):
+        from ..history.eta import eta_words
+
+        parts.append(f"expected wait {eta_words(ev.get('eta_s'), ev.get('eta_max_s'))} "
                      f"({printable(ev.get('eta_how'), 200)})")
-    elif ev.get("eta_how"):
-        parts.append(f"expected wait unknown ({printable(ev.get('eta_how'), 200)})")
     parts.append(f"load {printable(ev.get('load1'))}/{printable(ev.get('cores'))} cores")
     notes = ev.get("notes")
     if isinstance(notes, list):
@@ -64,10 +64,16 @@ def _queued_as_data(ev: dict[str, object]) -> str:
         parts.append("slot held by " + ", ".join(
             f"a run of user {printable(h.get('user') or '?', 32)} for {format_duration(seconds_in(h.get('held_s')))}"
             for h in held))
-    if isinstance(ev.get("eta_s"), (int, float)):
-        parts.append(f"expected wait ~{format_duration(seconds_in(ev.get('eta_s')))} more")
+    if ev.get("eta_how"):
+        from ..history.eta import eta_words
+
+        parts.append(f"expected wait {eta_words(ev.get('eta_s'), ev.get('eta_max_s'))}")
     parts.append(f"load {printable(ev.get('load1'))}/{printable(ev.get('cores'))} cores")
     return "slotq: " + "; ".join(parts)
+
+
+def _number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 def _compact_queued(ev: dict[str, object]) -> str:
@@ -81,8 +87,10 @@ def _compact_queued(ev: dict[str, object]) -> str:
         more = f" +{len(held) - 1}" if len(held) > 1 else ""
         parts.append(f"slot: {printable(h.get('label') or '?', 30)} ({printable(h.get('user') or '?', 16)}) "
                      f"{format_duration(seconds_in(h.get('held_s')))}{more}")
-    if isinstance(ev.get("eta_s"), (int, float)):
+    if _number(ev.get("eta_s")):
         parts.append(f"ETA ~{format_duration(seconds_in(ev.get('eta_s')))}")
+    elif _number(ev.get("eta_max_s")):
+        parts.append(f"ETA ≤{format_duration(seconds_in(ev.get('eta_max_s')))}")
     return "slotq: " + " · ".join(parts)
 
 

@@ -4,9 +4,12 @@ Deliberately simple and explainable. A run is assumed to take the typical
 run time of runs like it: the median `ran_s` of the recent runs in the
 history with its label (which is its command unless it was given one),
 else of its user's, else of the pool's -- a label or a user with at least
-MIN_KIND runs among the pool's last RECENT. With fewer than MIN_RUNS runs
-of the pool the wait is not known: "unknown", never a confident figure
-from four 12 ms runs. A held slot frees when its holder reaches its typical
+MIN_KIND runs among the pool's last RECENT. What is known is said, and no
+more: a run first in line with a slot free waits 0; with fewer than
+MIN_RUNS runs of the pool there is no estimate (never a confident figure
+from four 12 ms runs), but the budgets bound the wait -- each holder's
+budget left, and each run ahead's budget -- as "at most"; and where a
+budget is not known either, the wait is unknown. A held slot frees when its holder reaches its typical
 time; a holder already past it is expected to run half as long again as
 it has so far (never "free now": a run that outlived the typical one tends
 to be a long one), and never more than its budget allows. The line ahead
@@ -94,11 +97,13 @@ def basis(state_dir: str, pool: str, now: float, kept: Basis | None, shared: Bas
 
 def report_fields(slots: list[dict[str, object]], ahead: int, basis: Basis) -> dict[str, object]:
     """A `queued` report's ETA: `eta_s` (left out if unknown: a client of
-    any version reads that as no estimate) and how it was worked out."""
+    any version reads that as no estimate), or else `eta_max_s` (a bound,
+    from the budgets), and how it was worked out. The runs ahead are
+    counted, not known: a bound needs none ahead."""
     typical, runs, _, kinds = basis
-    eta_s = _eta(slots, [typical] * ahead, typical, runs, kinds)
-    return {**({} if eta_s is None else {"eta_s": eta_s}),
-            "eta_how": explain(slots, ahead, typical, runs, kinds)}
+    eta_s, at_most, how = estimate(slots, [typical] * ahead, typical, runs, kinds, [None] * ahead)
+    return {**({} if eta_s is None else {"eta_s": eta_s}), **({} if at_most is None else {"eta_max_s": at_most}),
+            "eta_how": how}
 
 
 def like(run: dict[str, object], typical: float, kinds: Kinds) -> tuple[float, str | None]:
@@ -112,13 +117,49 @@ def like(run: dict[str, object], typical: float, kinds: Kinds) -> tuple[float, s
     return typical, None
 
 
-def _eta(slots: list[dict[str, object]], ahead: list[float], typical: float, runs: int,
-         kinds: Kinds) -> float | None:
-    """The expected wait, rounded; None if the typical run is not known."""
-    if runs < MIN_RUNS:
+def estimate(slots: list[dict[str, object]], ahead: list[float], typical: float, runs: int, kinds: Kinds,
+             budgets: list[float | None], ahead_like: int = 0) -> tuple[float | None, float | None, str]:
+    """(expected wait, or None; else a bound on it, or None; how it was
+    worked out) for a run with `ahead` before it (each its typical run,
+    each its budget in `budgets`, None where not known)."""
+    if not ahead and any(not s.get("held") and not s.get("error") for s in slots):
+        return 0.0, None, "a slot is free"
+    if runs >= MIN_RUNS:
+        expected = expected_wait(slots, len(ahead), typical, kinds, ahead)
+        return (round(expected, 1) if expected < 1e9 else 1e9), None, \
+            explain(slots, len(ahead), typical, runs, kinds, ahead_like)
+    unknown = f"typical run unknown until {MIN_RUNS} runs of this pool, {runs} so far"
+    bound = budget_bound(slots, budgets)
+    if bound is None:
+        return None, None, unknown
+    whose = "the holders' budgets left" + (" and the budgets of the runs ahead" if ahead else "")
+    return None, round(bound, 1), f"{whose}; {unknown}"
+
+
+def budget_bound(slots: list[dict[str, object]], budgets: list[float | None]) -> float | None:
+    """The longest a run waits behind the holders of `slots` and the runs
+    ahead with `budgets`, if each runs its whole budget (a held slot's
+    budget less the time it is held); None where a budget it depends on is
+    not known."""
+    inf = float("inf")
+    free_at = sorted(_budget_left(s) for s in slots if not s.get("error"))
+    if not free_at:
         return None
-    expected = expected_wait(slots, len(ahead), typical, kinds, ahead)
-    return round(expected, 1) if expected < 1e9 else 1e9
+    for budget in budgets:  # each run ahead takes the slot that frees first, for its whole budget
+        free_at[0] += budget if budget is not None and budget > 0 else inf
+        free_at.sort()
+    return free_at[0] if free_at[0] < inf else None
+
+
+def _budget_left(slot: dict[str, object]) -> float:
+    """When a slot frees at the latest: now if free; a holder's budget
+    less the time it has held it; infinity if its budget is not known."""
+    if not slot.get("held"):
+        return 0.0
+    budget = slot.get("budget")
+    if not isinstance(budget, (int, float)) or isinstance(budget, bool) or budget <= 0:
+        return float("inf")
+    return max(0.0, float(budget) - seconds_in(slot.get("held_s")))
 
 
 def _median(xs: list[float]) -> float:
@@ -160,9 +201,6 @@ def explain(slots: list[dict[str, object]], ahead: int, typical: float, runs: in
     from, the holders' own where runs like them give one, and how many of
     the runs ahead (`ahead_like`) had one of their own."""
     busy = sum(1 for s in slots if s.get("held"))
-    if runs < MIN_RUNS:
-        known = f"{runs} run(s) of this pool so far" if runs else "no runs of this pool yet"
-        return f"{ahead} ahead, {busy} of {len(slots)} slot(s) busy, typical run unknown ({known}; {MIN_RUNS} needed)"
     words = (f"{ahead} ahead, {busy} of {len(slots)} slot(s) busy, typical run {format_duration(typical)} "
              f"(median of the pool's last {runs} run(s))")
     kinds = kinds or {}
@@ -177,10 +215,24 @@ def explain(slots: list[dict[str, object]], ahead: int, typical: float, runs: in
     return words
 
 
+def eta_words(eta_s: object, at_most: object) -> str:
+    """An expected wait in words: "~1m30s more", "at most 9m50s" (a bound,
+    from the budgets), "0 (a slot is free)" or "unknown"."""
+    def number(x: object) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+    if number(eta_s):
+        return "0 (a slot is free)" if eta_s == 0 else f"~{format_duration(seconds_in(eta_s))} more"
+    if number(at_most):
+        return f"at most {format_duration(seconds_in(at_most))}"
+    return "unknown"
+
+
 def pool_etas(pool: dict[str, object], records: list[dict[str, object]]) -> dict[str, object]:
     """For a pool of `status --json`: each waiter's `eta` and the pool's
-    `eta` for a new run, each {"s": seconds, "how": why}. Here the runs
-    ahead are known by label and user: each counts as runs like it."""
+    `eta` for a new run, each {"s": seconds or None, "at_most_s": a bound
+    or None, "how": why}. Here the runs ahead are known by label, user and
+    budget: each counts as runs like it."""
     typical, runs, kinds = typical_runs(records, str(pool.get("pool")))
     slots = [s for s in pool.get("slots") or [] if isinstance(s, dict)]  # type: ignore[attr-defined]
     waiting = [w for w in pool.get("waiting") or [] if isinstance(w, dict)]  # type: ignore[attr-defined]
@@ -189,9 +241,13 @@ def pool_etas(pool: dict[str, object], records: list[dict[str, object]]) -> dict
     mates = [0]
     for _, kind in own:
         mates.append(mates[-1] + (kind is not None))
+    budgets = [float(b) if isinstance(b := w.get("budget"), (int, float)) and not isinstance(b, bool) else None
+               for w in waiting]
+
+    def eta_of(i: int) -> dict[str, object]:
+        s, at_most, how = estimate(slots, ahead_runs[:i], typical, runs, kinds, budgets[:i], mates[i])
+        return {"s": s, "at_most_s": at_most, "how": how}
+
     for i, w in enumerate(waiting):
-        w["eta"] = {"s": _eta(slots, ahead_runs[:i], typical, runs, kinds),
-                    "how": explain(slots, i, typical, runs, kinds, mates[i])}
-    return {"s": _eta(slots, ahead_runs, typical, runs, kinds),
-            "how": explain(slots, len(waiting), typical, runs, kinds, mates[-1]),
-            "typical_run_s": round(typical, 3) if runs >= MIN_RUNS else None}
+        w["eta"] = eta_of(i)
+    return {**eta_of(len(waiting)), "typical_run_s": round(typical, 3) if runs >= MIN_RUNS else None}

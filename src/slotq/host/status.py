@@ -348,10 +348,10 @@ _COLORS = {"passed": "32", "failed": "31", "exec_timeout": "33", "idle_timeout":
            "backstop": "35", "cancelled": "2", "caller_gone": "2"}
 
 
-def _eta_words(seconds: object) -> str:
-    if isinstance(seconds, (int, float)) and not isinstance(seconds, bool):
-        return f"~{format_duration(float(seconds))} more"
-    return "unknown"
+def _eta_words(eta: object) -> str:
+    from ..history.eta import eta_words
+
+    return eta_words(eta.get("s"), eta.get("at_most_s")) if isinstance(eta, dict) else "unknown"
 
 
 def format_snapshot(snap: dict[str, object], bars: bool = False, color: bool = False) -> str:
@@ -393,15 +393,16 @@ def format_snapshot(snap: dict[str, object], bars: bool = False, color: bool = F
                 lines.append(f"  waiting {n}: {printable(w.get('label') or '?')} (user {w.get('user') or '?'}, "
                              f"run {printable(w.get('run_id'))}, pid {printable(w.get('pid'))}, "
                              f"waited {format_duration(float(w.get('waited_s') or 0))}, "
-                             f"expected wait {_eta_words(eta.get('s'))})"
+                             f"expected wait {_eta_words(eta)})"
                              + (" [waiting away: a shell until shortly before its turn]" if w.get("away") else "")
                              + _kept_note(w)
                              + (" [out of order: placed last]" if w.get("forged") else ""))
         else:
             lines.append("  nobody waiting")
-        if isinstance(p.get("eta"), dict):
-            lines.append(f"  a new run would wait {_eta_words(p['eta'].get('s'))} "
-                         f"({printable(p['eta'].get('how'), 300)})")
+        eta = p.get("eta")
+        if isinstance(eta, dict):
+            lines.append("  a new run would start at once (a slot is free)" if eta.get("s") == 0 else
+                         f"  a new run would wait {_eta_words(eta)} ({printable(eta.get('how'), 300)})")
     hist = snap.get("history") or []
     if hist:
         lines.append("recent runs:")
