@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -94,6 +95,93 @@ def test_idle_watchdog_counts_only_after_start_and_output_resets_it() -> None:
     clock.advance(1.5)
     assert dogs.expired() is Outcome.IDLE_TIMEOUT
     assert dogs.expired() is None  # fires once
+
+
+class _Clocks:
+    """The clocks of one path -- the caller's (client/events.py) or a kept
+    run's stand-in (client/standin.py) -- fed the host's events on a fake
+    clock: what fired, in the words each path acts on."""
+
+    def __init__(self, path: str, tmp: str, idle: float | None) -> None:
+        self.clock = FakeClock()
+        self.path = path
+        if path == "caller":
+            from slotq.client.result import RunResult
+            from slotq.spec import RunSpec
+
+            self.dogs = Watchdogs(self.clock, idle)
+            self.spec = RunSpec(["true"], budget=10)
+            self.result = RunResult(self.spec, "h")
+        else:
+            from slotq.client.standin import StandIn
+
+            self.said_r, said_w = os.pipe()
+            os.set_blocking(self.said_r, False)
+            self.standin = StandIn(tmp, None, said_w, {"idle": idle, "kill_grace": 1.0, "lease_s": 1e10},  # type: ignore[arg-type]
+                                   self.clock, "r", "h")
+
+    def event(self, name: str, **fields: object) -> None:
+        ev = {"event": name, "at": self.clock.wall(), **fields}
+        if self.path == "caller":
+            from slotq.client.events import on_event, silent
+
+            on_event(ev, self.result, self.dogs, silent, self.spec)
+        else:
+            import json
+
+            self.standin._on_event(name, json.dumps(ev).encode())
+
+    def fired(self) -> str | None:
+        if self.path == "caller":
+            out = self.dogs.expired()
+            return None if out is None else out.value
+        self.standin._keep_clocks()
+        try:
+            said = os.read(self.said_r, 100).decode()
+        except BlockingIOError:
+            return None
+        return said.strip().removeprefix("cancel ")
+
+
+@pytest.mark.parametrize("path", ["caller", "stand-in"])
+def test_each_clock_has_one_rule_on_both_paths_that_keep_it(path: str, tmp_path: Path) -> None:
+    # The caller and a kept run's stand-in each wrote the rule: a stand-in
+    # that counted --idle in line (a mutant) passed the whole suite.
+    idle = _Clocks(path, str(tmp_path), idle=5.0)
+    idle.event(protocol.QUEUED, ahead=3)
+    idle.clock.advance(450)  # a long wait in line: nothing counts
+    assert idle.fired() is None
+    idle.event(protocol.SLOT, slot="shared#0", budget=10.0, waited_s=450.0)
+    idle.clock.advance(30)  # a prepare step: its own limit, not --idle
+    idle.event(protocol.PREPARED, ok=True)
+    assert idle.fired() is None
+    idle.event(protocol.STARTED, budget=10.0)
+    idle.clock.advance(4.9)
+    assert idle.fired() is None
+    idle.clock.advance(0.2)
+    assert idle.fired() == "idle_timeout"
+    backstop = _Clocks(path, str(tmp_path), idle=None)
+    backstop.event(protocol.QUEUED, ahead=3)
+    backstop.clock.advance(450)
+    backstop.event(protocol.SLOT, slot="shared#0", budget=10.0, waited_s=450.0)
+    backstop.clock.advance(30)
+    backstop.event(protocol.PREPARED, ok=True)  # the backstop moves on by the prepare step's time
+    backstop.event(protocol.STARTED, budget=10.0)
+    backstop.clock.advance(10 + BACKSTOP_MARGIN - 0.1)
+    assert backstop.fired() is None
+    backstop.clock.advance(0.2)
+    assert backstop.fired() == "backstop"
+
+
+def test_the_clocks_rule_is_written_once() -> None:
+    # Only Watchdogs.on_event starts a clock from the host's events.
+    import re
+
+    src = Path(__file__).resolve().parent.parent / "src" / "slotq"
+    starts = [f"{p.relative_to(src)}" for p in sorted(src.rglob("*.py"))
+              if re.search(r"\.on_(slot|prepared|started)\(", p.read_text())
+              and p.name != "watchdogs.py"]
+    assert starts == []
 
 
 def test_timer_never_moves_earlier() -> None:

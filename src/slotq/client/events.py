@@ -86,6 +86,7 @@ def on_event(ev: dict[str, object], result: RunResult, dogs: Watchdogs,
     at = float(at) if isinstance(at, (int, float)) else None
     if name in (protocol.QUEUED, protocol.STARTED):
         collect_from_now_on()
+    dogs.on_event(str(name), ev, at)  # the clocks: watchdogs.py
     if name == protocol.QUEUED:
         _on_queued(ev, result, say, live, others_as_data)
     elif name == protocol.SLOT:
@@ -95,18 +96,14 @@ def on_event(ev: dict[str, object], result: RunResult, dogs: Watchdogs,
         result.ticket = ticket if isinstance(ticket, int) else None
         budget = seconds_in(ev.get("budget"))
         result.budget = budget
-        dogs.on_slot(budget)
         waited = result.waited_s or 0.0
         say(f"slotq: slot {result.slot} acquired after {format_duration(waited)}"
             + (f" (budget {format_duration(budget)} starts with the command)" if budget else "")
             + first_says_id(result))
     elif name == protocol.PREPARED:
         result.phases["prepared"] = at
-        if at is not None and result.phases["slot"] is not None:
-            dogs.on_prepared(at - result.phases["slot"])
     elif name == protocol.STARTED:
         result.phases["started"] = at
-        dogs.on_started()
     elif name == protocol.EXITED:
         _on_exited(ev, result)
         return True

@@ -6,7 +6,7 @@ thread; it talks to the stand-in, a thread, through the same two channels
 a caller has: the framed stream, which the stand-in writes to the run's
 log (kept.py) for attachers, and the caller's channel, on which the
 stand-in says what a caller would say. It keeps every clock the caller
-kept (DESIGN.md, 1a):
+kept (docs/agents.md, "Every clock stays where it belongs"):
 
 - the lease: when nobody is attached and nobody came back within it, the
   run ends `caller_gone` ("nobody attached within the 15m lease"), exactly
@@ -74,7 +74,6 @@ class StandIn:
 
             self.recorder = WaitRecorder(run_id=run_id, workdir=credit_dir, host=host, warn=lambda line: None)
         self.queued_since = float(queued_since) if isinstance(queued_since, (int, float)) else None
-        self.slot_at: float | None = None
         if away is not None and away.back is not None:
             # Back from waiting away: the stream's header and hello are in the
             # log already, and so is the run's open queue wait in the ledger.
@@ -153,16 +152,9 @@ class StandIn:
             if not rec.opened:
                 rec.open("queue", min(self.queued_since or at, at))
             rec.heartbeat(at)
-        elif name == protocol.SLOT:
-            if rec is not None:
-                rec.close(at)
-            budget = ev.get("budget")
-            self.dogs.on_slot(float(budget) if isinstance(budget, (int, float)) else 0.0)
-            self.slot_at = at
-        elif name == protocol.PREPARED and self.slot_at is not None:
-            self.dogs.on_prepared(at - self.slot_at)  # the prepare step has its own limit
-        elif name == protocol.STARTED:
-            self.dogs.on_started()
+        elif name == protocol.SLOT and rec is not None:
+            rec.close(at)
+        self.dogs.on_event(name, ev, at)  # the clocks, as the caller keeps them (watchdogs.py)
 
     def _go_away(self, payload: bytes) -> None:
         """The runner offers the run to wait away (host/away.py): far back

@@ -7,7 +7,9 @@ The queue itself has no limit here: waiting is not executing."""
 
 from __future__ import annotations
 
+from .. import protocol
 from ..clock import INF, Clock, Timer
+from ..durations import seconds_in
 from ..outcome import Outcome
 
 BACKSTOP_MARGIN = 90.0
@@ -22,6 +24,21 @@ class Watchdogs:
         self.margin = margin
         self.backstop: Timer | None = None
         self.idle_timer: Timer | None = None
+        self.slot_at: float | None = None
+
+    def on_event(self, name: str, ev: dict[str, object], at: float | None) -> None:
+        """The clocks' one rule, for the caller and a kept run's stand-in
+        alike: the backstop from `slot` (budget + margin), moved on by the
+        time a prepare step took (`prepared`: it has its own limit); the
+        no-output watchdog from `started`. Nothing before the slot: waiting
+        is not executing."""
+        if name == protocol.SLOT:
+            self.slot_at = at
+            self.on_slot(seconds_in(ev.get("budget")))
+        elif name == protocol.PREPARED and at is not None and self.slot_at is not None:
+            self.on_prepared(at - self.slot_at)
+        elif name == protocol.STARTED:
+            self.on_started()
 
     def on_slot(self, budget: float) -> None:
         self.backstop = self.clock.timer("backstop", budget + self.margin)

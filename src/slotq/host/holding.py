@@ -37,7 +37,7 @@ def carry(run: HostRun, lease: SlotLease, child: Child, streams: dict[int, bytes
     try:
         run.link.send(events)
         run.close_waiter()
-        end, reason = run.pump(child, streams, run.budget - (run.clock.monotonic() - run.launch.started_at))
+        end, reason = run.pump_command(child, streams, run.launch.started_at)
     except OSError as e:
         return run.finish(Outcome.UNAVAILABLE, None, lease, f"cannot start the command: {e.strerror}")
     outcome, message = run.judge(end, reason)
@@ -53,9 +53,7 @@ def run_started(run: HostRun, child: Child, streams: dict[int, bytes], slot: str
     run.leave_line()
     run.link.send(run.launch.slot_events(slot, wall, run.ticket_seq()))
     run.close_waiter()
-    # The budget counts from the command's start in the keeper.
-    elapsed = max(0.0, run.clock.monotonic() - mono)
-    end, reason = run.pump(child, streams, run.budget - elapsed)
+    end, reason = run.pump_command(child, streams, mono)  # started in the keeper
     outcome, message = run.judge(end, reason)
     return run.finish(outcome, end, None, message)
 
@@ -94,10 +92,10 @@ def _prepare_then_run(run: HostRun, lease: SlotLease, prepare: str) -> Outcome:
             why = (f"prepare step ran past its limit of {format_duration(limit)}"
                    if reason is Outcome.EXEC_TIMEOUT else f"prepare step exited {end.exit_code}")
             return run.finish(Outcome.PREPARE_FAILED, end, lease, why)
-        run.phases["started"] = run.clock.wall()
+        run.phases["started"], started = run.clock.wall(), run.clock.monotonic()
         child, streams = run.launch.start(spec.argv, lease, last=True, record=dict(lease.info, phase="running"))
         run.link.event(protocol.STARTED, budget=run.budget)
-        end, reason = run.pump(child, streams, run.budget)
+        end, reason = run.pump_command(child, streams, started)
     except OSError as e:
         return run.finish(Outcome.UNAVAILABLE, None, lease, f"cannot start the command: {e.strerror}")
     outcome, message = run.judge(end, reason)

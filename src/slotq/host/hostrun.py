@@ -83,6 +83,14 @@ class HostRun:
     def pump(self, child: Child, streams: dict[int, bytes], limit: float) -> tuple[ChildEnd, Outcome | None]:
         return pump(self.link, self.clock, child, streams, limit, self.end_lost)
 
+    def pump_command(self, child: Child, streams: dict[int, bytes], started: float) -> tuple[ChildEnd,
+                                                                                           Outcome | None]:
+        """The command's output under its budget, which counts from
+        `started` (the monotonic time the command started, wherever it was
+        started: here, before the runner was loaded, or in a standby
+        keeper) -- the one place the budget's start is decided."""
+        return self.pump(child, streams, self.budget - max(0.0, self.clock.monotonic() - started))
+
     def judge(self, end: ChildEnd, reason: Outcome | None) -> tuple[Outcome, str]:
         ran = verdict.Ran(self.spec.argv[0], self.host, self.budget, self.phases["slot"], self.phases["started"],
                           self.allocation, self.lost_message)
