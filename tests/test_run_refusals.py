@@ -57,6 +57,24 @@ def test_bad_arguments_get_one_line_and_exit_64(state_dir: Path, args: list[str]
     _one_line_error(proc, needle)
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("command", ["status", "history", "report", "waits"])
+def test_each_readers_help_gives_the_exit_code_it_really_gives_for_bad_arguments(state_dir: Path,
+                                                                                  command: str) -> None:
+    # Their --help said "2 bad arguments", and report's said 74 for an
+    # --html file it cannot write: both are 64.
+    helped = subprocess.run(slotq_cmd() + [command, "--help"], capture_output=True, text=True, timeout=20)
+    text = " ".join(helped.stdout.split())
+    assert "64 bad arguments" in text and " 2 bad" not in text, text
+    bad = subprocess.run(slotq_cmd() + [command, "--no-such-option"], capture_output=True, text=True, timeout=20)
+    assert bad.returncode == 64 and bad.stderr.count("\n") == 1, bad.stderr
+    if command == "report":
+        assert "64 bad arguments (an --html file that cannot be written too)" in text, text
+        unwritable = subprocess.run(slotq_cmd() + ["report", "--html", str(state_dir / "no" / "such" / "x.html")],
+                                    capture_output=True, text=True, timeout=20)
+        assert unwritable.returncode == 64, unwritable.stderr
+
+
 @pytest.mark.timeout(30)
 def test_ssh_defaults_from_the_environment_leave_a_run_here_alone(state_dir: Path) -> None:
     # $SLOTQ_SSH_CONFIG and $SLOTQ_REMOTE_SLOTQ are set once for every run;

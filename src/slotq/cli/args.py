@@ -549,11 +549,14 @@ class JsonResult:
             self._tmp = None
 
 
-def reader_exits(unreachable: str) -> str:
+def reader_exits(unreachable: str, bad: str = "bad arguments") -> str:
     """The exit codes of a command that shows what it reads (status,
-    history, report); `unreachable`: what 121 means to it."""
-    return ("exit codes: 0 shown, 2 bad arguments, 73 unusable state directory, 74 the output\n"
-            f"cannot be written, 78 bad host config, 121 {unreachable}")
+    history, report); `unreachable`: what 121 means to it; `bad`: what 64
+    means to it."""
+    import textwrap
+
+    return textwrap.fill(f"exit codes: 0 shown, 64 {bad}; 73 unusable state directory; 74 the output cannot be "
+                         f"written; 78 bad host config; 121 {unreachable}", 79)
 
 
 def write_out(text: str) -> None:

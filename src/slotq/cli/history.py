@@ -50,7 +50,7 @@ PARSER = Parser(
                 "label. Runs cancelled or gone while waiting in line are included, with their wait. Kept for "
                 "the host config's [history] retention (default 180d). With --host, the hosts' own histories, "
                 "over ssh.",
-    epilog=reader_exits("a host (--host) could not\nbe asked (the others are still listed)"),
+    epilog=reader_exits("a host (--host) could not be asked (the others are still listed)"),
     hints={"--slurm": SLURM_RUNS_HERE},
     options=[
         *window_options(),

@@ -3,7 +3,7 @@ what each takes and gives (JSON schemas, docs/mcp.md), the checks of
 their arguments, and the result an agent reads. Nothing here imports the
 `mcp` SDK.
 
-A run is a kept run (DESIGN.md 1a; transports/kept.py): `run_command`
+A run is a kept run (docs/agents.md; transports/kept.py): `run_command`
 takes its place in line and stays attached for `wait_for` seconds; if the
 run has not ended by then, or the client cancels the call, it is left --
 outcome `detached`, its place and clocks kept under its lease -- and

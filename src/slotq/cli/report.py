@@ -16,7 +16,8 @@ PARSER = Parser(
                 "label, user, waited, ran, exit), each run's wait before it, the queue length over time, and "
                 "per pool the p50/p95 wait, utilisation per slot and runs per outcome. With --host, the hosts' own "
                 "runs, over ssh.",
-    epilog=reader_exits("a host (--host) could not\nbe asked (the page shows the others)"),
+    epilog=reader_exits("a host (--host) could not be asked (the page shows the others)",
+                        bad="bad arguments (an --html file that cannot be written too)"),
     hints={"--slurm": SLURM_RUNS_HERE},
     options=[
         Opt("--html", metavar="FILE", required=True, help="where to write the page"),

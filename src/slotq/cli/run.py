@@ -42,8 +42,9 @@ outcomes and exit codes:
   own code, so any code may come from the command: --json's `outcome` says
   which it was (slotq's own are 64-78 and 117-124, 129, 130 above)
 
-environment: SLOTQ_STATE_DIR (host state), SLOTQ_CONFIG (host config TOML),
-             SLOTQ_LEDGER (the wait ledger, SQLite), SLOTQ_SSH_CONFIG, SLOTQ_REMOTE_SLOTQ,
+environment: SLOTQ_STATE_DIR (the host's queue and history), SLOTQ_CONFIG (host config TOML),
+             SLOTQ_LEDGER (your wait ledger, SQLite; your kept runs, MCP output and history
+             index go beside it, not in SLOTQ_STATE_DIR), SLOTQ_SSH_CONFIG, SLOTQ_REMOTE_SLOTQ,
              SLOTQ_BACKEND=slurm (as --slurm), SLOTQ_ATTACH_FOR=D (as --attach-for D for
              every run: set it once in an agent harness whose tool calls are stopped
              after a fixed time; also [defaults] attach_for in your config)

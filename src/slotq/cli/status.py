@@ -19,7 +19,7 @@ PARSER = Parser(
                 "tickets in order with their wait so far and expected wait, machine load and recent runs. "
                 "--watch keeps showing it: on a terminal a full-screen view redrawn in place (Ctrl-C leaves "
                 "the terminal as it was); in a pipe a plain snapshot every --every.",
-    epilog=reader_exits("a host (--host) or Slurm (--slurm)\ncould not be asked (the other hosts are still shown)"),
+    epilog=reader_exits("a host (--host) or Slurm (--slurm) could not be asked (the other hosts are still shown)"),
     options=[
         Opt("--json", kind=FLAG, help="machine-readable output (with --watch: one JSON object per line)"),
         Opt("--history", metavar="N", convert=positive_int, default=10, help="recent runs to show (default 10)"),

@@ -16,7 +16,7 @@ PARSER = Parser(
                 "with two totals: sum (record by record) and union (overlaps merged: the wall-clock time the "
                 "dir was blocked). Waits still in progress are listed apart; a dead waiter's open wait ends at "
                 "its last heartbeat.",
-    epilog=("exit codes: 0 shown, 2 bad arguments, 73 the wait ledger cannot be read, 74 the\n"
+    epilog=("exit codes: 0 shown, 64 bad arguments, 73 the wait ledger cannot be read, 74 the\n"
             "output cannot be written, 78 a $SLOTQ_LEDGER that cannot be used"),
     options=[
         Opt("--dir", metavar="DIR", default=".", help="the work dir (default: the current one)"),

@@ -1,5 +1,5 @@
 """Kept runs from Python: `slotq.submit(...)` takes a place in line for a
-run that outlives the call (DESIGN.md, 1a; the CLI's `run --detach`), and
+run that outlives the call (docs/agents.md; the CLI's `run --detach`), and
 returns a `KeptRun` to come back to it with -- from another process too,
 by its run id. Async variants for harnesses written with asyncio run the
 same calls in a worker thread.

@@ -1,7 +1,7 @@
 """A kept run's directory on the host: its log, its lease, its attachers.
 
 A run started with `--detach` or `--attach-for` outlives the call that made
-it (DESIGN.md, 1a): its runner is a process of its own (`slotq host keep`)
+it (docs/agents.md): its runner is a process of its own (`slotq host keep`)
 and writes its stream -- the same framed stream a caller reads, protocol.py
 -- to a log that any number of attachers (`slotq host attach`) follow.
 

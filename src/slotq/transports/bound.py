@@ -2,7 +2,7 @@
 
 The run takes a place in every host's line at once -- a reservation: a
 `slotq host run` over ssh whose request names the other hosts (`bind`) --
-and keeps the first slot it gets (DESIGN.md 7; Sparrow's late binding,
+and keeps the first slot it gets (docs/remote.md; Sparrow's late binding,
 without a central server: the caller holds a connection to each host).
 A host's runner that gets the slot offers it (`offered`) and holds it
 until told `go` or `pass` (host/runner.py). The relay here, a thread of

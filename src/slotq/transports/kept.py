@@ -1,6 +1,6 @@
 """Kept runs, the client's side: a run that outlives its caller
 (`slotq run --detach / --attach-for`) and the callers that come back to it
-(`slotq attach`). DESIGN.md, 1a; the host's side is host/kept.py.
+(`slotq attach`). docs/agents.md; the host's side is host/kept.py.
 
 The transport starts `slotq host keep` (a new run) or `slotq host attach`
 (an existing one) on the host and reads its stream as any runner's. The
