@@ -6,6 +6,7 @@ would have given it; else, after --for, leave again (exit 75)."""
 from __future__ import annotations
 
 from slotq.cli.args import FLAG, JsonResult, Namespace, Opt, Parser, duration, host_options, run_id_and_options
+from slotq.cli.run import JUNIT_OPTION
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -26,6 +27,7 @@ PARSER = Parser(
         Opt("--from-start", kind=FLAG, help="its output from the start, not from where you last read"),
         Opt("--renew", kind=FLAG, help="only renew the run's lease (no output, no waiting)"),
         Opt("--json", metavar="FILE", help="write the result as JSON to FILE (- for stdout), as `slotq run`"),
+        JUNIT_OPTION,
         Opt("-q", "--quiet", kind=FLAG, help="no status lines on stderr but the last"),
         *host_options("the run is on HOST, reached", "one host: the one the run was started on (several: a run "
                       "late-bound over them, whose process is kept here)"),
@@ -44,22 +46,24 @@ def main(args: list[str]) -> int:
         return attach([run_id, "--renew"])
     if opts.renew:
         return _renew_over_ssh(opts, run_id)
-    from slotq.cli.run import _stderr_line
+    from slotq.cli.run import Reports, _stderr_line
     from slotq.client.caller import run
 
     json_result = JsonResult(opts.json)
-    say = _stderr_line
+    reports = Reports(opts.junit, None if opts.quiet else _stderr_line)
     transport = attach_transport(opts, run_id)
     spec = RunSpec(["?"], run_id=run_id)
     try:
-        result = run(spec, transport, status=None if opts.quiet else say, handle_sigint=True)
+        result = run(spec, transport, status=reports.say, handle_sigint=True)
         if opts.quiet and result.said_when_quiet:
             from slotq.client.result import summary_line
 
-            say(summary_line(result))
+            _stderr_line(summary_line(result))
+        reports.done(result)
         json_result.write(result.to_json, open_line=result.open_line)
     finally:
         json_result.discard()
+        reports.discard()
     return result.exit_code
 
 

@@ -10,6 +10,8 @@ from slotq.errors import UsageError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from slotq.client.result import RunResult
     from slotq.config import HostConfig
     from slotq.spec import RunSpec
@@ -59,6 +61,41 @@ def _run_id(text: str) -> str:
     return text
 
 
+JUNIT_OPTION = Opt("--junit", metavar="FILE",
+                   help="write the run as a JUnit XML report to FILE: one test case, a failure for the work's "
+                        "outcomes, an error for the infrastructure's, skipped if not admitted (docs/ci.md)")
+
+
+class Reports:
+    """The reports of a run beside its status lines: its CI system's
+    (client/ci.py: under GITHUB_ACTIONS or GITLAB_CI, the waiting lines in
+    a group and, on GitHub, the outcome as an annotation, a step summary
+    row and step outputs) and --junit FILE. `say`: the status lines as
+    they are to be said (None: quiet)."""
+
+    def __init__(self, junit: str | None, say: "Callable[[str], None] | None") -> None:
+        if junit == "-":
+            raise UsageError("--junit needs a file name")
+        self.junit = None if junit is None else JsonResult(junit, option="--junit")
+        self.say, self.ci = say, None
+        if os.environ.get("GITHUB_ACTIONS") == "true" or os.environ.get("GITLAB_CI") == "true":
+            from slotq.client.ci import wrap
+
+            self.say, self.ci = wrap(say, _stderr_line)
+
+    def done(self, result: "RunResult") -> None:
+        if self.ci is not None:
+            self.ci.finish(result)
+        if self.junit is not None:
+            from slotq.client.ci import junit
+
+            self.junit.write(lambda one_line: junit(result))
+
+    def discard(self) -> None:
+        if self.junit is not None:
+            self.junit.discard()
+
+
 PARSER = Parser(
     prog="slotq run", usage="slotq run [options] -- CMD [ARGS...]", command="required",
     description="Run CMD on the test host when a slot is free. Queued callers keep their place; the "
@@ -71,6 +108,7 @@ PARSER = Parser(
             help="stop the command if it prints nothing for D after it started"),
         Opt("--json", metavar="FILE", help="write the result as JSON to FILE (- for stdout: one compact line, the "
                                             "last, after the command's own output: `tail -1 | jq`)"),
+        JUNIT_OPTION,
         Opt("--run-id", metavar="ID", convert=_run_id,
             help="the run's id (1-64 letters and digits; default: a new random one), for a harness that names "
                  "its runs before they start; it must be new: status, cancel, attach and the history know a run "
@@ -162,6 +200,7 @@ def main(args: list[str]) -> int:
         local.come_back(spec)  # a run that waited away (host/away.py) takes back its place and run id
     cwd = str(spec.cwd)
     json_result = JsonResult(opts.json)  # a bad --json path is a usage error before the run joins the line
+    reports = Reports(opts.junit, say)  # ... and a bad --junit path
     if local is not None and not local.came_back and not spec.prepare:
         from slotq.host.child import unrunnable
 
@@ -177,16 +216,18 @@ def main(args: list[str]) -> int:
     transport.start_early(spec)
 
     try:
-        result = run(spec, transport, idle=opts.idle, status=say, handle_sigint=True,
+        result = run(spec, transport, idle=opts.idle, status=reports.say, handle_sigint=True,
                      credit_dir=opts.credit_dir or cwd, live=live)
         if opts.quiet and result.said_when_quiet:
             from slotq.client.result import summary_line
 
             _stderr_line(summary_line(result))
         _keep_place_hint(result)
+        reports.done(result)
         json_result.write(result.to_json, open_line=result.open_line)
     finally:
         json_result.discard()  # no result (an error escaped): no file, and the old one untouched
+        reports.discard()
     return result.exit_code
 
 
@@ -253,7 +294,7 @@ def _kept(opts: Namespace, command: list[str]) -> int:
     from slotq.outcome import Outcome
 
     json_result = JsonResult(opts.json)
-    say = None if opts.quiet else _stderr_line
+    reports = Reports(opts.junit, None if opts.quiet else _stderr_line)
     try:
         spec, transport = kept_call(opts, command)
     except _ChoiceStopped as stop:
@@ -261,15 +302,17 @@ def _kept(opts: Namespace, command: list[str]) -> int:
     except CannotStart as e:
         return e.tell(json_result)
     try:
-        result = run(spec, transport, status=say, handle_sigint=True)
+        result = run(spec, transport, status=reports.say, handle_sigint=True)
         left = result.outcome is Outcome.DETACHED
         if opts.quiet and result.said_when_quiet and not (left and opts.detach):  # (--detach: the id on stdout)
             from slotq.client.result import summary_line
 
             _stderr_line(summary_line(result))
+        reports.done(result)
         json_result.write(result.to_json, open_line=result.open_line)
     finally:
         json_result.discard()
+        reports.discard()
     if opts.detach and left:
         os.write(1, f"{result.run_id}\n".encode())
         return 0
