@@ -220,7 +220,7 @@ def test_the_gitlab_job_waits_longer_than_its_budget_and_passes_in_a_collapsed_s
     assert holder.wait() == 0
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_the_gitlab_job_fails_on_the_tests_and_only_warns_when_not_admitted(
         state_dir: Path, runs: Start, tmp_path: Path) -> None:
     work_tree(tmp_path, broken=True)
@@ -228,13 +228,20 @@ def test_the_gitlab_job_fails_on_the_tests_and_only_warns_when_not_admitted(
     out = done.stdout + done.stderr
     assert re.search(r"tests finished in .*FAIL 3", out) and re.search(r"^ FAIL\s+tests\b", out, flags=re.M), out
     (tmp_path / "work" / "broken").unlink()
-    holder = hold(runs, state_dir, 60)  # (ended below: it only has to outlast the job's 1 s of waiting)
+    gate = tmp_path / "gate"
+    holder = start_holder(runs, state_dir, gate)  # the shared slot, until the gate opens
     done = gitlab_pipeline(tmp_path, state_dir, "tests", TEST_BUDGET="30s", MAX_WAIT="1s")
     out = done.stdout + done.stderr
     # not_admitted (117): the recipe's allow_failure rule makes it a warning
     assert re.search(r"tests finished in .*WARN 117", out) and re.search(r"^ WARN\s+tests\b", out, flags=re.M), out
     assert "not_admitted" in out
-    holder.kill()
+    # The landing job, with the shared slot still held: its own slot, no wait.
+    done = gitlab_pipeline(tmp_path, state_dir, "land", TEST_BUDGET="30s")
+    out = done.stdout + done.stderr
+    assert re.search(r"^ PASS\s+land\b", out, flags=re.M) and "slot landing#0 acquired" in out, out
+    assert holder.proc.poll() is None, "the shared slot's holder ended: the landing may have waited for it"
+    gate.touch()
+    assert holder.wait() == 0
 
 
 # ---------------------------------------------------------------- the landing gate
