@@ -364,16 +364,20 @@ def test_a_run_that_comes_back_to_look_while_still_far_back_goes_away_again(
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("slot_free", [False, True])
-def test_the_waiting_shell_looks_as_often_as_told_and_comes_back_only_then(tmp_path: Path, slot_free: bool) -> None:
+@pytest.mark.parametrize("line", ["held", "standing_still", "moving"])
+def test_the_waiting_shell_looks_as_often_as_told_and_comes_back_only_then(tmp_path: Path, line: str) -> None:
     # The shell's own loop, its flock a logging stand-in: it waits on the
-    # ticket ahead `looks` times, checking the slot after each, and comes
-    # back after the last -- or at once when the slot is free behind a
-    # ticket that stays. Its count was overwritten by the line it read from
-    # /proc (`read -r k v`): every run far back came back at its first look
-    # (every 10 s, an interpreter each: 100 waiters kept a core busy).
+    # ticket ahead `looks` times and comes back after the last -- or, when
+    # the slot is free and its file unchanged over a wait behind a ticket
+    # that stays (a line standing still), at that look. Its count was
+    # overwritten by the line it read from /proc (`read -r k v`): every run
+    # far back came back at its first look (every 10 s, an interpreter
+    # each: 100 waiters kept a core busy). And it looks at the slot only
+    # then: in a moving line (hand-overs rewrite the slot file) the shared
+    # looks of a thousand shells kept the head's keeper from a free slot.
     import fcntl
     import shutil
+    import threading
 
     from slotq.host.away import NAME
     from slotq.transports.away import _SCRIPT
@@ -384,27 +388,40 @@ def test_the_waiting_shell_looks_as_often_as_told_and_comes_back_only_then(tmp_p
     stand_in = tmp_path / "flock"
     stand_in.write_text(f'#!/bin/sh\necho "$*" >> {log}\nexec {shutil.which("flock")} "$@"\n')
     stand_in.chmod(0o755)
-    held = [os.open(ahead, os.O_RDONLY)] + ([] if slot_free else [os.open(slot, os.O_RDONLY)])
+    held = [os.open(ahead, os.O_RDONLY)] + ([os.open(slot, os.O_RDONLY)] if line == "held" else [])
     for fd in held:
         fcntl.flock(fd, fcntl.LOCK_EX)
     fds = (os.open(ahead, os.O_RDONLY), os.open(own, os.O_RDONLY))
+    stop = threading.Event()
+
+    def hand_overs() -> None:  # each rewrites the slot file (its mtime: a second on each time)
+        t = 1_000_000_000
+        while not stop.wait(0.01):
+            t += 1
+            os.utime(slot, (t, t))
+
+    mover = threading.Thread(target=hand_overs, daemon=True)
+    if line == "moving":
+        mover.start()
 
     def place() -> None:
         os.dup2(fds[0], 4)
         os.dup2(fds[1], 5)
 
     try:
-        done = subprocess.run(["sh", "-c", _SCRIPT.format(own=5, ahead=4, run_id="r"), NAME, str(stand_in), "0.05",
+        each = "0.3" if line == "moving" else "0.05"  # (many hand-overs in each wait)
+        done = subprocess.run(["sh", "-c", _SCRIPT.format(own=5, ahead=4, run_id="r"), NAME, str(stand_in), each,
                                "4", str(slot), "echo", "BACK"], capture_output=True, text=True, timeout=20,
-                              preexec_fn=place, stdin=subprocess.DEVNULL)
+                              preexec_fn=place, pass_fds=(4, 5), stdin=subprocess.DEVNULL)
     finally:
+        stop.set()
         for fd in (*held, *fds):
             os.close(fd)
     assert done.stdout == "BACK\n", done.stderr
     calls = log.read_text().splitlines()
     waits = [c for c in calls if c.startswith("-s -w")]
     checks = [c for c in calls if c.startswith("-n -s")]
-    assert (len(waits), len(checks)) == ((1, 1) if slot_free else (4, 3)), calls
+    assert (len(waits), len(checks)) == {"held": (4, 2), "standing_still": (2, 1), "moving": (4, 0)}[line], calls
 
 
 @pytest.mark.timeout(10)

@@ -41,7 +41,12 @@ ENV_STOP = "SLOTQ_AWAY_STOP"  # the signal the sh caught: TERM, INT, HUP, or USR
 # anyway ([waiting] away_look, or the end of --max-wait), $4: the slot's
 # file: after each wait, a slot free while the ticket ahead stays is a line
 # that stands still (a ticket ahead that does not claim: host/claim.py):
-# back, to judge it as a waiter in line does. The rest: the run's command line. A
+# back, to judge it as a waiter in line does. It looks at the slot only when
+# the slot file has not changed since its last wait (a line standing still,
+# or one long holder): in a moving line every hand-over rewrites it, and the
+# shared looks of a thousand shells, overlapping, kept the head's keeper from
+# its exclusive lock of a free slot (a line of 1000 stood still after 21
+# runs). The rest: the run's command line. A
 # signal slotq was started with ignored (nohup's SIGHUP) cannot be trapped
 # by sh: it stays ignored. The stop signals come blocked across the exec
 # (one sent meanwhile is pending, never lost nor fatal). dash has no way to
@@ -56,7 +61,7 @@ trap 'w=TERM' TERM
 trap 'w=INT' INT
 trap 'w=HUP' HUP
 trap 'w=USR1' USR1
-f=$1 t=$2 k=$3 q=$4
+f=$1 t=$2 k=$3 q=$4 l=
 shift 4
 n=0
 while [ $n -lt 100 ]; do
@@ -73,7 +78,11 @@ while [ -z "$w" ]; do
   [ -n "$w" ] || [ $s -eq 0 ] && break
   k=$((k - 1))
   [ $k -le 0 ] && break
-  "$f" -n -s "$q" true {own}<&- </dev/null >/dev/null 2>&1 && break
+  c=$(stat -c %Y "$q" {own}<&- </dev/null 2>/dev/null)
+  if [ "$c" = "$l" ]; then
+    "$f" -n -s "$q" true {own}<&- </dev/null >/dev/null 2>&1 && break
+  fi
+  l=$c
 done
 exec {ahead}<&-
 trap '' USR1
