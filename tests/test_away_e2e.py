@@ -546,3 +546,39 @@ def test_a_stop_signal_to_a_kept_run_waiting_away_cancels_it(state_dir: Path, ru
     wait_for(lambda: history_of(state_dir, run_id), what="its history line")
     (line,) = history_of(state_dir, run_id)
     assert line["outcome"] == "cancelled" and "SIGTERM" in line["message"], line
+
+
+def test_the_run_going_away_waits_on_a_ticket_ahead_even_when_the_lock_table_misses_its_own(
+        state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # /proc/locks is read a page at a time, no snapshot: a lock let go
+    # between two reads moves the rest, and our own can be missed. The line
+    # then had every ticket behind ours ahead of it, and a run going away
+    # waited on one behind it: at its turn the line stood still (a line of
+    # 200 took minutes, every fifth run passed over).
+    from slotq.host import away, proclocks
+    from slotq.host.line import pool_dir
+    from slotq.host.hostqueue import ensure_state_dir
+    from slotq.host.ticket import take_ticket
+
+    ensure_state_dir(str(state_dir))
+    tickets = [take_ticket(str(state_dir), "shared", {"run_id": f"t{i}"}) for i in range(12)]
+    try:
+        mine = tickets[7]
+        real = proclocks.owners
+
+        def missing_mine(data: bytes | None = None) -> dict[tuple[int, int], list[int]] | None:
+            table = real(data)
+            assert table is not None
+            st = os.stat(mine.path)
+            table.pop((st.st_dev, st.st_ino))
+            return table
+
+        monkeypatch.setattr(proclocks, "owners", missing_mine)
+        ahead = away._live_ahead(mine.path)
+        assert ahead == [t.path for t in tickets[:7]]
+        from slotq.host.line import place
+
+        assert place(pool_dir(str(state_dir), "shared"), mine.path)[:2] == (7, 12)
+    finally:
+        for t in tickets:
+            t.withdraw()

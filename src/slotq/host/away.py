@@ -87,7 +87,7 @@ def _live_ahead(ticket_path: str) -> list[str]:
     from .proclocks import owners
 
     pdir = os.path.dirname(ticket_path)
-    live = live_tickets(pdir, owners())
+    live = live_tickets(pdir, owners(), ticket_path)
     if live is None:
         from .line import ahead_of, probe
 

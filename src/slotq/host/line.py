@@ -372,15 +372,19 @@ def read_info(path: str) -> dict[str, object] | None:
 Table = dict[tuple[int, int], list[int]]  # the kernel's lock table: (device, inode) -> pids (proclocks.owners)
 
 
-def live_tickets(pdir: str, table: Table | None) -> list[tuple[int, str]] | None:
+def live_tickets(pdir: str, table: Table | None, mine: str | None = None) -> list[tuple[int, str]] | None:
     """(seq, path) of the live tickets in line order, read from the
     kernel's lock table (no probing); None if `table` is None. A ticket
     locked only by another user than its owner (a dead run's ticket that a
-    member locked) is none: see held_by_owner."""
+    member locked) is none: see held_by_owner. `mine`: our own ticket,
+    live whatever the table says -- the table is no snapshot
+    (proclocks.raw), and a line that lost our ticket put every ticket
+    behind ours ahead of it (a run waiting away then waited on one behind
+    it, and the line stood still at its turn)."""
     if table is None:
         return None
     uids: dict[int, int | None] = {}
-    return [(e.seq, e.path) for e in scan(pdir) if held_by_owner(e, table, uids)]
+    return [(e.seq, e.path) for e in scan(pdir) if e.path == mine or held_by_owner(e, table, uids)]
 
 
 def place(pdir: str, mine: str, table: Table | None = None) -> tuple[int, int, list[int]]:
@@ -391,7 +395,7 @@ def place(pdir: str, mine: str, table: Table | None = None) -> tuple[int, int, l
         from .proclocks import owners
 
         table = owners()
-    live = live_tickets(pdir, table)
+    live = live_tickets(pdir, table, mine)
     if live is None:  # no /proc/locks: probe each ticket
         live = [(seq, path) for seq, path in list_tickets(pdir) if path == mine or probe(path)]
     paths = [path for _, path in live]

@@ -28,7 +28,11 @@ def raw() -> bytes | None:
     """The kernel's lock table as it reads; None if it does not say. Read
     in fixed chunks, at most MAX_TABLE: a buffered read of unknown length
     (growing requests) took 1.4 s where these took 0.06 s, with 26,000
-    locks one member held (issue 65)."""
+    locks one member held (issue 65). No snapshot: the kernel gives a
+    page of it per read, and a lock taken or let go between two reads
+    moves the rest, so a lock held all along can be missing (or one
+    shown twice) -- the tickets and slots we hold ourselves we know
+    without it (line.live_tickets' `mine`)."""
     try:
         fd = os.open("/proc/locks", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:

@@ -317,7 +317,7 @@ def _admit(state_dir: str, pool: str, max_waiting: int | None, per_user: int | N
 
     pdir = pool_dir(state_dir, pool)
     table = owners()
-    live = live_tickets(pdir, table)
+    live = live_tickets(pdir, table, mine)
     if live is None:
         live = [(seq, path) for seq, path in list_tickets(pdir) if path == mine or probe(path)]
     if mine is not None:
