@@ -87,7 +87,7 @@ _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     QUEUED: {"waited_s": _NUM, "ahead": (int,), "position": (int,), "waiting": (int,), "pool": (str,),
              "holders": (list,), "notes": (list,), "slurm": (dict,), "load1": _NUM, "load5": _NUM, "load15": _NUM,
              "cores": (int,), "eta_s": _NUM, "eta_max_s": _NUM, "eta_how": (str,), "wait_kept": (bool,), "ticket": _OPT_INT,
-             "budget": _OPT_NUM},
+             "budget": _OPT_NUM, "drained": (dict,)},
     SLOT: {"slot": (str,), "waited_s": _NUM, "budget": _NUM, "ticket": _OPT_INT},
     PREPARED: {"ok": (bool,), "exit_code": _OPT_INT},
     STARTED: {"budget": _NUM},

@@ -44,13 +44,19 @@ PARSER = Parser(
 
 HELP = {
     None: """\
-usage: slotq host <init | hello | reap | run | keep | attach> ...
+usage: slotq host <init | drain | resume | hello | reap | run | keep | attach> ...
 
-The host side. A person runs `init` (as root); transports run the others on
-the test host, over ssh or in a Slurm job.
+The host side. The pool's owner runs `init` (as root), `drain` and
+`resume`; transports run the others on the test host, over ssh or in a
+Slurm job.
 
   init --shared DIR --group G   as root: a state dir the members of G share
                                 safely (`slotq host init --help`)
+  drain [POOL...] --reason T    as the owner: start no new command in the
+                                pools until `resume`; running ones finish,
+                                waiting ones keep their places
+  resume [POOL...]              as the owner: start commands again, in
+                                line order
   hello                         one JSON line: version, protocol, state dir,
                                 work root
   reap RUN_ID                   after a runner vanished: what became of its
@@ -91,6 +97,10 @@ def main(args: list[str]) -> int:
     if args[:1] in (["-h"], ["--help"]) or (sub and args[1:] and args[1] in ("-h", "--help")):
         sys.stdout.write(HELP[sub])
         return 0
+    if args[:1] in (["drain"], ["resume"]):
+        from slotq.cli.hostdrain import main as drain
+
+        return drain(args[1:], resume=args[0] == "resume")
     if args[:1] == ["init"]:
         from slotq.cli.hostinit import main as init
 
@@ -112,7 +122,8 @@ def main(args: list[str]) -> int:
         raise UsageError("usage: slotq host hello (it takes no options)")
     if not args or args[0] != "run":
         what = f"unknown host command {args[0]!r}" if args else "name a host command"
-        raise UsageError(f"{what}: init, hello, reap, run, keep or attach (see `slotq host --help`)")
+        raise UsageError(f"{what}: init, drain, resume, hello, reap, run, keep or attach "
+                         "(see `slotq host --help`)")
     opts, command = PARSER.parse(args[1:])
     from slotq.config import HostConfig, state_dir_from_env
     from slotq.host.runner import Arrival, HostRunner

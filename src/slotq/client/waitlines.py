@@ -27,6 +27,7 @@ def format_queued(ev: dict[str, object], compact: bool = False, others_as_data: 
     parts = [f"waiting {format_duration(seconds_in(ev.get('waited_s')))}",
              f"position {printable(ev.get('position'))} in pool {printable(ev.get('pool'))} "
              f"({printable(ev.get('ahead'))} ahead)"]
+    parts += _drained(ev)
     held = [h for h in ev.get("holders") or [] if isinstance(h, dict) and h.get("held")]  # type: ignore[attr-defined]
     live = [h for h in held if h.get("phase") != "orphaned"]
     if live:
@@ -59,6 +60,7 @@ def _queued_as_data(ev: dict[str, object]) -> str:
     parts = [f"waiting {format_duration(seconds_in(ev.get('waited_s')))}",
              f"position {printable(ev.get('position'))} in pool {printable(ev.get('pool'), 64)} "
              f"({printable(ev.get('ahead'))} ahead)"]
+    parts += _drained(ev)
     held = [h for h in ev.get("holders") or [] if isinstance(h, dict) and h.get("held")]  # type: ignore[attr-defined]
     if held:
         parts.append("slot held by " + ", ".join(
@@ -72,6 +74,17 @@ def _queued_as_data(ev: dict[str, object]) -> str:
     return "slotq: " + "; ".join(parts)
 
 
+def _drained(ev: dict[str, object]) -> list[str]:
+    """The pool's drain, if its owner drained it (host/drain.py): the
+    wait is the infrastructure's, and this says whose and why."""
+    d = ev.get("drained")
+    if not isinstance(d, dict):
+        return []
+    from ..host.drain import describe
+
+    return [describe(ev.get("pool"), d)]
+
+
 def _number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
@@ -81,6 +94,9 @@ def _compact_queued(ev: dict[str, object]) -> str:
 
     parts = [f"waiting {format_duration(seconds_in(ev.get('waited_s')))}",
              f"#{printable(ev.get('position'))} in {printable(ev.get('pool'))}"]
+    drained = ev.get("drained")
+    if isinstance(drained, dict):
+        parts.append(f"pool drained by {printable(drained.get('by'), 16)}")
     held = [h for h in ev.get("holders") or [] if isinstance(h, dict) and h.get("held")]  # type: ignore[attr-defined]
     if held:
         h = min(held, key=lambda h: -seconds_in(h.get("held_s")))

@@ -32,6 +32,8 @@ import time
 from ..config import HostConfig
 from ..errors import AdmissionRefused, StateDirError
 from ..procinfo import MARKER
+from .drain import LOOK as DRAIN_LOOK
+from .drain import drained
 from .line import Table, ahead_entries, place, pool_dir, probe
 from .slot import SlotLease, SlotProbe
 from .ticket import Ticket, take_ticket
@@ -124,6 +126,7 @@ class Waiter:
         self._rechecks: list[float] = []
         self._probe: SlotProbe | None = None
         self._watching: str | None = None  # "slots" once the head watches them
+        self.drained = False  # the pool was drained at our last look, at the head (drain.py)
         nested = _nested(state_dir, pool, self.slot_count)
         if nested is not None:
             if ticket is not None:
@@ -175,6 +178,8 @@ class Waiter:
         if self._rechecks:
             return self._rechecks.pop(0)
         poll = POLL_WITH_INOTIFY if self._watcher or self._locks else POLL_WITHOUT_INOTIFY
+        if self.drained:
+            return min(poll, DRAIN_LOOK)  # nothing wakes us at the resume: we look
         if not self._head and self._claims is not None:  # behind someone: look at the head now and then
             return min(poll, max(0.0, self._next_look - time.monotonic()))
         return poll
@@ -230,6 +235,10 @@ class Waiter:
                 return None
             # Once the head, always the head: no ticket can appear ahead later.
             self._head = True
+        self.drained = drained(self.state_dir, self.pool)
+        if self.drained:  # (no lock tried: a release would wake us, again and again)
+            self._drop_probe()
+            return None
         if self._probe is None:
             self._probe = SlotProbe(self.state_dir, self.pool, self.slot_count)
         if self._locks:
@@ -243,13 +252,20 @@ class Waiter:
         if lease is None:
             return None
         self._probe = None
-        self._won()
-        return lease
+        return self._won(lease)
 
-    def _won(self) -> None:
+    def _won(self, lease: SlotLease) -> SlotLease | None:
+        """A slot's lock is ours: leave the line with it -- unless the pool
+        is drained (looked at again now, with the lock held: drain.py),
+        when we let it go again and wait on, in our place."""
+        self.drained = drained(self.state_dir, self.pool)
+        if self.drained:
+            lease.release()
+            return None
         self._drop_probe()
         if not self.defer_leave:
             self.leave()
+        return lease
 
     def leave(self) -> None:
         """Leave the line with a slot. The inotify instance is not closed
@@ -286,8 +302,7 @@ class Waiter:
             self._locks.watch_only(slot_probe.paths, exclusive=True)
             return None
         self._probe = None
-        self._won()
-        return lease
+        return self._won(lease)
 
     def _live_ahead(self) -> str | None:
         """Path of the closest live ticket ahead of ours (now watched), or

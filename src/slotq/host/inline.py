@@ -299,6 +299,13 @@ def _stop_standby(standby: Standby) -> ChildEnd | None:
 
 def _not_admitted(waiter: Waiter, pool: str, waited: float, max_wait: float | None) -> str:
     ahead, _ = waiter.position()
+    if waiter.drained:
+        from .drain import describe, read
+
+        d = read(waiter.state_dir, pool)
+        if d is not None:
+            return (f"not admitted: waited {format_duration(waited)} in line ({ahead} still ahead): "
+                    f"{describe(pool, d.as_json())}; --max-wait {format_duration(max_wait or 0)}")
     if not max_wait:
         return (f"not admitted: every slot of pool {pool} is busy" + (f" ({ahead} waiting ahead)" if ahead else "")
                 + ", and --max-wait 0 means no waiting")

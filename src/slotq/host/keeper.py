@@ -31,6 +31,7 @@ from ..outcome import KEEP_PLACE
 from ..records import to_json
 from . import libc
 from .child import ChildEnd
+from .drain import drained, wait_resumed
 from .line import wait_turn
 from .slot import open_slot_file, still_at_path, write_record
 from .terminate import terminate_group, yield_cpu
@@ -39,7 +40,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from .process import KeeperPlan
+    from .process import KeeperPlan, Standby
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -220,14 +221,7 @@ class Keeper:
                 if standby.tell_head is not None:
                     signal.signal(signal.SIGALRM, lambda signum, frame: _tell(self.done_w, b"head\n"))
                     signal.setitimer(signal.ITIMER_REAL, standby.tell_head)  # flock resumes after it (PEP 475)
-            fcntl.flock(self.lock_fd, fcntl.LOCK_EX)  # the wait: in the kernel, no CPU
-            while not still_at_path(self.lock_fd, standby.lock_path):
-                # The slot file was replaced while we waited on it: the lock
-                # we got is on a file nobody else will look at. Wait again,
-                # on the slot's file now.
-                os.close(self.lock_fd)
-                self.lock_fd = open_slot_file(standby.lock_path)
-                fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
+            self._take_slot(standby)
             signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
             if standby.tell_head is not None:
                 signal.setitimer(signal.ITIMER_REAL, 0)
@@ -238,6 +232,24 @@ class Keeper:
                 signal.setitimer(signal.ITIMER_REAL, 0)  # no `head` once done_w is closed (its number reused)
             return False
         return True
+
+    def _take_slot(self, standby: Standby) -> None:
+        """Wait for the slot's lock, in the kernel; with it, look whether
+        the pool is drained (drain.py): then let it go and wait for the
+        resume, in our place, and wait for the lock again."""
+        while True:
+            fcntl.flock(self.lock_fd, fcntl.LOCK_EX)  # the wait: in the kernel, no CPU
+            while not still_at_path(self.lock_fd, standby.lock_path):
+                # The slot file was replaced while we waited on it: the lock
+                # we got is on a file nobody else will look at. Wait again,
+                # on the slot's file now.
+                os.close(self.lock_fd)
+                self.lock_fd = open_slot_file(standby.lock_path)
+                fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
+            if standby.drain is None or not drained(*standby.drain):
+                return
+            fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
+            wait_resumed(*standby.drain)
 
     def _stopped_in_line(self) -> None:
         """Never started. The wait is over (the runner asked, or it is

@@ -94,7 +94,8 @@ class Launch:
             Command(argv, spec.cwd, spec.env, spec.run_id, slot_env, self.grace),
             Streams(out_w, err_w, inherit_fds=(lease.fd,) if lease is not None and lease.fd >= 0 else ()),
             Standby(wait_for, (ticket.fd, ticket.path, ticket.seq) if ticket is not None else None,
-                    spec.report_every if spec.quiet and ticket is not None else None) if wait_for else None,
+                    spec.report_every if spec.quiet and ticket is not None else None,
+                    (self.state_dir, pool)) if wait_for else None,
             Books(record if last else None, self.slot_path if last else None, (self.state_dir, run),
                   ack_r if last else None, wait_end))
         try:

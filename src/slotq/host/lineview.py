@@ -103,6 +103,11 @@ def report(state_dir: str, pool: str, waiter: Waiter | Onlooker, now: float,
         # of CPU each for ETAs nobody saw.)
         typical = eta.basis(state_dir, pool, now, typical, shared)
         fields = eta.report_fields(slots, ahead, typical)
+    from .drain import read as read_drain
+
+    drain = read_drain(state_dir, pool)
+    if drain is not None:  # no ETA: the wait lasts until the owner resumes the pool
+        fields = {"drained": drain.as_json()}
     return {"ahead": ahead, "position": ahead + 1, "waiting": total, "pool": pool, "holders": slots,
             "notes": healed, **fields, **load()}, typical
 

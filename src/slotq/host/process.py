@@ -96,15 +96,17 @@ class Standby:
     moves up at once. With `tell_head` (seconds), it reports `head` once no
     ticket has been ahead for that long and the slot is still not free (a
     quiet run's runner reports from then on); a head that gets the slot
-    sooner -- in a moving line, every one -- wakes nobody for it."""
+    sooner -- in a moving line, every one -- wakes nobody for it.
+    `drain`: (state dir, pool), whose drain the keeper honours (drain.py)."""
 
-    __slots__ = ("lock_path", "ticket", "tell_head")
+    __slots__ = ("lock_path", "ticket", "tell_head", "drain")
 
     def __init__(self, lock_path: str, ticket: tuple[int, str, int] | None = None,
-                 tell_head: float | None = None) -> None:
+                 tell_head: float | None = None, drain: tuple[str, str] | None = None) -> None:
         self.lock_path = lock_path
         self.ticket = ticket
         self.tell_head = tell_head
+        self.drain = drain
 
 
 class Books:

@@ -187,12 +187,16 @@ def snapshot(state_dir: str, config: HostConfig, now: float, history_n: int = 10
     locked = None if table is None else set(table)
     warnings = list(config.warnings)
     foreign: list[dict[str, object]] = []
+    from .drain import read as read_drain
+
     for pool, count in config.pools.items():
+        drain = read_drain(state_dir, pool)
         pools.append({
             "pool": pool,
             "slots": holders(state_dir, pool, count, now, locked, table),
             "waiting": waiting(state_dir, pool, now, table, foreign),
             "classes": sorted(c for c, p in config.classes.items() if p == pool),
+            "drained": drain.as_json() if drain is not None else None,
         })
     warnings += problems(state_dir, config, pools, table)
     warnings += [f"ignored: ticket {f['seq']} of user {f['user']} ({f['path']}) is locked by {f['held_by']}, "
@@ -364,6 +368,12 @@ def format_snapshot(snap: dict[str, object], bars: bool = False, color: bool = F
     lines = [f"host {name}  load {snap['load1']}/{snap['cores']} cores  state {printable(snap['state_dir'], 4096)}"]
     for p in snap["pools"]:  # type: ignore[attr-defined]
         lines.append(f"pool {p['pool']} ({len(p['slots'])} slot(s); classes: {', '.join(p['classes'])})")
+        drained = p.get("drained")
+        if isinstance(drained, dict):
+            from .drain import describe
+
+            lines.append(f"  {describe(None, drained)}: no new command starts; running ones finish, "
+                         "waiting ones keep their places")
         for s in p["slots"]:
             if s["held"]:
                 held = format_duration(float(s.get("held_s") or 0))
@@ -400,7 +410,9 @@ def format_snapshot(snap: dict[str, object], bars: bool = False, color: bool = F
         else:
             lines.append("  nobody waiting")
         eta = p.get("eta")
-        if isinstance(eta, dict):
+        if isinstance(drained, dict):
+            lines.append("  a new run would wait until the pool is resumed")
+        elif isinstance(eta, dict):
             lines.append("  a new run would start at once (a slot is free)" if eta.get("s") == 0 else
                          f"  a new run would wait {_eta_words(eta)} ({printable(eta.get('how'), 300)})")
     hist = snap.get("history") or []
