@@ -26,9 +26,10 @@ commands:
   waits    what a work dir waited for, and when (the wait ledger)
   history  finished runs on this host, sacct-like:  slotq history --since 7d --user alice
   report   a timeline page of the runs:  slotq report --html runs.html --since 7d
+  metrics  the queue for Prometheus:  slotq metrics [--textfile DIR]
   completion  print a shell completion script:  slotq completion bash|zsh|fish
   mcp      serve the queue to an agent's harness over MCP (stdio; pip install mcp, or from a clone pip install '.[mcp]')
-  host     host-side commands used by transports (slotq host run ...)
+  host     the pool owner's (host drain, resume, check, init) and the transports' (host run ...)
 
 Run `slotq <command> --help` for its options. Exit codes: see `slotq run --help`.
 """
@@ -39,7 +40,7 @@ COMMANDS = {"run": "slotq.cli.run", "attach": "slotq.cli.attach", "status": "slo
             "cancel": "slotq.cli.cancel",
             "task": "slotq.cli.task",
             "waits": "slotq.cli.waits", "history": "slotq.cli.history",
-            "report": "slotq.cli.report", "completion": "slotq.cli.completion", "mcp": "slotq.cli.mcp",
+            "report": "slotq.cli.report", "metrics": "slotq.cli.metrics", "completion": "slotq.cli.completion", "mcp": "slotq.cli.mcp",
             "host": "slotq.cli.host"}
 
 

@@ -345,6 +345,22 @@ class Index:
         rows = self.db.execute(sql, args).fetchall()
         return [_run(dict(zip(COLUMNS, r))) for r in reversed(rows)]
 
+    def counts(self) -> list[tuple[str, str, str, int]]:
+        """(pool, outcome, blame, runs) over the history kept."""
+        rows = self.db.execute("SELECT COALESCE(pool, ''), COALESCE(outcome, ''), COALESCE(blame, ''), COUNT(*) "
+                               "FROM runs GROUP BY 1, 2, 3 ORDER BY 1, 2, 3").fetchall()
+        return [(str(p), str(o), str(b), int(n)) for p, o, b, n in rows]
+
+    def histogram(self, column: str, bounds: tuple[float, ...]) -> dict[str, tuple[list[int], float, int]]:
+        """pool -> (runs with `column` at most each bound, the column's sum,
+        runs with it), over the history kept: `waited_s` or `ran_s`."""
+        if column not in ("waited_s", "ran_s"):
+            raise ValueError(column)
+        le = ", ".join(f"SUM({column} <= {float(b)!r})" for b in bounds)
+        rows = self.db.execute(f"SELECT COALESCE(pool, ''), {le}, SUM({column}), COUNT({column}) FROM runs "
+                               f"WHERE {column} IS NOT NULL GROUP BY 1 ORDER BY 1").fetchall()
+        return {str(r[0]): ([int(x or 0) for x in r[1:-2]], float(r[-2] or 0.0), int(r[-1])) for r in rows}
+
     def find(self, run_id: str, uid: int | None = None) -> dict[str, object] | None:
         """Our run `run_id` (or `uid`'s) as its own line says: one in a file
         of ours, saying it is ours (history.own); None if the history has
