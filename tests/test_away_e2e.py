@@ -364,7 +364,7 @@ def test_a_run_that_comes_back_to_look_while_still_far_back_goes_away_again(
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("line", ["held", "standing_still", "moving"])
+@pytest.mark.parametrize("line", ["held", "standing_still", "moving", "drained"])
 def test_the_waiting_shell_looks_as_often_as_told_and_comes_back_only_then(tmp_path: Path, line: str) -> None:
     # The shell's own loop, its flock a logging stand-in: it waits on the
     # ticket ahead `looks` times and comes back after the last -- or, when
@@ -375,6 +375,7 @@ def test_the_waiting_shell_looks_as_often_as_told_and_comes_back_only_then(tmp_p
     # each: 100 waiters kept a core busy). And it looks at the slot only
     # then: in a moving line (hand-overs rewrite the slot file) the shared
     # looks of a thousand shells kept the head's keeper from a free slot.
+    # Nor in a drained pool: its line stands still on purpose (host/drain.py).
     import fcntl
     import shutil
     import threading
@@ -382,8 +383,8 @@ def test_the_waiting_shell_looks_as_often_as_told_and_comes_back_only_then(tmp_p
     from slotq.host.away import NAME
     from slotq.transports.away import _SCRIPT
 
-    ahead, slot, own, log = (tmp_path / n for n in ("ahead", "slot", "own", "log"))
-    for f in (ahead, slot, own):
+    ahead, slot, own, log, drain = (tmp_path / n for n in ("ahead", "slot", "own", "log", "drain.shared"))
+    for f in (ahead, slot, own, *([drain] if line == "drained" else [])):
         f.touch()
     stand_in = tmp_path / "flock"
     stand_in.write_text(f'#!/bin/sh\necho "$*" >> {log}\nexec {shutil.which("flock")} "$@"\n')
@@ -411,7 +412,7 @@ def test_the_waiting_shell_looks_as_often_as_told_and_comes_back_only_then(tmp_p
     try:
         each = "0.3" if line == "moving" else "0.05"  # (many hand-overs in each wait)
         done = subprocess.run(["sh", "-c", _SCRIPT.format(own=5, ahead=4, run_id="r"), NAME, str(stand_in), each,
-                               "4", str(slot), "echo", "BACK"], capture_output=True, text=True, timeout=20,
+                               "4", str(slot), str(drain), "echo", "BACK"], capture_output=True, text=True, timeout=20,
                               preexec_fn=place, pass_fds=(4, 5), stdin=subprocess.DEVNULL)
     finally:
         stop.set()
@@ -421,7 +422,8 @@ def test_the_waiting_shell_looks_as_often_as_told_and_comes_back_only_then(tmp_p
     calls = log.read_text().splitlines()
     waits = [c for c in calls if c.startswith("-s -w")]
     checks = [c for c in calls if c.startswith("-n -s")]
-    assert (len(waits), len(checks)) == {"held": (4, 2), "standing_still": (2, 1), "moving": (4, 0)}[line], calls
+    assert (len(waits), len(checks)) == {"held": (4, 2), "standing_still": (2, 1), "moving": (4, 0),
+                                         "drained": (4, 0)}[line], calls
 
 
 @pytest.mark.timeout(10)

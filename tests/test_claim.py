@@ -59,6 +59,28 @@ def test_an_idle_head_leaving_the_slot_free_is_passed_over_after_the_window(line
 
 
 @pytest.mark.timeout(10)
+def test_in_a_drained_pool_no_head_is_passed_over_however_long_the_slot_stays_free(tmp_path: Path) -> None:
+    # The owner drained it (host/drain.py): the heads wait as they should,
+    # and the line keeps its order for the resume.
+    from slotq.host.drain import write
+
+    state, pdir = tmp_path / "state", tmp_path / "state" / "tickets" / "shared"
+    pdir.mkdir(parents=True)
+    tickets = [pdir / f"{i:016d}.t" for i in (1, 2)]
+    slot = tmp_path / "shared.0"
+    for p in (*tickets, slot):
+        p.touch()
+    claims = Claims(_entries(*tickets), [str(slot)], None, (str(state), "shared"))
+    write(str(state), "shared", "disk swap")
+    table = _table(*tickets)
+    for t in range(0, int(10 * (CLAIM_WINDOW + BUSY_WINDOW))):
+        assert claims.look(float(t), table) is None
+    os.unlink(state / "drain.shared")  # resumed: a head that then leaves the slot free is judged again
+    assert claims.look(1000.0, table) is None
+    assert claims.look(1000.0 + CLAIM_WINDOW, table) == str(tickets[0])
+
+
+@pytest.mark.timeout(10)
 def test_a_chain_of_one_owners_tickets_costs_one_window_however_long(tmp_path: Path) -> None:
     tickets = [tmp_path / f"{i:016d}.t" for i in range(1, 201)]
     slot = tmp_path / "shared.0"

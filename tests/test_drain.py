@@ -84,6 +84,29 @@ def test_a_drained_one_slot_pool_finishes_the_running_keeps_the_line_and_resumes
     assert status_json()["pools"][0]["drained"] is None
 
 
+def test_a_drain_longer_than_the_claim_window_passes_no_head_over_and_keeps_the_order(
+        state_dir: Path, runs: Start, tmp_path: Path) -> None:
+    # Heads that leave a free slot alone are passed over after the claim
+    # window (host/claim.py) -- unless the pool is drained: then they wait
+    # as they should, and the resume starts them in their order.
+    from slotq.host.claim import CLAIM_WINDOW, OWNER_GRACE
+
+    gate, log = tmp_path / "gate", tmp_path / "log"
+    holder = start_holder(runs, state_dir, gate)
+    waiters = []
+    for i in range(4):
+        waiters.append(runs("-q", "--", "sh", "-c", f"echo w{i} >> {log}", name=f"w{i}"))
+        wait_for(lambda: len(live_tickets(state_dir)) == i + 1, what=f"w{i} in line")
+    assert host("drain", "--reason", "disk swap").returncode == 0
+    gate.touch()
+    assert holder.wait() == 0
+    nothing_starts(log, CLAIM_WINDOW + OWNER_GRACE + 3.0)
+    assert host("resume").returncode == 0
+    for w in waiters:
+        assert w.wait() == 0, w.err
+    assert log.read_text().split() == ["w0", "w1", "w2", "w3"]
+
+
 def test_in_a_drained_pool_with_a_free_slot_no_run_starts_and_max_wait_counts_the_drain(
         state_dir: Path, runs: Start, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Two slots (the runner's own wait, not a keeper's) and a free one: a

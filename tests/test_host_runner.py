@@ -43,10 +43,40 @@ def test_host_run_speaks_the_framed_stream(state_dir: Path, tmp_path: Path) -> N
     names = [e["event"] for e in events]  # type: ignore[index]
     print(names, events)
     assert names == ["hello", "slot", "started", "exited"]
-    assert events[0]["protocol"] == protocol.PROTOCOL_VERSION  # type: ignore[index]
+    # A client that names no protocol (the previous release's) gets the one it reads.
+    assert raw.startswith(protocol.magic(protocol.BASE)) and events[0]["protocol"] == protocol.BASE  # type: ignore[index]
     exited = events[-1]
     assert exited["outcome"] == "failed" and exited["exit_code"] == 3  # type: ignore[index]
     assert (protocol.STDOUT, b"out") in frames and (protocol.STDERR, b"err") in frames
+
+
+@pytest.mark.timeout(20)
+def test_host_run_speaks_the_protocol_the_request_names_and_refuses_one_it_does_not_speak(
+        state_dir: Path, tmp_path: Path) -> None:
+    import json
+
+    def request(wanted: int) -> subprocess.CompletedProcess[bytes]:
+        """The run, its stdin (the caller's channel) open until it ends."""
+        line = json.dumps({"argv": ["true"], "cwd": str(tmp_path), "protocol": wanted}).encode() + b"\n"
+        p = subprocess.Popen(slotq_cmd() + ["host", "run", "--request-stdin"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+        assert p.stdin is not None and p.stdout is not None and p.stderr is not None
+        p.stdin.write(line)
+        p.stdin.flush()
+        out = p.stdout.read()
+        p.stdin.close()
+        return subprocess.CompletedProcess(p.args, p.wait(timeout=15), out, p.stderr.read())
+
+    newest = request(protocol.PROTOCOL_VERSION)
+    assert newest.stdout.startswith(protocol.magic(protocol.PROTOCOL_VERSION)), newest.stderr
+    events = [p for k, p in decode(newest.stdout) if k == protocol.EVENT]
+    assert events[0]["protocol"] == protocol.PROTOCOL_VERSION and events[-1]["outcome"] == "passed"  # type: ignore[index]
+    future = request(protocol.PROTOCOL_VERSION + 1)
+    err = future.stderr.decode()
+    assert future.returncode == 64 and err.count("\n") == 1 and not future.stdout, err
+    assert f"asks for stream protocol {protocol.PROTOCOL_VERSION + 1}" in err and "this host's slotq 0.2.0" in err
+    assert "pip install -U slotq" in err
+    assert not list_tickets(pool_dir(str(state_dir), "shared")), "refused before it queued"
 
 
 @pytest.mark.timeout(20)
@@ -184,7 +214,8 @@ def test_every_host_command_explains_itself_with_help(state_dir: Path, args: lis
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["host"], "name a host command: init, hello, reap, run, keep or attach (see `slotq host --help`)"),
+    (["host"], "name a host command: init, check, drain, resume, hello, reap, run, keep or attach "
+               "(see `slotq host --help`)"),
     (["host", "frob"], "unknown host command 'frob'"),
     (["host", "hello", "--json"], "slotq host hello (it takes no options)"),
     (["host", "reap"], "usage: slotq host reap RUN_ID"),

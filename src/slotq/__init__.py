@@ -9,7 +9,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False  # not `from typing import ...`: keeps start-up lean
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _EXPORTS = {
     "Outcome": "slotq.outcome",

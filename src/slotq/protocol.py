@@ -28,8 +28,17 @@ import os
 from .errors import ProtocolError
 from .records import from_json, printable, to_json
 
-PROTOCOL_VERSION = 4  # 3: `host run --await-sync`; 4: the request's `quiet`
-MAGIC = b"\x00SLOTQ-STREAM %d\n" % PROTOCOL_VERSION
+# Stream protocols: 3, `host run --await-sync`; 4, the request's `quiet`;
+# 5, the handshake: `host hello` says the range it speaks (`protocols`)
+# and the request names the one the client chose (`protocol`). A runner
+# speaks BASE to a client that names none (slotq 0.1.0), which reads only
+# BASE: so hosts of this release serve the previous release's clients,
+# and its clients read the previous release's hosts (docs/operating.md,
+# "Upgrades").
+BASE = 4
+PROTOCOL_VERSION = 5  # the newest this slotq speaks
+PROTOCOLS = range(BASE, PROTOCOL_VERSION + 1)
+MAGIC = b"\x00SLOTQ-STREAM %d\n" % BASE  # (streams whose reader is of this release, or of the previous)
 MAGIC_PREFIX = b"\x00SLOTQ-STREAM "
 STDOUT, STDERR, EVENT = b"O", b"E", b"V"
 HEADER_SIZE = 5
@@ -63,6 +72,44 @@ def write_all(fd: int, data: bytes) -> None:
             select.select([], [fd], [])
             continue
         view = view[n:]
+
+
+UPGRADE = "upgrade the older slotq (pip install -U slotq)"
+
+
+def spoken() -> str:
+    """`protocols 4-5`: what this slotq speaks, for a refusal."""
+    return f"stream protocols {PROTOCOLS[0]}-{PROTOCOLS[-1]}"
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def spoken_by(hello: dict[str, object]) -> tuple[int, int]:
+    """(lowest, highest) stream protocol of a host's `slotq host hello`:
+    its `protocols`, or -- the previous release's -- its one `protocol`."""
+    both = hello.get("protocols")
+    if isinstance(both, list) and len(both) == 2 and all(isinstance(p, int) and not isinstance(p, bool)
+                                                         for p in both):
+        return int(both[0]), int(both[1])
+    one = hello.get("protocol")
+    return (one, one) if isinstance(one, int) and not isinstance(one, bool) else (0, -1)
+
+
+def choose(hello: dict[str, object]) -> int | None:
+    """The newest stream protocol both speak, from the host's handshake;
+    None if none."""
+    low, high = spoken_by(hello)
+    common = [p for p in PROTOCOLS if low <= p <= high]
+    return common[-1] if common else None
+
+
+def magic(version: int) -> bytes:
+    """The stream's header in protocol `version`."""
+    return b"\x00SLOTQ-STREAM %d\n" % version
 
 
 def frame(kind: bytes, payload: bytes) -> bytes:
@@ -150,6 +197,7 @@ class Decoder:
     def __init__(self) -> None:
         self._buf = bytearray()
         self._synced = False
+        self.protocol = BASE  # the stream's, once its header is read
         self.noise = bytearray()  # bytes seen before MAGIC
 
     def feed(self, data: bytes) -> list[tuple[bytes, bytes | dict[str, object]]]:
@@ -196,11 +244,12 @@ class Decoder:
                 raise ProtocolError("corrupt stream header from the host runner")
             return False
         version = bytes(self._buf[i + len(MAGIC_PREFIX) : nl])
-        if version != str(PROTOCOL_VERSION).encode():
+        if not (version.isdigit() and len(version) <= 4 and int(version) in PROTOCOLS):
             raise ProtocolError(
                 f"the host runner speaks stream protocol {printable(version.decode(errors='replace'), 20)}, "
-                f"this slotq speaks {PROTOCOL_VERSION}"
+                f"this slotq {_version()} speaks {spoken()}: {UPGRADE}"
             )
+        self.protocol = int(version)
         self.noise += self._buf[:i]
         self._check_noise()
         del self._buf[: nl + 1]

@@ -41,13 +41,14 @@ class RunSpec:
 
     __slots__ = ("argv", "cls", "budget", "prepare", "prepare_timeout", "label",
                  "report_every", "kill_grace", "cwd", "env", "run_id", "work_id", "max_wait", "quiet", "submitted",
-                 "kept", "bind")
+                 "kept", "bind", "protocol")
 
     # What travels to a remote runner (`slotq host run --request-stdin`).
     _REQUEST = ("argv", "cls", "budget", "prepare", "prepare_timeout", "label", "report_every",
-                "kill_grace", "run_id", "work_id", "cwd", "max_wait", "quiet", "submitted", "bind", "kept")
+                "kill_grace", "run_id", "work_id", "cwd", "max_wait", "quiet", "submitted", "bind", "kept",
+                "protocol")
     # Sent only when set: a host of an older slotq refuses a field it does not know.
-    _OPTIONAL = ("submitted", "bind", "kept")
+    _OPTIONAL = ("submitted", "bind", "kept", "protocol")
 
     def __init__(
         self,
@@ -83,6 +84,9 @@ class RunSpec:
         self.quiet = quiet
         self.submitted = submitted  # when the caller submitted it (its clock): see submitted_on
         self.kept: float | None = None  # a kept run's lease (client/standin.py), for status and the history
+        # The stream protocol the client chose from the host's handshake
+        # (transports/ssh.py); None: the previous release's, protocol.BASE.
+        self.protocol: int | None = None
         self.bind: list[str] | None = None  # late-bound (transports/bound.py): the other hosts it waits on
 
     def submitted_on(self, now: float) -> float:
@@ -95,14 +99,20 @@ class RunSpec:
         sent = self.submitted
         return min(sent, now) if sent is not None and sent > now - MAX_IN_FLIGHT else now
 
-    def to_request(self) -> bytes:
+    def to_request(self, protocol: int | None = None) -> bytes:
         """One JSON line. Arguments are JSON strings: no shell sees them.
         (records.to_json: the `json` module would cost a remote run ~5 ms
-        of start-up.)"""
+        of start-up.) `protocol`: the stream protocol chosen from the
+        host's handshake (protocol.choose); named only above the
+        previous release's, which its hosts would refuse."""
+        from .protocol import BASE
         from .records import to_json
 
-        return to_json({k: getattr(self, k) for k in self._REQUEST
-                        if k not in self._OPTIONAL or getattr(self, k) is not None}).encode() + b"\n"
+        data = {k: getattr(self, k) for k in self._REQUEST
+                if k not in self._OPTIONAL or getattr(self, k) is not None}
+        if protocol is not None and protocol > BASE:
+            data["protocol"] = protocol
+        return to_json(data).encode() + b"\n"
 
     @classmethod
     def from_request(cls, line: bytes) -> "RunSpec":
@@ -168,8 +178,17 @@ class RunSpec:
                 raise ValueError("cwd must be an absolute path")
             if data.get("work_id") is not None:
                 raise ValueError("a request names a work_id or a cwd, not both")
+        wanted = data.pop("protocol", None)
+        from .protocol import PROTOCOLS, UPGRADE, spoken
+
+        if wanted is not None and (isinstance(wanted, bool) or wanted not in PROTOCOLS):
+            from . import __version__
+            from .records import printable
+
+            raise ValueError(f"the client asks for stream protocol {printable(wanted, 20)}; this host's slotq "
+                             f"{__version__} speaks {spoken()}: {UPGRADE}")
         spec = cls(argv, **data)
-        spec.bind, spec.kept = bind, kept
+        spec.bind, spec.kept, spec.protocol = bind, kept, wanted
         return spec
 
 

@@ -44,14 +44,16 @@ PARSER = Parser(
 
 HELP = {
     None: """\
-usage: slotq host <init | drain | resume | hello | reap | run | keep | attach> ...
+usage: slotq host <init | check | drain | resume | hello | reap | run | keep | attach> ...
 
-The host side. The pool's owner runs `init` (as root), `drain` and
-`resume`; transports run the others on the test host, over ssh or in a
-Slurm job.
+The host side. The pool's owner runs `init` (as root), `check`, `drain`
+and `resume` (docs/operating.md); transports run the others on the test
+host, over ssh or in a Slurm job.
 
   init --shared DIR --group G   as root: a state dir the members of G share
                                 safely (`slotq host init --help`)
+  check                         after setting up or changing the machine:
+                                each finding one line, with its fix
   drain [POOL...] --reason T    as the owner: start no new command in the
                                 pools until `resume`; running ones finish,
                                 waiting ones keep their places
@@ -97,6 +99,10 @@ def main(args: list[str]) -> int:
     if args[:1] in (["-h"], ["--help"]) or (sub and args[1:] and args[1] in ("-h", "--help")):
         sys.stdout.write(HELP[sub])
         return 0
+    if args[:1] == ["check"]:
+        from slotq.cli.hostcheck import main as check
+
+        return check(args[1:])
     if args[:1] in (["drain"], ["resume"]):
         from slotq.cli.hostdrain import main as drain
 
@@ -122,7 +128,7 @@ def main(args: list[str]) -> int:
         raise UsageError("usage: slotq host hello (it takes no options)")
     if not args or args[0] != "run":
         what = f"unknown host command {args[0]!r}" if args else "name a host command"
-        raise UsageError(f"{what}: init, drain, resume, hello, reap, run, keep or attach "
+        raise UsageError(f"{what}: init, check, drain, resume, hello, reap, run, keep or attach "
                          "(see `slotq host --help`)")
     opts, command = PARSER.parse(args[1:])
     from slotq.config import HostConfig, state_dir_from_env
@@ -207,12 +213,17 @@ def hello() -> int:
     from slotq import __version__, protocol
     from slotq.config import state_dir_from_env
     from slotq.host.hostqueue import ensure_state_dir
+    from slotq.host.layout import layout_of
     from slotq.records import to_json
 
     state_dir = state_dir_from_env()
     ensure_state_dir(state_dir)
     root = work_root(state_dir)
-    sys.stdout.write(to_json({"slotq": __version__, "protocol": protocol.PROTOCOL_VERSION,
+    # `protocol`: what a client that names none gets (the previous
+    # release's clients check it); `protocols`: the range this host speaks.
+    sys.stdout.write(to_json({"slotq": __version__, "protocol": protocol.BASE,
+                              "protocols": [protocol.PROTOCOLS[0], protocol.PROTOCOLS[-1]],
+                              "layout": layout_of(state_dir),
                               "host": os.uname().nodename, "state_dir": state_dir,
                               "work_root": root}) + "\n")
     return 0

@@ -13,6 +13,8 @@ What it makes, and why (the trust model is in the README):
     DIR/host.toml
         root:root, mode 0644 -- only a config of root (or of the state dir's
         owner) is ever used.
+    DIR/layout
+        root:root, mode 0644 -- the state dir's layout version (hostqueue.LAYOUT).
 
 Run again after changing the pools in host.toml: it is idempotent, and it
 replaces any slot file, counter or history file that is not root's own
@@ -160,6 +162,10 @@ def init_shared(top: str, gid: int, config_text: bytes | None) -> list[str]:
             _file(os.path.join(top, "slots", f"{pool}.{i}"), gid, 0o660, done)
     _file(os.path.join(top, "seq"), gid, 0o660, done, content=b"%020d\n" % 0)
     _file(os.path.join(top, "history.jsonl"), gid, 0o660, done)
+    from slotq.host.layout import LAYOUT, layout_of
+
+    if layout_of(top) != LAYOUT:
+        _file(os.path.join(top, "layout"), 0, 0o644, done, content=b"%d\n" % LAYOUT, replace=True)
     return done
 
 

@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import os
 
+from .drain import drained
 from .proclocks import held_by_owner
 
 TYPE_CHECKING = False
@@ -75,6 +76,11 @@ LOOK_MOST = 10.0  # ... and the longest a waiter far back goes without a check
 HEIR_WINDOW = LOOK_MOST + CLAIM_WINDOW + OWNER_GRACE + 2.0  # a head of another owner, after a pass
 PLACE_MOST = 4  # live tickets ahead counted: LOOK_EVERY * 4 * 4 > LOOK_MOST
 MAX_SHARED = 64  # tickets remembered in a user's file of passed ones
+
+
+def drain_of(pdir: str) -> tuple[str, str]:
+    """(state dir, pool) of the line whose tickets are in `pdir`."""
+    return os.path.dirname(os.path.dirname(pdir)), os.path.basename(pdir)
 
 
 def shared_path(pdir: str) -> str:
@@ -108,10 +114,12 @@ class Claims:
     `slot_paths`: the pool's slot files. `shared`: this user's file of
     tickets passed over (shared_path), or None."""
 
-    def __init__(self, ahead: list[Entry], slot_paths: list[str], shared: str | None = None) -> None:
+    def __init__(self, ahead: list[Entry], slot_paths: list[str], shared: str | None = None,
+                 drain: tuple[str, str] | None = None) -> None:
         self.ahead = ahead
         self.slot_paths = slot_paths
         self.shared = shared
+        self.drain = drain  # (state dir, pool): while it is drained, a free slot is nobody's fault
         self.passed: set[str] = set()
         known = self._known()
         for e in ahead:
@@ -136,8 +144,8 @@ class Claims:
             table = owners(data)
             if table is None:
                 return None
-        if not self._slot_free(table):
-            self._episode = None
+        if not self._slot_free(table) or (self.drain is not None and drained(*self.drain)):
+            self._episode = None  # (a drained pool's heads wait as they should: drain.py)
             return None
         self._look_until = now + BUSY_WINDOW
         ep = self._episode = self._episode or _Episode()

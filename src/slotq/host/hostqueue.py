@@ -33,6 +33,7 @@ from ..config import HostConfig
 from ..errors import AdmissionRefused, StateDirError
 from ..procinfo import MARKER
 from .drain import LOOK as DRAIN_LOOK
+from .layout import check_layout
 from .drain import drained
 from .line import Table, ahead_entries, place, pool_dir, probe
 from .slot import SlotLease, SlotProbe
@@ -65,6 +66,7 @@ def ensure_state_dir(state_dir: str) -> None:
         make_dirs(slots, state_dir)
         make_dirs(tickets, state_dir)
         refuse_unsafe_sharing(state_dir, [slots, tickets])
+        check_layout(state_dir)
     except StateDirError:
         raise
     except OSError as e:
@@ -317,7 +319,7 @@ class Waiter:
             if entries:  # (the head at once never loads claim.py)
                 from .claim import Claims, shared_path
 
-                self._claims = Claims(entries, self.slot_paths(), shared_path(pdir))
+                self._claims = Claims(entries, self.slot_paths(), shared_path(pdir), (self.state_dir, self.pool))
                 now = time.monotonic()
                 self._next_look = now + self._claims.every(now)
         passed = self._claims.passed if self._claims is not None else set()

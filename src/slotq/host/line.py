@@ -244,9 +244,9 @@ def wait_turn(path: str, seq: int, slot_paths: list[str] | None = None) -> None:
     names = {os.path.basename(p) for p in ahead}  # now, while waiting costs nothing
     claims = None
     if slot_paths:
-        from .claim import Claims, shared_path
+        from .claim import Claims, drain_of, shared_path
 
-        claims = Claims(entries, slot_paths, shared_path(pdir))
+        claims = Claims(entries, slot_paths, shared_path(pdir), drain_of(pdir))
     while ahead:
         closest = ahead.pop()
         if claims is not None and closest in claims.passed:

@@ -122,8 +122,9 @@ class HostRunner:
         run = self.run_state
         spec, config, link = run.spec, run.config, run.link
         link.take_signals()
-        link.send(protocol.MAGIC)
-        link.event(protocol.HELLO, protocol=protocol.PROTOCOL_VERSION, version=__version__,
+        speaks = spec.protocol or protocol.BASE  # the client's choice; the previous release's, unsaid
+        link.send(protocol.magic(speaks))
+        link.event(protocol.HELLO, protocol=speaks, version=__version__,
                    host=run.host, pid=os.getpid(), run_id=spec.run_id,
                    **({"warnings": config.warnings} if config.warnings else {}))
         early, self._early = self._early, None

@@ -29,6 +29,7 @@ import time
 from ..errors import AdmissionRefused, StateDirError
 from ..records import to_json
 from ..statefile import make_dirs, open_state, refuse_unsafe_sharing, share_created
+from .layout import check_layout
 from .line import FUTURE_SLACK_US, TICKET_SUFFIX, list_tickets, live_tickets, pool_dir, probe, ticket_names
 
 TYPE_CHECKING = False
@@ -115,6 +116,7 @@ def take_ticket(state_dir: str, pool: str, info: dict[str, object],
     seq_path = os.path.join(state_dir, "seq")
     try:
         make_dirs(pdir, state_dir)
+        check_layout(state_dir)
         refuse_unsafe_sharing(state_dir, [pdir])  # the dirs above: ensure_state_dir's, or take_early's
         seq_fd, created = open_state(seq_path, os.O_RDWR, create=True)
     except StateDirError:

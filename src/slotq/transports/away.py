@@ -46,7 +46,9 @@ ENV_STOP = "SLOTQ_AWAY_STOP"  # the signal the sh caught: TERM, INT, HUP, or USR
 # or one long holder): in a moving line every hand-over rewrites it, and the
 # shared looks of a thousand shells, overlapping, kept the head's keeper from
 # its exclusive lock of a free slot (a line of 1000 stood still after 21
-# runs). The rest: the run's command line. A
+# runs). $5: the pool's drain file (host/drain.py): while it is there, a
+# free slot is the owner's doing, and the line stands still on purpose. The
+# rest: the run's command line. A
 # signal slotq was started with ignored (nohup's SIGHUP) cannot be trapped
 # by sh: it stays ignored. The stop signals come blocked across the exec
 # (one sent meanwhile is pending, never lost nor fatal). dash has no way to
@@ -61,8 +63,8 @@ trap 'w=TERM' TERM
 trap 'w=INT' INT
 trap 'w=HUP' HUP
 trap 'w=USR1' USR1
-f=$1 t=$2 k=$3 q=$4 l=
-shift 4
+f=$1 t=$2 k=$3 q=$4 d=$5 l=
+shift 5
 n=0
 while [ $n -lt 100 ]; do
   m=
@@ -79,7 +81,7 @@ while [ -z "$w" ]; do
   k=$((k - 1))
   [ $k -le 0 ] && break
   c=$(stat -c %Y "$q" {own}<&- </dev/null 2>/dev/null)
-  if [ "$c" = "$l" ]; then
+  if [ "$c" = "$l" ] && [ ! -e "$d" ]; then
     "$f" -n -s "$q" true {own}<&- </dev/null >/dev/null 2>&1 && break
   fi
   l=$c
@@ -153,7 +155,11 @@ def go(ticket: Ticket, ahead_fd: int, look: float, gone: dict[str, str], *, stop
             except (OSError, ValueError, AttributeError):
                 pass
         script = _SCRIPT.format(own=own, ahead=ahead, run_id=_plain(gone["run_id"]))
-        argv = ["sh", "-c", script, NAME, flock, f"{each:.3f}", str(looks), slot, *again.slotq, *again.args]
+        from ..host.drain import drain_path
+
+        state_dir, pool = os.path.dirname(os.path.dirname(slot)), os.path.basename(slot).rpartition(".")[0]
+        argv = ["sh", "-c", script, NAME, flock, f"{each:.3f}", str(looks), slot, drain_path(state_dir, pool),
+                *again.slotq, *again.args]
         saved = _place({own: ticket.fd, ahead: ahead_fd})
         try:
             # The stop signals stay blocked across the exec: one sent from

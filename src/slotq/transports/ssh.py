@@ -212,16 +212,17 @@ class SshHost:
         if rc != 0 or not isinstance(info, dict):
             raise HostUnavailable(
                 f"host {self.host} did not answer the slotq handshake (exit {rc}: {_last(err)}); "
-                f"it needs slotq with `slotq host hello` (this client: protocol {protocol.PROTOCOL_VERSION})",
+                f"it needs slotq with `slotq host hello` (this client: {protocol.spoken()})",
                 host=self.host)
-        if info.get("protocol") != protocol.PROTOCOL_VERSION:
+        if protocol.choose(info) is None:  # before any queueing: one line, both versions, the fix
+            from .. import __version__
             from ..records import printable
 
+            low, high = protocol.spoken_by(info)
             raise HostUnavailable(
-                f"host {self.host} runs slotq {printable(info.get('slotq'), 40)} (stream protocol "
-                f"{printable(info.get('protocol'), 20)}); "
-                f"this client speaks protocol {protocol.PROTOCOL_VERSION}: install a matching slotq there",
-                host=self.host)
+                f"host {self.host} runs slotq {printable(info.get('slotq'), 40)} (stream protocols "
+                f"{printable(low, 10)}-{printable(high, 10)}); this slotq {__version__} speaks "
+                f"{protocol.spoken()}: {protocol.UPGRADE}, on host {self.host} or here", host=self.host)
         root = info.get("work_root")
         if not isinstance(root, str) or not root.startswith("/") or not root.isprintable() or len(root) > 4096:
             raise HostUnavailable(f"host {self.host} answered the handshake with a malformed work root", host=self.host)
@@ -508,7 +509,7 @@ class SshTransport(Transport):
             os.close(from_w)
         self._err = err
         self._fds = (to_w, from_r)
-        os.write(to_w, spec.to_request())
+        os.write(to_w, spec.to_request(protocol.choose(self.info)))
 
     def abandon(self) -> None:
         """The transfer failed: the waiting runner is told nothing (its stdin
