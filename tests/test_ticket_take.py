@@ -178,3 +178,40 @@ def test_a_run_of_planted_names_at_the_present_microsecond_is_passed_in_one_list
         assert len(listings) == 2  # the highest live one, and the one listing of the names taken
     finally:
         os.close(t.fd)
+
+
+@pytest.mark.timeout(30)
+def test_a_ticket_named_long_after_its_number_takes_a_new_one_and_is_never_placed_last(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A caller not run for seconds between taking its number and naming its
+    # ticket (a thousand started at once on two cores), while others went
+    # on without the counter's lock and named higher numbers first: named
+    # that late, its ticket was taken for a renamed one and placed last --
+    # then back in its place once those left, ahead of waiters that had
+    # listed the line meanwhile, who were in turn ahead of it in its own
+    # listing: a line of 1000 stood still, its heads passed over (12-08).
+    from slotq.host import line, ticket
+
+    monkeypatch.setattr(line, "FORGED_SLACK_NS", 100_000_000)  # 0.1 s: the stall below need not be long
+    monkeypatch.setattr(ticket, "STALE_NAMING_NS", 50_000_000, raising=False)
+    real_name = ticket._name_ticket
+    others: list[ticket.Ticket] = []
+
+    def late(pdir: str, seq: int, info: dict[str, object]) -> int:
+        if not others:  # meanwhile, another caller numbers after us and names before us
+            others.append(ticket.Ticket(os.path.join(pdir, f"{seq + 1000:016d}.t"),
+                                        real_name(pdir, seq + 1000, dict(info, run_id="other")), seq + 1000,
+                                        "shared", {}))
+            time.sleep(0.3)  # ... and we are not run for a while (the stall this test is about)
+        return real_name(pdir, seq, info)
+
+    monkeypatch.setattr(ticket, "_name_ticket", late)
+    mine = ticket.take_ticket(str(tmp_path), "shared", {"run_id": "mine"})
+    try:
+        entries = line.scan(pool_dir(str(tmp_path), "shared"))
+        assert not [e.path for e in entries if e.forged], "no honest ticket is placed last"
+        assert [e.path for e in entries] == [others[0].path, mine.path], "a new number, behind the one named first"
+        assert mine.seq > others[0].seq
+    finally:
+        for t in (mine, *others):
+            t.withdraw()

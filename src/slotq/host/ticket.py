@@ -30,7 +30,8 @@ from ..errors import AdmissionRefused, StateDirError
 from ..records import to_json
 from ..statefile import make_dirs, open_state, refuse_unsafe_sharing, share_created
 from .layout import check_layout
-from .line import FUTURE_SLACK_US, TICKET_SUFFIX, list_tickets, live_tickets, pool_dir, probe, ticket_names
+from .line import (FORGED_SLACK_NS, FUTURE_SLACK_US, TICKET_SUFFIX, list_tickets, live_tickets, pool_dir, probe,
+                   ticket_names)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -131,27 +132,7 @@ def take_ticket(state_dir: str, pool: str, info: dict[str, object],
         locked = _lock_seq(seq_fd, seq_path, wait)  # (or not: held by hand; link(2) below keeps names apart)
         if limits != (None, None):
             _admit(state_dir, pool, *limits, slots)
-        # The number is the microsecond the ticket is taken: nothing anyone
-        # can write (the counter, a planted name) moves it or runs it out.
-        # Never below a live ticket in line, so that a later caller never
-        # stands ahead of an earlier one (a clock stepped back); a name
-        # numbered far beyond its making is placed last and ignored here.
-        now_us = time.time_ns() // 1000
-        seq = max(now_us, _highest_live(pdir, now_us) + 1)
-        fd = -1
-        for _ in range(100):
-            if seq >= MAX_SEQ:
-                raise StateDirError(f"cannot number a ticket in {pdir}: the clock says {now_us} us", pdir)
-            full = dict(info, seq=seq, pool=pool)
-            fd = _name_ticket(pdir, seq, full)
-            if fd >= 0:
-                break
-            taken = {n for n, _ in ticket_names(pdir)}
-            seq += 1
-            while seq in taken:  # a run of planted names is passed in one listing, not one try each
-                seq += 1
-        if fd < 0:
-            raise StateDirError(f"cannot name a ticket in {pdir}: every name tried was taken", pdir)
+        fd, seq, full = _numbered(pdir, pool, info)
         # Fixed width, written in place: an older slotq sharing the state dir
         # numbers its tickets from it (and it shows the line moving: _lock_seq).
         os.pwrite(seq_fd, b"%020d\n" % seq, 0)
@@ -172,6 +153,49 @@ def take_ticket(state_dir: str, pool: str, info: dict[str, object],
             ticket.withdraw()
             raise
     return ticket
+
+
+# A ticket named this long after its number was taken (its process was not
+# run meanwhile: a thousand callers started at once on two cores) takes a
+# new number: callers that went on without the counter's lock may have
+# numbered after it and named before, and a ticket named FORGED_SLACK_NS
+# after a higher-numbered one is taken for renamed (line.py) -- placed last,
+# and back in its place once those leave, ahead of waiters that had listed
+# the line meanwhile and behind-and-ahead of them at once (a line of 1000
+# stood still, 12-08). Half the slack: a fresh number always keeps it.
+STALE_NAMING_NS = FORGED_SLACK_NS // 2
+RENUMBER_MOST = 5
+
+
+def _numbered(pdir: str, pool: str, info: dict[str, object]) -> tuple[int, int, dict[str, object]]:
+    """Our ticket in `pdir`: (its locked descriptor, its number, its
+    record). The number is the microsecond the ticket is taken: nothing
+    anyone can write (the counter, a planted name) moves it or runs it out.
+    Never below a live ticket in line, so that a later caller never stands
+    ahead of an earlier one (a clock stepped back); a name numbered far
+    beyond its making is placed last and ignored here."""
+    for attempt in range(RENUMBER_MOST):
+        now_us = time.time_ns() // 1000
+        seq = max(now_us, _highest_live(pdir, now_us) + 1)
+        fd = -1
+        for _ in range(100):
+            if seq >= MAX_SEQ:
+                raise StateDirError(f"cannot number a ticket in {pdir}: the clock says {now_us} us", pdir)
+            full = dict(info, seq=seq, pool=pool)
+            fd = _name_ticket(pdir, seq, full)
+            if fd >= 0:
+                break
+            taken = {n for n, _ in ticket_names(pdir)}
+            seq += 1
+            while seq in taken:  # a run of planted names is passed in one listing, not one try each
+                seq += 1
+        if fd < 0:
+            raise StateDirError(f"cannot name a ticket in {pdir}: every name tried was taken", pdir)
+        if os.fstat(fd).st_ctime_ns - seq * 1000 <= STALE_NAMING_NS or attempt == RENUMBER_MOST - 1:
+            return fd, seq, full  # (named late every time: kept; line.py may place it last)
+        os.unlink(os.path.join(pdir, f"{seq:016d}{TICKET_SUFFIX}"))  # (stale: see STALE_NAMING_NS)
+        os.close(fd)
+    raise AssertionError("unreachable")
 
 
 def _name_ticket(pdir: str, seq: int, info: dict[str, object]) -> int:
