@@ -11,6 +11,7 @@ import os
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -193,7 +194,7 @@ def test_only_the_owner_drains_and_a_members_file_under_the_name_is_no_drain(wor
         p.wait()
 
 
-def status_json_as(world: World, user: str) -> dict[str, object]:
+def status_json_as(world: World, user: str) -> dict[str, Any]:
     done = world.run(user, "status", "--json")
     assert done.returncode == 0, done.stderr
     return dict(json.loads(done.stdout))

@@ -75,6 +75,9 @@ def keep(args: list[str]) -> int:
     spec, _rest = request_from_stdin(state_dir_from_env(), opts.await_sync)
     if spec is None:
         return 0  # the transfer failed or the client is gone: nothing is kept
+    # The run's log is in the base protocol, whichever the client chose: its
+    # attachers, of any release, read it through follow.py's own header.
+    spec.protocol = None
     follow.prune()
     path = kept.make_run_dir(spec.run_id)
     terms = {"request": from_json(spec.to_request().decode(), 6), "lease_s": opts.lease or kept.LEASE_S,
