@@ -13,6 +13,10 @@ import sys
 
 from slotq.cli.args import Opt, Parser
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from slotq.config import HostConfig
+
 PARSER = Parser(
     prog="slotq metrics", usage="slotq metrics [--textfile DIR]",
     description="Print this host's queue in the Prometheus text format: per pool slots, busy slots, runs "
@@ -46,14 +50,12 @@ def main(args: list[str]) -> int:
     return write_textfile(opts.textfile, text)
 
 
-def render(state_dir: str, config: object) -> str:
+def render(state_dir: str, config: HostConfig) -> str:
     """The whole exposition: the host's pools now, then the history's."""
     import time
 
     from slotq import __version__
-    from slotq.config import HostConfig
 
-    assert isinstance(config, HostConfig)
     out = Exposition()
     out.family("slotq_info", "gauge", "slotq on this host (always 1): its version")
     out.sample("slotq_info", {"version": __version__, "host": os.uname().nodename}, 1)
@@ -62,13 +64,11 @@ def render(state_dir: str, config: object) -> str:
     return out.text()
 
 
-def _pools(out: Exposition, state_dir: str, config: object, now: float) -> None:
-    from slotq.config import HostConfig
+def _pools(out: Exposition, state_dir: str, config: HostConfig, now: float) -> None:
     from slotq.host.drain import read as read_drain
     from slotq.host.proclocks import owners
     from slotq.host.status import holders, waiting
 
-    assert isinstance(config, HostConfig)
     table = owners()
     rows = []
     for pool, count in config.pools.items():
@@ -90,14 +90,12 @@ def _pools(out: Exposition, state_dir: str, config: object, now: float) -> None:
             out.sample(name, {"pool": row[0]}, float(row[i + 1]))
 
 
-def _history(out: Exposition, state_dir: str, config: object) -> None:
+def _history(out: Exposition, state_dir: str, config: HostConfig) -> None:
     import sqlite3
 
-    from slotq.config import HostConfig
     from slotq.errors import StateDirError
     from slotq.history.index import Index
 
-    assert isinstance(config, HostConfig)
     try:
         index = Index(state_dir, config.retention)
         try:

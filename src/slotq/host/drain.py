@@ -153,9 +153,8 @@ def remove(state_dir: str, pool: str) -> bool:
         return False
 
 
-def wait_resumed(state_dir: str, pool: str, sleep: object = None) -> None:
+def wait_resumed(state_dir: str, pool: str) -> None:
     """Block until `pool` is not drained (a keeper's wait: it has no loop
-    of its own). `sleep`: how to pass LOOK seconds (time.sleep)."""
-    pause = sleep if callable(sleep) else time.sleep
+    of its own), looking every LOOK seconds."""
     while drained(state_dir, pool):
-        pause(LOOK)
+        time.sleep(LOOK)
