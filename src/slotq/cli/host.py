@@ -59,8 +59,8 @@ host, over ssh or in a Slurm job.
                                 waiting ones keep their places
   resume [POOL...]              as the owner: start commands again, in
                                 line order
-  hello                         one JSON line: version, protocol, state dir,
-                                work root
+  hello                         one JSON line: version, stream protocols,
+                                state layout, state dir, work root
   reap RUN_ID                   after a runner vanished: what became of its
                                 command; its leftover processes are ended
                                 (same user only)
@@ -79,9 +79,11 @@ host, over ssh or in a Slurm job.
     "hello": """\
 usage: slotq host hello
 
-Print one JSON line: slotq's version, the protocol version, this host's
-name, its state dir and your work root (where remote work trees are synced).
-The ssh transport reads it first.
+Print one JSON line: slotq's version, the stream protocols it speaks
+(`protocols`; `protocol` is the one it speaks to a client that names none),
+the state dir's layout, this host's name, its state dir and your work root
+(where remote work trees are synced). The ssh transport reads it first, and
+chooses the newest protocol both sides speak.
 """,
     "reap": """\
 usage: slotq host reap RUN_ID

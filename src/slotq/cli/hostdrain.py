@@ -17,7 +17,8 @@ DRAIN = Parser(
     description="As the pool's owner (root, or the state dir's owner): start no new command in POOL (default: "
                 "every pool) until `slotq host resume`. Running commands finish under their own budgets; "
                 "waiting runs keep their places and show the reason; new runs join the line. "
-                "Exit codes: 0 done, 64 bad arguments, 77 not the owner, 78 bad host.toml.",
+                "Exit codes: 0 done, 64 bad arguments, 73 the state dir cannot be used, 77 not the owner, "
+                "78 bad host.toml.",
     command="positional",
     options=[Opt("--reason", metavar="TEXT", help="why, and until when: every waiting run shows it (needed)")],
 )
@@ -25,7 +26,8 @@ RESUME = Parser(
     prog="slotq host resume", usage="slotq host resume [POOL...]",
     description="As the pool's owner: let a drained POOL (default: every pool) start commands again; its "
                 "waiting runs take the slots in line order at once. "
-                "Exit codes: 0 done, 64 bad arguments, 77 not the owner, 78 bad host.toml.",
+                "Exit codes: 0 done, 64 bad arguments, 73 the state dir cannot be used, 77 not the owner, "
+                "78 bad host.toml.",
     command="positional",
     options=[],
 )
