@@ -206,6 +206,25 @@ def caches(m: str, c: Ctx) -> Case:
     return table[m], set(), []
 
 
+def owner_files(m: str, c: Ctx) -> Case:
+    """Names only the pool's owner writes -- a pool's drain, the state
+    dir's layout (host/drain.py, host/layout.py) -- taken first by B: none
+    stops, delays or refuses A's runs (root's layout, made by `host init`,
+    B cannot touch at all)."""
+    drain = c.path(f"drain.{c.rnd.choice(['shared', 'landing'])}")
+    layout = c.path("layout")
+    table: dict[str, Acts] = {
+        "drain": [{"op": "write", "path": c.path(f"drain.{pool}"),
+                   "data": json.dumps({"since": time.time(), "reason": "b says stop"})} for pool in ("shared", "landing")],
+        "drain_garbage": [{"op": "write", "path": drain, "data": c.rnd.choice(["", garbage(c.rnd), "[" * 70000])}],
+        "drain_link": [{"op": "symlink", "target": c.rnd.choice(["/etc/passwd", layout]), "path": drain}],
+        "drain_fifo": [{"op": "mkfifo", "path": drain}],
+        "drain_dir": [{"op": "mkdir", "path": drain}],
+        "layout": [{"op": "write", "path": layout, "data": c.rnd.choice(["9\n", "", garbage(c.rnd), "9" * 400])}],
+    }
+    return table[m], set(), []
+
+
 KINDS: dict[str, tuple[Callable[[str, Ctx], Case], list[str]]] = {
     "counter": (counter, ["garbage", "empty", "boundary", "huge", "sparse", "lock", "time"]),
     "ticket_names": (names, ["flood", "boundary", "link", "fifo", "hardlink", "dir", "temp", "time"]),
@@ -215,6 +234,7 @@ KINDS: dict[str, tuple[Callable[[str, Ctx], Case], list[str]]] = {
     "history": (history, ["naming_a", "naming_a_dated", "garbage", "huge_line", "sparse", "flood", "claiming_a",
                           "segment_as_a", "link", "fifo"]),
     "caches": (caches, ["file", "link", "fifo", "work_dir"]),
+    "owner_files": (owner_files, ["drain", "drain_garbage", "drain_link", "drain_fifo", "drain_dir", "layout"]),
 }
 
 
