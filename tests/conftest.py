@@ -436,12 +436,12 @@ def first_waited(state_dir: Path) -> float:
     return float(line[0].get("waited_s") or 0) if line else 0.0  # type: ignore[arg-type]
 
 
-def line_up(runs: Start, state_dir: Path, scripts: list[str]) -> list[Run]:
-    """One run per shell script, each started once the one before holds its
-    ticket: their order in line is then certain."""
+def line_up(runs: Start, state_dir: Path, scripts: list[str], *options: str) -> list[Run]:
+    """One run per shell script (with `options`), each started once the one
+    before holds its ticket: their order in line is then certain."""
     waiters = []
     for i, script in enumerate(scripts):
-        waiters.append(runs("--", "sh", "-c", script, name=f"w{i}"))
+        waiters.append(runs(*options, "--", "sh", "-c", script, name=f"w{i}"))
         wait_for(lambda: len(live_tickets(state_dir)) == i + 1, what=f"ticket {i} in line")
     return waiters
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from conftest import Start, live_tickets, slotq_cmd, start_holder, status_json, wait_for
+from conftest import Start, line_up, live_tickets, slotq_cmd, start_holder, status_json, wait_for
 from remote_host import Remote
 from shared_world import SKIP_WHY, USERS, World, world  # noqa: F401 (world: a fixture)
 
@@ -35,7 +35,7 @@ def nothing_starts(log: Path, seconds: float = 1.0) -> None:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         assert not log.exists() or not log.read_text(), f"a command started in a drained pool: {log.read_text()}"
-        time.sleep(0.05)
+        time.sleep(0.05)  # sleep-ok: an observation window (that nothing happens), not a wait for something
 
 
 def drained_line(err: str, by: str = "root") -> bool:
@@ -57,10 +57,7 @@ def test_a_drained_one_slot_pool_finishes_the_running_keeps_the_line_and_resumes
         state_dir: Path, runs: Start, tmp_path: Path) -> None:
     gate, log = tmp_path / "gate", tmp_path / "log"
     holder = start_holder(runs, state_dir, gate)
-    waiters = []
-    for i in range(2):
-        waiters.append(runs("--report-every", "0.2s", "--", "sh", "-c", f"echo w{i} >> {log}", name=f"w{i}"))
-        wait_for(lambda: len(live_tickets(state_dir)) == i + 1, what=f"w{i} in line")
+    waiters = line_up(runs, state_dir, [f"echo w{i} >> {log}" for i in range(2)], "--report-every", "0.2s")
     done = host("drain", "--reason", "disk swap")
     assert done.returncode == 0, done.stderr
     assert "drained pool shared: no new command starts; 1 running finish under their budgets, 2 waiting keep " \
@@ -94,10 +91,7 @@ def test_a_drain_longer_than_the_claim_window_passes_no_head_over_and_keeps_the_
 
     gate, log = tmp_path / "gate", tmp_path / "log"
     holder = start_holder(runs, state_dir, gate)
-    waiters = []
-    for i in range(4):
-        waiters.append(runs("-q", "--", "sh", "-c", f"echo w{i} >> {log}", name=f"w{i}"))
-        wait_for(lambda: len(live_tickets(state_dir)) == i + 1, what=f"w{i} in line")
+    waiters = line_up(runs, state_dir, [f"echo w{i} >> {log}" for i in range(4)], "-q")
     assert host("drain", "--reason", "disk swap").returncode == 0
     gate.touch()
     assert holder.wait() == 0

@@ -24,6 +24,12 @@ def check(*args: str, env: dict[str, str] | None = None) -> subprocess.Completed
                           stdin=subprocess.DEVNULL, env=env)
 
 
+def config_says(monkeypatch: pytest.MonkeyPatch, path: Path, text: str) -> None:
+    """`path` holds the host config `text`, and is $SLOTQ_CONFIG."""
+    path.write_text(text)
+    monkeypatch.setenv("SLOTQ_CONFIG", str(path))
+
+
 def fixes(out: str) -> list[str]:
     return [line for line in out.splitlines() if line.startswith("FIX  ")]
 
@@ -48,8 +54,7 @@ def test_a_bad_config_and_a_newer_layout_each_say_their_fix_and_fail_the_check(
     assert refused.returncode == 73 and refused.stderr.count("\n") == 1, refused.stderr
     assert "has layout 9, newer than this slotq 0.2.0 knows (1): upgrade slotq" in refused.stderr
     bad = tmp_path / "host.toml"
-    bad.write_text("[pools]\nshared = 'many'\n")
-    monkeypatch.setenv("SLOTQ_CONFIG", str(bad))
+    config_says(monkeypatch, bad, "[pools]\nshared = 'many'\n")
     done = check()
     assert done.returncode == 1
     found = fixes(done.stdout)
@@ -75,9 +80,8 @@ def test_on_a_shared_host_a_members_drain_file_and_a_dir_not_made_by_init_are_na
 
 def test_the_ssh_hosts_the_config_names_are_reached_or_said_unreachable(
         remote: Remote, state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    config = tmp_path / "host.toml"
-    config.write_text('[pools]\nshared = 1\nlanding = 1\n\n[groups]\nci = ["slotq-test", "slotq-nowhere"]\n')
-    monkeypatch.setenv("SLOTQ_CONFIG", str(config))
+    config_says(monkeypatch, tmp_path / "host.toml",
+                '[pools]\nshared = 1\nlanding = 1\n\n[groups]\nci = ["slotq-test", "slotq-nowhere"]\n')
     ssh_config = tmp_path / "ssh_config"
     # A host on loopback where nothing listens (port 1).
     ssh_config.write_text(Path(remote.cfg).read_text()
@@ -94,9 +98,8 @@ def test_slurm_is_reached_and_a_partition_it_lacks_is_named(slurm_env: Path, mon
     done = check()
     assert done.returncode == 0, done.stdout
     assert "ok   Slurm answers: partitions" in done.stdout
-    config = slurm_env / "host.toml"
-    config.write_text('[pools]\nshared = 1\nlanding = 1\n\n[slurm.classes]\nshared = { partition = "nosuch" }\n')
-    monkeypatch.setenv("SLOTQ_CONFIG", str(config))
+    config_says(monkeypatch, slurm_env / "host.toml",
+                '[pools]\nshared = 1\nlanding = 1\n\n[slurm.classes]\nshared = { partition = "nosuch" }\n')
     done = check()
     assert done.returncode == 1
     assert any("partition(s) nosuch, which sinfo does not list" in f for f in fixes(done.stdout)), done.stdout

@@ -202,7 +202,7 @@ def test_a_ticket_named_long_after_its_number_takes_a_new_one_and_is_never_place
             others.append(ticket.Ticket(os.path.join(pdir, f"{seq + 1000:016d}.t"),
                                         real_name(pdir, seq + 1000, dict(info, run_id="other")), seq + 1000,
                                         "shared", {}))
-            time.sleep(0.3)  # ... and we are not run for a while (the stall this test is about)
+            time.sleep(0.3)  # sleep-ok: we are not run for a while (the stall this test is about)
         return real_name(pdir, seq, info)
 
     monkeypatch.setattr(ticket, "_name_ticket", late)

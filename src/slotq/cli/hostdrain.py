@@ -86,17 +86,12 @@ def _check_owner(state_dir: str) -> None:
 
 
 def _counts(state_dir: str, pool: str, slots: int) -> tuple[int, int]:
-    """(slots held, live tickets) of `pool`, from the kernel's lock table."""
-    from slotq.host.line import live_tickets, pool_dir
-    from slotq.host.proclocks import owners
-    from slotq.host.slot import slot_path
+    """(slots held, runs waiting) of `pool`, as `slotq status` sees them."""
+    import time
 
-    table = owners() or {}
-    held = 0
-    for i in range(slots):
-        try:
-            st = os.stat(slot_path(state_dir, pool, i))
-        except OSError:
-            continue
-        held += (st.st_dev, st.st_ino) in table
-    return held, len(live_tickets(pool_dir(state_dir, pool), table) or [])
+    from slotq.host.proclocks import owners
+    from slotq.host.status import holders, waiting
+
+    table, now = owners(), time.time()
+    return (sum(1 for s in holders(state_dir, pool, slots, now, None, table) if s.get("held")),
+            len(waiting(state_dir, pool, now, table)))

@@ -115,15 +115,6 @@ def read(state_dir: str, pool: str) -> Drain | None:
                  printable(reason, MAX_REASON) if isinstance(reason, str) else "")
 
 
-def all_drains(state_dir: str, pools: list[str]) -> dict[str, Drain]:
-    out = {}
-    for pool in pools:
-        d = read(state_dir, pool)
-        if d is not None:
-            out[pool] = d
-    return out
-
-
 def write(state_dir: str, pool: str, reason: str, now: float | None = None) -> None:
     """Drain `pool` (the caller is one of `owners`): the file, replaced
     atomically, readable by all and writable by us only."""
